@@ -1,0 +1,64 @@
+"""One error hierarchy for ckplan; each class carries its process exit code.
+
+The CLI maps any :class:`CkplanError` to ``Error: <message>`` on stderr and ``exit_code``.
+Messages name the value, the limit and the fix (a tip at the end), as PyTorch's
+checkpoint errors do.
+
+Exit codes (documented in README):
+
+====  ==========================================================
+0     success
+1     a failure while running the model (:class:`ModelRunError`)
+2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
+3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`)
+====  ==========================================================
+"""
+from __future__ import annotations
+
+
+class CkplanError(Exception):
+    """Base class. ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, tip: str | None = None):
+        self.message = message
+        self.tip = tip
+        super().__init__(message if tip is None else f"{message}. Tip: {tip}")
+
+
+class UsageError(CkplanError):
+    """A bad command-line value (a budget like ``12 parsecs``, an unknown strategy)."""
+
+    exit_code = 2
+
+
+class SpecError(CkplanError):
+    """A missing or invalid model spec, plan or profile file."""
+
+    exit_code = 2
+
+
+class DependencyError(CkplanError):
+    """An optional dependency (an extra) is missing."""
+
+    exit_code = 2
+
+
+class ModelRunError(CkplanError):
+    """The model failed while ckplan was running it (forward, backward, device)."""
+
+    exit_code = 1
+
+
+class InfeasibleBudgetError(CkplanError):
+    """No plan fits the memory budget, even recomputing everything."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, tip: str | None = None, budget_bytes: int = 0,
+                 min_peak_bytes: int = 0, persistent_bytes: int = 0):
+        super().__init__(message, tip=tip)
+        self.budget_bytes = budget_bytes
+        self.min_peak_bytes = min_peak_bytes
+        self.persistent_bytes = persistent_bytes

@@ -1,0 +1,204 @@
+"""Memory and time measurement on CPU, CUDA and meta.
+
+``LiveTensorTracker`` is a ``TorchDispatchMode`` that sees every op (forward, backward and the
+optimizer) and counts the bytes of every *new* storage an op returns, until that storage is freed
+(a ``weakref.finalize`` on the storage object; PyTorch preserves one Python object per live
+storage, so the finalizer fires exactly when the last tensor or view is gone). It works on CPU,
+on CUDA and on meta tensors, where nothing is allocated but ``nbytes`` is exact. It is ckplan's
+CPU measurement and its meta accountant; on CUDA the allocator's own statistics are the truth
+(``cuda_peak``).
+
+Known limitations: transient workspace inside one kernel is invisible (only op outputs are
+seen); storages resized in place after creation are counted at their first size.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _storages(obj) -> list[torch.UntypedStorage]:
+    leaves, _ = tree_flatten(obj)
+    out = []
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            try:
+                out.append(t.untyped_storage())
+            except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
+                pass
+    return out
+
+
+class TrackerLimitExceeded(RuntimeError):
+    """Raised inside the step when live bytes pass the tracker's ``limit_bytes`` (a CPU 'OOM')."""
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Counts live bytes of storages created while active; keeps the peak.
+
+    ``live`` and ``peak`` are relative to what existed before the tracker saw it: storages made
+    earlier (parameters, the batch) are never counted, even when an in-place op returns them.
+    ``on_alloc(storage_id, nbytes)`` lets the profiler attribute each new storage to a stage.
+    """
+
+    def __init__(self, limit_bytes: int | None = None,
+                 on_alloc: Callable[[int, int], None] | None = None,
+                 on_inputs: Callable[[set[int]], None] | None = None):
+        super().__init__()
+        self.on_inputs = on_inputs
+        self.live = 0
+        self.peak = 0
+        self.limit_bytes = limit_bytes
+        self.on_alloc = on_alloc
+        self._known: dict[int, int] = {}  # id(storage object) -> nbytes, for storages we count
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if self._known.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(s) for s in _storages((args, kwargs))}
+        if self.on_inputs is not None:
+            self.on_inputs(inputs)
+        for st in _storages(out):
+            key = id(st)
+            # An output sharing an input's storage is a view or an in-place result: not new.
+            if key in inputs or key in self._known:
+                continue
+            nbytes = st.nbytes()
+            self._known[key] = nbytes
+            weakref.finalize(st, self._free, key, nbytes)
+            self.live += nbytes
+            if self.on_alloc is not None:
+                self.on_alloc(key, nbytes)
+            if self.live > self.peak:
+                self.peak = self.live
+                if self.limit_bytes is not None and self.live > self.limit_bytes:
+                    raise TrackerLimitExceeded(
+                        f"live tensors reached {self.live} bytes, over the limit of {self.limit_bytes}")
+        return out
+
+    def is_tracked(self, storage: torch.UntypedStorage) -> bool:
+        return id(storage) in self._known
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    alloc_retries: int
+
+
+def cuda_reset(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_peak(device: torch.device) -> CudaMemory:
+    torch.cuda.synchronize(device)
+    s = torch.cuda.memory_stats(device)
+    return CudaMemory(
+        peak_allocated_bytes=int(s.get("allocated_bytes.all.peak", 0)),
+        peak_reserved_bytes=int(s.get("reserved_bytes.all.peak", 0)),
+        alloc_retries=int(s.get("num_alloc_retries", 0)),
+    )
+
+
+class Clock:
+    """Wall-clock milliseconds that wait for the device first (CUDA kernels are asynchronous)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def now_ms(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() * 1e3
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    total_bytes: int | None
+    free_bytes: int | None
+    source: str  # "nvml", "cuda", "cpu", "meta"
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """Name and memory of the device. NVML when importable and working, else CUDA, else the CPU."""
+    if device.type == "meta":
+        return DeviceInfo("meta (fake tensors, nothing allocated)", None, None, "meta")
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        nv = nvml_memory(idx)
+        if nv is not None:
+            return nv
+        free, total = torch.cuda.mem_get_info(idx)
+        return DeviceInfo(torch.cuda.get_device_name(idx), int(total), int(free), "cuda")
+    return DeviceInfo(_cpu_name(), _host_total_bytes(), None, "cpu")
+
+
+def nvml_memory(index: int = 0) -> DeviceInfo | None:
+    """NVML's view of GPU ``index`` or None without NVML (no GPU, no driver, no nvidia-ml-py)."""
+    try:
+        import pynvml  # from the `gpu` extra: nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else name
+            return DeviceInfo(name, int(mem.total), int(mem.free), "nvml")
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # pynvml.NVMLError and friends: no usable GPU; carry on without it
+        return None
+
+
+def nvml_used_bytes(index: int = 0) -> int | None:
+    info = nvml_memory(index)
+    if info is None or info.total_bytes is None or info.free_bytes is None:
+        return None
+    return info.total_bytes - info.free_bytes
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return "CPU: " + (platform.processor() or platform.machine())
+
+
+def _host_total_bytes() -> int | None:
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@contextmanager
+def tracking(limit_bytes: int | None = None) -> Iterator[LiveTensorTracker]:
+    tr = LiveTensorTracker(limit_bytes=limit_bytes)
+    with tr:
+        yield tr

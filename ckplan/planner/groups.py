@@ -1,0 +1,119 @@
+"""Exact merged costs of consecutive layers, the units the dynamic program works on.
+
+The DP (``dp.py``) never looks at a layer directly: it sees *units*, each a run of consecutive
+layers that are stored together or recomputed together, plus the post stage as the last unit.
+With one layer per unit it is the exact rotor DP; with larger units it is exact over the plans
+that only cut between units (the fast mode for long chains). The quantities below are what the
+simulator (``simulate.py``) computes for those layers, folded so that every DP test is one
+comparison: a requirement is the live bytes an op needs above the memory at the start of its
+(sub)sequence.
+
+``bwd_tmp'`` (``btmp`` below) is ``max(bwd_tmp, d + grad - xbar - x)``: the simulator's op peak
+includes the memory *after* a backward, when its gradients exist and its saved tensors are gone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+import numpy as np
+
+from .chain import Chain
+
+BIG = np.int64(2**62)  # a requirement nothing satisfies (the post is never checkpointed)
+
+
+@dataclass(frozen=True)
+class Units:
+    """Per-unit costs, arrays of length U (the last unit is the post stage)."""
+
+    bounds: tuple[tuple[int, int], ...]  # layer range [a, b) of each unit; the post is (n, n + 1)
+    hold: np.ndarray  # bytes kept after a stored forward: sum of xbar
+    fwd_req: np.ndarray  # stored forward peak above the start: max_k(prefix xbar + fwd_tmp[k])
+    bwd_req: np.ndarray  # stored backward peak above the start, before the context term
+    x_out: np.ndarray  # output of the unit's last layer (0 for the post)
+    fn_first: np.ndarray  # forward-without-saving peak, unit first in its checkpoint
+    fn_next: np.ndarray  # same when the previous unit's output is still live
+    grad: np.ndarray  # sum of parameter-gradient bytes
+    fwd_ms: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.bounds)
+
+
+def effective_bwd_tmp(chain: Chain) -> list[int]:
+    """Per layer: the backward transient including the memory after the op (see module doc)."""
+    L = chain.layers
+    out = []
+    for i, ly in enumerate(L):
+        d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
+        out.append(max(ly.bwd_tmp_bytes, d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes))
+    return out
+
+
+def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
+    """Units for ``chain``; ``cuts`` are the layer indices where a new unit starts (0 included).
+
+    ``cuts=None`` gives one unit per layer (the exact DP).
+    """
+    L = chain.layers
+    n = len(L)
+    starts = list(range(n)) if cuts is None else sorted(set(cuts) | {0})
+    bounds = [(a, b) for a, b in zip(starts, starts[1:] + [n])]
+    btmp = effective_bwd_tmp(chain)
+    hold, fwd_req, bwd_req, x_out, fn_first, fn_next, grad, fwd_ms = ([] for _ in range(8))
+    for a, b in bounds:
+        acc, fr = 0, 0
+        for k in range(a, b):
+            acc += L[k].xbar_bytes
+            fr = max(fr, acc + L[k].fwd_tmp_bytes)
+        # Backward of a stored run: at B(k) the layers a..k are still held, the gradients of
+        # k+1..b-1 exist, and so does the gradient of x[k].
+        br, prefix, later = 0, acc, 0
+        for k in range(b - 1, a - 1, -1):
+            br = max(br, prefix + later + L[k].x_bytes + btmp[k])
+            prefix -= L[k].xbar_bytes
+            later += L[k].grad_bytes
+        pairs = [L[k - 1].x_bytes + L[k].x_bytes + L[k].fwd_tmp_bytes for k in range(max(a, 1), b)]
+        first_inside = [p for k, p in zip(range(max(a, 1), b), pairs) if k > a]
+        hold.append(acc)
+        fwd_req.append(fr)
+        bwd_req.append(br)
+        x_out.append(L[b - 1].x_bytes)
+        fn_first.append(max([L[a].x_bytes + L[a].fwd_tmp_bytes] + first_inside))
+        fn_next.append(max(pairs) if a > 0 else max([L[a].x_bytes + L[a].fwd_tmp_bytes] + pairs))
+        grad.append(sum(L[k].grad_bytes for k in range(a, b)))
+        fwd_ms.append(sum(L[k].fwd_ms for k in range(a, b)))
+    post = chain.post
+    post_btmp = max(post.bwd_tmp_bytes, L[-1].x_bytes + post.grad_bytes - post.xbar_bytes)
+    bounds.append((n, n + 1))
+    hold.append(post.xbar_bytes)
+    fwd_req.append(post.xbar_bytes + post.fwd_tmp_bytes)
+    bwd_req.append(post.xbar_bytes + post_btmp)
+    x_out.append(0)
+    fn_first.append(int(BIG))
+    fn_next.append(int(BIG))
+    grad.append(post.grad_bytes)
+    fwd_ms.append(post.fwd_ms)
+    i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
+                 i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64))
+
+
+def size_gcd(chain: Chain) -> int:
+    """The gcd of every size the DP adds up: slots of this size make it exact."""
+    g = 0
+    vals = [chain.delta_in_bytes, chain.post.xbar_bytes, chain.post.fwd_tmp_bytes,
+            chain.post.bwd_tmp_bytes, chain.post.grad_bytes]
+    for ly in chain.layers:
+        vals += [ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes]
+    for v in vals:
+        g = gcd(g, int(v))
+    return g or 1
+
+
+def equal_cuts(n: int, groups: int) -> list[int]:
+    """Start indices of ``groups`` runs of (almost) equal length."""
+    groups = max(1, min(groups, n))
+    return sorted({(k * n) // groups for k in range(groups)})

@@ -1,0 +1,264 @@
+"""One plan type for every strategy: a nested sequence of ``Store`` and ``Checkpoint`` items.
+
+A plan covers the chain's layers ``[0, n)`` in order. Each item is either
+
+* ``Store(i)``: layer ``i`` runs forward keeping everything it saves for backward; or
+* ``Checkpoint(start, stop, inner)``: layers ``start..stop-1`` run forward keeping only their
+  input (owned by whatever comes before) and their last output (the segment's *boundary*);
+  during backward the segment is recomputed following ``inner``, itself a sequence of items
+  covering ``[start, stop)`` that may contain nested checkpoints.
+
+This is exactly what nested non-reentrant ``torch.utils.checkpoint`` executes, and it is the
+schedule family of rotor (Beaumont et al., "Optimal checkpointing for heterogeneous chains",
+2019/2021), so every strategy, baselines included, returns this type and one simulator scores
+them all. An inner sequence may not be a single checkpoint of its whole range (it would run the
+segment forward once more for nothing).
+
+JSON (``to_dict``) lists the checkpointed ranges flat, outermost first, because a plan is fully
+determined by that laminar set of ranges and a flat list never nests deeper than JSON parsers like:
+``{"strategy": "every-k", "n_layers": 6, "params": {"k": 2}, "checkpoints": [[0, 2], [2, 4], [4, 6]]}``.
+``from_dict`` also accepts a nested ``"items"`` list:
+``[{"store": 0}, {"checkpoint": [1, 4], "inner": [{"store": 1}, ...]}]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Union
+
+from ..errors import SpecError
+
+PLAN_FORMAT = "ckplan.plan/1"
+
+
+@dataclass(frozen=True)
+class Store:
+    """Layer ``layer`` runs forward once, keeping everything it saves for backward."""
+
+    layer: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Layers ``start..stop-1`` keep only their boundary in the first forward; ``inner`` is the
+    plan of the recompute that runs during backward."""
+
+    start: int
+    stop: int
+    inner: tuple["Item", ...]
+
+
+Item = Union[Store, Checkpoint]
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    """What a plan does to one layer."""
+
+    layer: int
+    stored: bool  # kept whole in the first forward (a top-level Store)
+    depth: int  # number of checkpoints enclosing the layer
+    forwards: int  # forward runs in one training step: 1 + depth
+
+
+@dataclass(frozen=True)
+class RecomputedRange:
+    """One checkpoint at any depth: layers ``[start, stop)`` recomputed once during backward."""
+
+    start: int
+    stop: int
+    depth: int  # 1 for a top-level checkpoint
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpointing plan for a chain of ``n_layers`` layers (validated on construction)."""
+
+    strategy: str
+    n_layers: int
+    items: tuple[Item, ...]
+    params: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "items", tuple(self.items))
+        _validate(self.items, self.n_layers)
+
+    # ---- views -------------------------------------------------------------------------
+    def walk(self) -> Iterator[tuple[Item, int]]:
+        """Every item at every depth in pre-order, with its depth (0 = top level)."""
+        stack: list[tuple[Item, int]] = [(it, 0) for it in reversed(self.items)]
+        while stack:
+            item, depth = stack.pop()
+            yield item, depth
+            if isinstance(item, Checkpoint):
+                stack.extend((it, depth + 1) for it in reversed(item.inner))
+
+    def recomputed_ranges(self) -> tuple[RecomputedRange, ...]:
+        """Every checkpoint at any depth, outermost first (pre-order)."""
+        return tuple(RecomputedRange(it.start, it.stop, d + 1) for it, d in self.walk()
+                     if isinstance(it, Checkpoint))
+
+    def boundaries(self) -> tuple[int, ...]:
+        """Layers whose output a top-level checkpoint keeps (the last layer of each segment)."""
+        return tuple(it.stop - 1 for it in self.items if isinstance(it, Checkpoint))
+
+    def segments(self) -> tuple[tuple[int, int, bool], ...]:
+        """Top-level items as ``(start, stop, checkpointed)``."""
+        return tuple((it.layer, it.layer + 1, False) if isinstance(it, Store) else
+                     (it.start, it.stop, True) for it in self.items)
+
+    def per_layer(self) -> tuple[LayerDecision, ...]:
+        depth = [0] * self.n_layers
+        for r in self.recomputed_ranges():
+            for i in range(r.start, r.stop):
+                depth[i] += 1
+        return tuple(LayerDecision(i, depth[i] == 0, depth[i], 1 + depth[i])
+                     for i in range(self.n_layers))
+
+    @property
+    def n_checkpoints(self) -> int:
+        return sum(isinstance(it, Checkpoint) for it, _ in self.walk())
+
+    def describe(self) -> str:
+        """A compact one-line form: ``S0 S1 C[2,6){S2 C[3,5){S3 S4} S5}``."""
+        out: list[str] = []
+        stack: list[Any] = list(reversed(self.items))
+        while stack:
+            it = stack.pop()
+            if isinstance(it, str):
+                out.append(it)
+            elif isinstance(it, Store):
+                out.append(f"S{it.layer}")
+            else:
+                out.append(f"C[{it.start},{it.stop}){{")
+                stack.append("}")
+                stack.extend(reversed(it.inner))
+        return " ".join(out).replace("{ ", "{").replace(" }", "}")
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "strategy": self.strategy,
+            "n_layers": self.n_layers,
+            "params": dict(self.params),
+            "checkpoints": [[r.start, r.stop] for r in self.recomputed_ranges()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Plan":
+        if not isinstance(d, dict):
+            raise SpecError(f"a plan must be a JSON object, not {type(d).__name__}",
+                            tip="write it with `ckplan plan --out plan.json`")
+        n = d.get("n_layers")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"plan n_layers must be a positive integer, got {n!r}")
+        strategy = d.get("strategy", "custom")
+        params = d.get("params") or {}
+        if not isinstance(strategy, str) or not isinstance(params, dict):
+            raise SpecError("plan strategy must be a string and params an object")
+        if "checkpoints" in d:
+            items = items_from_ranges(n, _ranges_from_json(d["checkpoints"]))
+        elif "items" in d:
+            items = _items_from_json(d["items"], "items")
+        else:
+            raise SpecError("a plan needs a 'checkpoints' list (or nested 'items')",
+                            tip='e.g. {"n_layers": 4, "checkpoints": [[0, 2], [2, 4]]}')
+        return cls(strategy, n, items, dict(params))
+
+
+def items_from_ranges(n_layers: int, ranges: list[tuple[int, int]]) -> tuple[Item, ...]:
+    """Build nested items from a laminar set of checkpointed ranges (any order)."""
+    rs = sorted(set(ranges), key=lambda r: (r[0], -r[1]))
+    if len(rs) != len(ranges):
+        raise SpecError("plan checkpoints list the same range twice")
+    for s, t in rs:
+        if not 0 <= s < t <= n_layers:
+            raise SpecError(f"plan checkpoint [{s}, {t}) is outside the chain [0, {n_layers})")
+    # Each open frame: (start, stop, items so far, next uncovered layer).
+    frames: list[list[Any]] = [[0, n_layers, [], 0]]
+
+    def close_until(pos: int) -> None:
+        """Pop frames that end at or before ``pos``."""
+        while len(frames) > 1 and frames[-1][1] <= pos:
+            s, t, its, nxt = frames.pop()
+            its.extend(Store(i) for i in range(nxt, t))
+            parent = frames[-1]
+            parent[2].append(Checkpoint(s, t, tuple(its)))
+            parent[3] = t
+
+    for s, t in rs:
+        close_until(s)
+        top = frames[-1]
+        if t > top[1]:
+            raise SpecError(f"plan checkpoints [{top[0]}, {top[1]}) and [{s}, {t}) overlap "
+                            "without nesting")
+        top[2].extend(Store(i) for i in range(top[3], s))
+        top[3] = s
+        frames.append([s, t, [], s])
+    close_until(n_layers)
+    root = frames[0]
+    root[2].extend(Store(i) for i in range(root[3], n_layers))
+    return tuple(root[2])
+
+
+def _ranges_from_json(raw: Any) -> list[tuple[int, int]]:
+    if not isinstance(raw, list):
+        raise SpecError("plan 'checkpoints' must be a list of [start, stop] pairs")
+    out = []
+    for r in raw:
+        if (not isinstance(r, (list, tuple)) or len(r) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in r)):
+            raise SpecError(f"plan checkpoint {r!r} is not a [start, stop] pair of integers")
+        out.append((r[0], r[1]))
+    return out
+
+
+def _items_from_json(raw: Any, where: str) -> tuple[Item, ...]:
+    if not isinstance(raw, list):
+        raise SpecError(f"plan {where} must be a list")
+    items: list[Item] = []
+    for k, obj in enumerate(raw):
+        here = f"{where}[{k}]"
+        if isinstance(obj, dict) and set(obj) == {"store"} and isinstance(obj["store"], int):
+            items.append(Store(obj["store"]))
+        elif (isinstance(obj, dict) and set(obj) == {"checkpoint", "inner"}
+              and isinstance(obj["checkpoint"], list) and len(obj["checkpoint"]) == 2
+              and all(isinstance(v, int) for v in obj["checkpoint"])):
+            s, t = obj["checkpoint"]
+            items.append(Checkpoint(s, t, _items_from_json(obj["inner"], here + ".inner")))
+        else:
+            raise SpecError(f"plan {here} must be {{\"store\": i}} or "
+                            f"{{\"checkpoint\": [start, stop], \"inner\": [...]}}, got {obj!r}")
+    return tuple(items)
+
+
+def _validate(items: tuple[Item, ...], n_layers: int) -> None:
+    """Items must cover [0, n) in order; each inner covers its checkpoint's range in order."""
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise SpecError(f"a plan needs at least one layer, got n_layers={n_layers!r}")
+    # Each task: (items, start, stop, owner range for messages or None at top level).
+    tasks: list[tuple[tuple[Item, ...], int, int, tuple[int, int] | None]] = [
+        (items, 0, n_layers, None)]
+    while tasks:
+        seq, start, stop, owner = tasks.pop()
+        where = "the plan" if owner is None else f"the inner plan of checkpoint [{owner[0]}, {owner[1]})"
+        pos = start
+        for it in seq:
+            if isinstance(it, Store):
+                lo, hi = it.layer, it.layer + 1
+            elif isinstance(it, Checkpoint):
+                lo, hi = it.start, it.stop
+                if not hi > lo:
+                    raise SpecError(f"checkpoint [{lo}, {hi}) in {where} is empty")
+                tasks.append((tuple(it.inner), lo, hi, (lo, hi)))
+            else:
+                raise SpecError(f"{where} holds {it!r}, which is neither Store nor Checkpoint")
+            if lo != pos:
+                what = "overlaps the previous item" if lo < pos else f"leaves layers [{pos}, {lo}) uncovered"
+                raise SpecError(f"{where} must cover [{start}, {stop}) in order: item at layer {lo} {what}")
+            pos = hi
+        if pos != stop:
+            raise SpecError(f"{where} must cover [{start}, {stop}) exactly; it ends at {pos}")
+        if (owner is not None and len(seq) == 1 and isinstance(seq[0], Checkpoint)):
+            raise SpecError(f"{where} is a single checkpoint of its whole range, which would only "
+                            "rerun the segment", tip="list its inner items directly")

@@ -1,0 +1,235 @@
+"""The one simulator: replay any plan op by op and report its peak memory and recompute time.
+
+Modelled on rotor's ``simulate_sequence`` (Beaumont et al. 2019/2021, "Optimal checkpointing for
+heterogeneous chains"). ``mem`` is the live bytes; every op has *live* bytes (``mem`` plus what the
+op allocates for good) and a *transient* on top; the op's peak is
+``max(live + transient, mem after the op)``, and the plan's peak is the largest op peak.
+
+Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it keeps (includes
+``x[i]``), ``x[-1]`` the chain input (held by pre) and ``d[i]`` the gradient B(i) produces
+(``x[i-1]``, or ``delta_in`` for i = 0):
+
+* start: ``mem = persistent``. Pre forward: live ``mem + pre.retained``, transient ``pre.fwd_tmp``.
+* ``Store(i)`` forward: live ``mem + xbar[i]``, transient ``fwd_tmp[i]``.
+* ``Checkpoint[s, t)`` forward: its input belongs to the item before. For k = s..t-1: live
+  ``mem + x[k]``, transient ``fwd_tmp[k]``; then ``x[k-1]`` is freed when k > s. What stays is the
+  boundary ``x[t-1]``.
+* post forward: live ``mem + post.xbar``, transient ``post.fwd_tmp``; post backward: transient
+  ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain output's gradient.
+* ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``
+  (its input gradient and parameter gradients appear, its saved tensors and incoming gradient go).
+* ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
+  all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
+  the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
+* pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``;
+  finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
+
+Known limitations: one tensor per boundary (rotor's model); allocator fragmentation, caching and
+the CUDA context are outside the model; ``xbar >= x`` assumes a stored layer keeps its output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .plan import Checkpoint, Item, Plan, Store
+
+if TYPE_CHECKING:
+    from .chain import Chain
+
+PRE, OPT = -1, None
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a plan costs under the simulator. Bytes are absolute (persistent memory included)."""
+
+    peak_bytes: int
+    peak_at: str  # the op that reaches the peak, e.g. "B(layer 7) during recompute of [4,8)"
+    recompute_ms: float  # forward time spent again during backward
+    step_ms: float  # predicted step time: one forward and backward of everything + recompute
+    overhead: float  # recompute_ms / step time of the plan without checkpointing
+    persistent_bytes: int  # the part of the peak no plan can remove
+
+    @property
+    def activation_peak_bytes(self) -> int:
+        return self.peak_bytes - self.persistent_bytes
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One op of the replay."""
+
+    label: str
+    op: str  # "F" forward keeping all, "Fn" forward keeping the output only, "B", "drop", "opt"
+    stage: int | None  # -1 pre, 0..n-1 chain layers, n post, None for the optimizer step
+    recompute: bool  # a forward run again inside a checkpoint's backward
+    live_bytes: int  # mem during the op without its transient
+    transient_bytes: int
+    peak_bytes: int  # max(live + transient, mem after)
+    mem_bytes: int  # mem after the op
+
+
+# op callback: (op, stage, ctx, recompute, live, transient, mem_after)
+_OnOp = Callable[[str, "int | None", "tuple[int, int] | None", bool, int, int, int], None]
+
+
+def _replay(chain: "Chain", items: tuple[Item, ...], on_op: _OnOp) -> float:
+    """Run the plan's ops in order, calling ``on_op`` for each; return the recompute time."""
+    L = chain.layers
+    n = len(L)
+    mem = chain.persistent_bytes
+    recompute_ms = 0.0
+
+    pre, post = chain.pre, chain.post
+    live = mem + pre.retained_bytes
+    on_op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
+    mem = live
+
+    # Explicit stack (plans may nest deeper than Python's recursion limit).
+    stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
+                          ("fwd", items, None)]
+    while stack:
+        task = stack.pop()
+        kind = task[0]
+        if kind == "fwd":
+            _, seq, ctx = task
+            again = ctx is not None
+            for it in seq:
+                if isinstance(it, Store):
+                    ly = L[it.layer]
+                    live = mem + ly.xbar_bytes
+                    on_op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
+                    mem = live
+                    if again:
+                        recompute_ms += ly.fwd_ms
+                else:
+                    for k in range(it.start, it.stop):
+                        ly = L[k]
+                        live = mem + ly.x_bytes
+                        after = live - L[k - 1].x_bytes if k > it.start else live
+                        on_op("Fn", k, ctx, again, live, ly.fwd_tmp_bytes, after)
+                        mem = after
+                        if again:
+                            recompute_ms += ly.fwd_ms
+        elif kind == "bwd":
+            _, seq, ctx = task
+            stack.extend(("bwd1", it, ctx) for it in seq)
+        elif kind == "bwd1":
+            _, it, ctx = task
+            if isinstance(it, Store):
+                i = it.layer
+                ly = L[i]
+                d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
+                after = mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
+                on_op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
+                mem = after
+            else:
+                inner_ctx = (it.start, it.stop)
+                mem -= L[it.stop - 1].x_bytes
+                on_op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
+                stack.append(("bwd", it.inner, inner_ctx))
+                stack.append(("fwd", it.inner, inner_ctx))
+        elif kind == "postF":
+            live = mem + post.xbar_bytes
+            on_op("F", n, None, False, live, post.fwd_tmp_bytes, live)
+            mem = live
+        elif kind == "postB":
+            after = mem + L[-1].x_bytes + post.grad_bytes - post.xbar_bytes
+            on_op("B", n, None, False, mem, post.bwd_tmp_bytes, after)
+            mem = after
+        elif kind == "preB":
+            after = mem + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
+            on_op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
+            mem = after
+        else:  # the optimizer step: its peak is absolute, measured by the profiler
+            on_op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
+    return recompute_ms
+
+
+def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> str:
+    if op == "opt":
+        return "optimizer step"
+    if stage == PRE:
+        return "pre forward" if op == "F" else "pre backward"
+    if stage == n:
+        return "post forward (loss)" if op == "F" else "post backward"
+    if op == "drop":
+        return f"free boundary x[{stage}] of [{ctx[0]},{ctx[1]})"
+    name = {"F": "F", "Fn": "F", "B": "B"}[op]
+    text = f"{name}(layer {stage})"
+    if op == "Fn":
+        text += " not saving"
+    if ctx is not None:
+        text += f" during recompute of [{ctx[0]},{ctx[1]})"
+    return text
+
+
+def simulate(chain: "Chain", plan: Plan) -> Score:
+    """Peak memory and recompute time of ``plan`` on ``chain``."""
+    _check(chain, plan)
+    return simulate_items(chain, plan.items)
+
+
+def simulate_items(chain: "Chain", items: tuple[Item, ...]) -> Score:
+    """``simulate`` for items already known to be a valid plan (brute force uses this)."""
+    best = [-1, None]
+
+    def on_op(op, stage, ctx, again, live, transient, after):
+        p = live + transient
+        if after > p:
+            p = after
+        if p > best[0]:
+            best[0] = p
+            best[1] = (op, stage, ctx)
+
+    recompute_ms = _replay(chain, items, on_op)
+    base = chain.base_step_ms
+    return Score(
+        peak_bytes=best[0],
+        peak_at=_label(*best[1], chain.n_layers),
+        recompute_ms=recompute_ms,
+        step_ms=base + recompute_ms,
+        overhead=recompute_ms / base if base > 0 else 0.0,
+        persistent_bytes=chain.persistent_bytes,
+    )
+
+
+def peak_of(chain: "Chain", items: tuple[Item, ...]) -> tuple[int, float]:
+    """(peak bytes, recompute ms) with no labels: the fast path for enumerations."""
+    best = [-1]
+
+    def on_op(op, stage, ctx, again, live, transient, after):
+        p = live + transient
+        if after > p:
+            p = after
+        if p > best[0]:
+            best[0] = p
+
+    r = _replay(chain, items, on_op)
+    return best[0], r
+
+
+def trace(chain: "Chain", plan: Plan) -> tuple[TraceEvent, ...]:
+    """Every op of the replay with its live bytes and peak, for README examples and debugging."""
+    _check(chain, plan)
+    events: list[TraceEvent] = []
+    n = chain.n_layers
+
+    def on_op(op, stage, ctx, again, live, transient, after):
+        events.append(TraceEvent(_label(op, stage, ctx, n), op, stage, again, live, transient,
+                                 max(live + transient, after), after))
+
+    _replay(chain, plan.items, on_op)
+    return tuple(events)
+
+
+def _check(chain: "Chain", plan: Plan) -> None:
+    if plan.n_layers != chain.n_layers:
+        from ..errors import SpecError
+        raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",
+                        tip="re-plan for this model, or pass the profile the plan was made from")

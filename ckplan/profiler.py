@@ -1,0 +1,378 @@
+"""Per-stage costs of one training step, measured with hooks (real tensors) or on fake ones (meta).
+
+Pipeline (torchinfo's shape): resolve the chain -> install hooks -> run forward+backward ->
+per-stage rows -> totals. Hooks are always removed and the model restored in ``finally``.
+
+Stages are what comes before the chain ("pre": embeddings, stem), each chain layer, and what comes
+after ("post": head and loss). Forward/backward *windows* are cut by hooks:
+
+* forward: pre starts at the call; layer i starts at its forward pre-hook; post starts when the
+  last layer returns and ends when the loss exists;
+* backward: post starts at ``loss.backward()``; layer i starts when the gradient of its output
+  exists (a tensor hook); pre starts when the gradient of the chain's input exists.
+
+Saved-for-backward bytes (rotor's xbar) come from ``torch.autograd.graph.saved_tensors_hooks``:
+every storage autograd saves, still alive when the forward ends, counted once under the stage that
+allocated it (the live-tensor tracker knows who allocated what), parameters and buffers excluded.
+
+Known limitations: a chain layer must be called exactly once per step, in order, with the hidden
+state as its first tensor argument; work between two layers is billed to the later one; on meta,
+times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``), and autocast is not modelled.
+"""
+from __future__ import annotations
+
+import statistics
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+from .chainfind import resolve_chain
+from .errors import ModelRunError
+from .measure import Clock, LiveTensorTracker
+from .records import CHAIN, POST, PRE, StageRecord
+from .training import forward_loss
+
+ASSUMED_FLOPS_PER_S = 100e12  # meta-device time estimates: an accelerator at 100 TFLOP/s sustained
+
+
+class _FusedAttentionOnMeta(TorchFunctionMode):
+    """On meta, route ``F.scaled_dot_product_attention`` to the fused kernel that real devices run.
+
+    Without this, SDPA on meta tensors falls back to the math path and saves the (B, H, T, T)
+    attention matrix, which no fused kernel keeps (CPU flash, CUDA flash and memory-efficient
+    attention keep the output and a (B, H, T) logsumexp). The CPU flash kernel has a meta
+    implementation and the same saved tensors as the CUDA ones, so meta sizes match real runs.
+    Masks other than causal are left to the math path.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None \
+                and (len(args) < 4 or args[3] is None):
+            q, k, v = args[:3]
+            dropout_p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+            is_causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+            out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout_p, is_causal, scale=kwargs.get("scale"))
+            return out
+        return func(*args, **kwargs)
+
+
+def _first_tensor(obj):
+    for leaf in tree_flatten(obj)[0]:
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+@dataclass
+class _Mark:
+    phase: str  # "F", "B" or "end"
+    stage: int  # -1 pre, 0..n-1 chain, n post
+    t_ms: float
+    live: int  # live bytes at the mark (relative to the step start)
+    peak: int  # peak live bytes since the previous mark
+    flops: int  # cumulative FLOPs at the mark
+
+
+class _Meter:
+    """Live/peak bytes relative to the step start: the tracker on CPU/meta, the allocator on CUDA."""
+
+    def __init__(self, device: torch.device, tracker: LiveTensorTracker | None):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.tracker = tracker
+        if self.cuda:
+            torch.cuda.synchronize(device)
+            self.base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read_and_reset(self) -> tuple[int, int]:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            live = torch.cuda.memory_allocated(self.device) - self.base
+            peak = torch.cuda.max_memory_allocated(self.device) - self.base
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return live, peak
+        if self.tracker is None:
+            return 0, 0
+        live, peak = self.tracker.live, self.tracker.peak
+        self.tracker.reset_peak()
+        return live, peak
+
+
+@dataclass
+class _Instrument:
+    """Hooks that cut one forward+backward into per-stage windows and note what they see."""
+
+    layers: list[nn.Module]
+    clock: Clock
+    meter: _Meter | None = None
+    flops: FlopCounterMode | None = None
+    track_saved: bool = False
+    marks: list[_Mark] = field(default_factory=list)
+    out_bytes: dict[int, int] = field(default_factory=dict)
+    x_in_bytes: int = 0
+    x_in_requires_grad: bool = False
+    alloc_window: dict[int, tuple[str, int]] = field(default_factory=dict)
+    saved: dict[int, weakref.ref] = field(default_factory=dict)
+    excluded: set[int] = field(default_factory=set)  # storages of parameters and buffers
+    _current: tuple[str, int] = ("F", -1)
+
+    @property
+    def n(self) -> int:
+        return len(self.layers)
+
+    def mark(self, phase: str, stage: int) -> None:
+        live, peak = self.meter.read_and_reset() if self.meter else (0, 0)
+        f = self.flops.get_total_flops() if self.flops is not None else 0
+        self.marks.append(_Mark(phase, stage, self.clock.now_ms(), live, peak, f))
+        self._current = (phase, stage)
+
+    def on_alloc(self, key: int, nbytes: int) -> None:
+        self.alloc_window[key] = self._current
+
+    def pack(self, t: torch.Tensor):
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return t
+        k = id(st)
+        if k not in self.excluded:
+            ref = self.saved.get(k)
+            if ref is None or ref() is None:
+                self.saved[k] = weakref.ref(st)
+        return t
+
+    def install(self) -> list:
+        handles = []
+        for i, layer in enumerate(self.layers):
+            handles.append(layer.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
+            handles.append(layer.register_forward_hook(self._post_hook(i), with_kwargs=True))
+        return handles
+
+    def _pre_hook(self, i: int):
+        def hook(module, args, kwargs):
+            if i == 0:
+                x = _first_tensor((args, kwargs))
+                if x is not None:
+                    self.x_in_bytes = _storage_bytes(x)
+                    self.x_in_requires_grad = x.requires_grad
+                    if x.requires_grad:
+                        x.register_hook(lambda g: self.mark("B", -1))
+            self.mark("F", i)
+        return hook
+
+    def _post_hook(self, i: int):
+        def hook(module, args, kwargs, out):
+            y = _first_tensor(out)
+            if y is not None:
+                self.out_bytes[i] = _storage_bytes(y)
+                if y.requires_grad:
+                    y.register_hook(lambda g: self.mark("B", i))
+            if i == self.n - 1:
+                self.mark("F", self.n)
+        return hook
+
+    def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
+        self.marks.clear()
+        self.mark("F", -1)
+        if self.track_saved:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
+        else:
+            loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
+        self.mark("B", self.n)
+        self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
+        loss.backward()
+        self.mark("end", self.n)
+        return loss.detach()
+
+    def _saved_by_stage(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for k, ref in self.saved.items():
+            st = ref()
+            window = self.alloc_window.get(k)
+            if st is None or window is None or window[0] != "F":
+                continue  # freed already, or not made during this forward (inputs, buffers)
+            out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def windows(self) -> dict[tuple[str, int], dict]:
+        """(phase, stage) -> {ms, live_start, live_end, peak, flops} from consecutive marks."""
+        order = [(m.phase, m.stage) for m in self.marks if m.phase == "F"]
+        expected = [("F", s) for s in range(-1, self.n + 1)]
+        if order != expected:
+            got = [s for _, s in order[1:-1]]
+            raise ModelRunError(
+                f"the chain's layers were not called once each, in order: saw layer calls {got[:12]}"
+                f"{'...' if len(got) > 12 else ''} for {self.n} layers",
+                tip="set `chain:` to a container whose entries the model calls exactly once per step")
+        out = {}
+        for a, b in zip(self.marks, self.marks[1:]):
+            out[(a.phase, a.stage)] = dict(ms=b.t_ms - a.t_ms, live_start=a.live, live_end=b.live,
+                                           peak=max(b.peak, a.live, b.live), flops=b.flops - a.flops)
+        return out
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """What ``measure_step`` returns: the rows plus the facts that totals need."""
+
+    rows: tuple[StageRecord, ...]
+    input_requires_grad: bool
+    measured_peak_rel: int  # peak live bytes of forward+backward above the step start
+    grad_bytes: int
+    chain_path: str
+    chain_detected: bool
+
+
+def _zero(model):
+    for p in model.parameters():
+        p.grad = None
+
+
+def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
+                 device: torch.device, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
+                 ) -> StepMeasurement:
+    """Profile one training forward+backward of ``model`` on the batch; the model is left as found."""
+    chain_path, container, detected = resolve_chain(model, chain)
+    layers = list(container)
+    n = len(layers)
+    meta = device.type == "meta"
+    clock = Clock(device)
+    params = list(dict.fromkeys(model.parameters()))
+    saved_grads = [p.grad for p in params]
+    was_training = model.training
+    buffers = [] if meta else [(b, b.detach().clone()) for b in model.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    handles = []
+    try:
+        model.train()
+        _zero(model)
+        inst = _Instrument(layers, clock)
+        handles = inst.install()
+        for _ in range(0 if meta else warmup):
+            _run(inst, model, args, kwargs, loss_fn, precision, device)
+            _zero(model)
+        # The measured pass: tracker (attribution, CPU/meta bytes), allocator (CUDA), FLOPs.
+        inst.track_saved = True
+        inst.excluded = {id(p.untyped_storage()) for p in params} | {
+            id(b.untyped_storage()) for b in model.buffers()}
+        # A parameter's gradient first exists in the backward of the last stage that used it in
+        # the forward (a tied embedding: in post, where the head uses it, although AccumulateGrad
+        # only runs once the embedding's share arrives in pre).
+        param_ids = {id(p.untyped_storage()): p for p in params}
+        last_use: dict[int, int] = {}
+
+        def on_inputs(storage_ids):
+            if inst._current[0] == "F":
+                for sid in storage_ids & param_ids.keys():
+                    last_use[sid] = inst._current[1]
+
+        tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_inputs=on_inputs)
+        inst.flops = FlopCounterMode(display=False)
+        with inst.flops, tracker:
+            inst.meter = _Meter(device, tracker)
+            _run(inst, model, args, kwargs, loss_fn, precision, device)
+            grad_window = {id(p): last_use.get(sid, -1) for sid, p in param_ids.items()
+                           if p.grad is not None}
+        win = inst.windows()
+        measured_peak = max(m.peak for m in inst.marks)
+        saved = inst.saved_at_end
+        out_bytes = dict(inst.out_bytes)
+        x_in_bytes, x_in_rg = inst.x_in_bytes, inst.x_in_requires_grad
+        _zero(model)
+        # Timing passes: hooks only, no tracker, no FLOP counter.
+        inst.track_saved, inst.flops, inst.meter = False, None, None
+        times: dict[tuple[str, int], list[float]] = {}
+        for _ in range(0 if meta else repeats):
+            _run(inst, model, args, kwargs, loss_fn, precision, device)
+            _zero(model)
+            for key, w in inst.windows().items():
+                times.setdefault(key, []).append(w["ms"])
+    except ModelRunError:
+        raise
+    except torch.cuda.OutOfMemoryError as e:
+        raise ModelRunError(f"out of GPU memory while profiling: {str(e).splitlines()[0]}",
+                            tip="profile with a smaller --batch-size, or with --device meta") from e
+    except Exception as e:
+        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {e}",
+                            tip="run with --debug for the traceback") from e
+    finally:
+        for h in handles:
+            h.remove()
+        for p, g in zip(params, saved_grads):
+            p.grad = g
+        with torch.no_grad():
+            for b, v in buffers:
+                b.copy_(v)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        model.train(was_training)
+
+    # Parameters: chain layers own theirs; the rest go to pre or post by where their grad appeared.
+    owner: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        for p in layer.parameters():
+            owner.setdefault(id(p), i)
+    param_bytes = {s: 0 for s in range(-1, n + 1)}
+    grad_bytes = {s: 0 for s in range(-1, n + 1)}
+    for p in params:
+        nb = p.untyped_storage().nbytes()
+        stage = owner.get(id(p))
+        if stage is None:
+            stage = n if grad_window.get(id(p)) == n else -1
+        param_bytes[stage] += nb
+        if id(p) in grad_window:
+            grad_bytes[grad_window[id(p)]] += p.numel() * p.element_size()
+
+    rows = []
+    for s in range(-1, n + 1):
+        fw, bw = win[("F", s)], win.get(("B", s))
+        fwd_flops, bwd_flops = fw["flops"], (bw["flops"] if bw else 0)
+        if meta:
+            fwd_ms = fwd_flops / ASSUMED_FLOPS_PER_S * 1e3
+            bwd_ms = bwd_flops / ASSUMED_FLOPS_PER_S * 1e3
+        else:
+            fwd_ms = statistics.median(times[("F", s)])
+            bwd_ms = statistics.median(times[("B", s)]) if ("B", s) in times else 0.0
+        role = PRE if s == -1 else POST if s == n else CHAIN
+        rows.append(StageRecord(
+            index=s,
+            name="(pre)" if role == PRE else "(post)" if role == POST else f"{chain_path}.{s}",
+            type=role if role != CHAIN else type(layers[s]).__name__,
+            role=role,
+            param_bytes=param_bytes[s],
+            grad_bytes=grad_bytes[s],
+            output_bytes=x_in_bytes if role == PRE else 4 if role == POST else out_bytes.get(s, 0),
+            saved_bytes=saved.get(s, 0),
+            fwd_ms=float(fwd_ms), bwd_ms=float(bwd_ms),
+            fwd_flops=int(fwd_flops), bwd_flops=int(bwd_flops),
+            fwd_tmp_bytes=max(0, fw["peak"] - fw["live_end"]),
+            bwd_tmp_bytes=max(0, bw["peak"] - bw["live_start"]) if bw else 0,
+            fwd_peak_bytes=fw["peak"],
+            bwd_peak_bytes=bw["peak"] if bw else 0,
+        ))
+    return StepMeasurement(tuple(rows), x_in_rg, int(measured_peak),
+                           sum(grad_bytes.values()), chain_path, detected)
+
+
+def _run(inst, model, args, kwargs, loss_fn, precision, device):
+    if device.type == "meta":
+        with _FusedAttentionOnMeta():
+            inst.run(model, args, kwargs, loss_fn, precision, device.type)
+    else:
+        inst.run(model, args, kwargs, loss_fn, precision, device.type)

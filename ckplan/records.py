@@ -1,0 +1,118 @@
+"""Plain, frozen records passed between ckplan's stages (measure -> plan -> report).
+
+No torch here: the planner and the report read these without importing PyTorch.
+Sizes are ``int`` bytes, durations ``float`` milliseconds, work ``int`` FLOPs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+PRE, CHAIN, POST = "pre", "chain", "post"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One row of a profile: what comes before the chain, one chain layer, or what comes after.
+
+    Windows: a stage's forward window runs from its first op to the first op of the next stage;
+    its backward window from the moment the gradient of its output exists to the moment the
+    gradient of its input exists (see ckplan.profiler). ``*_peak_bytes`` are measured live bytes
+    relative to the start of the step (parameters, buffers, inputs and optimizer state excluded).
+    """
+
+    index: int  # -1 for pre, 0..n-1 for chain layers, n for post
+    name: str  # module path of a chain layer, or "(pre)" / "(post)"
+    type: str  # class name of the chain layer; "pre" / "post" otherwise
+    role: str  # PRE | CHAIN | POST
+    param_bytes: int  # parameters owned by this stage (each storage counted once, in its last stage)
+    grad_bytes: int  # parameter-gradient bytes first allocated in this stage's backward
+    output_bytes: int  # the tensor handed to the next stage: what a checkpoint at this boundary keeps
+    saved_bytes: int  # saved-for-backward storages this stage allocated (rotor's xbar), params excluded
+    fwd_ms: float
+    bwd_ms: float
+    fwd_flops: int
+    bwd_flops: int
+    fwd_tmp_bytes: int  # peak during the forward window above live bytes at its end
+    bwd_tmp_bytes: int  # peak during the backward window above live bytes at its start
+    fwd_peak_bytes: int  # peak live bytes during the forward window, relative to the step's start
+    bwd_peak_bytes: int  # peak live bytes during the backward window, relative to the step's start
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Totals:
+    param_bytes: int  # every parameter, trainable or not
+    buffer_bytes: int
+    trainable_bytes: int  # parameters that get a gradient
+    grad_bytes: int  # gradients of trainable parameters
+    optimizer_bytes: int  # optimizer state (Adam moments, momentum buffers)
+    optimizer_tmp_bytes: int  # transient extra during optimizer.step()
+    input_bytes: int  # the batch (inputs and labels)
+    activation_bytes: int  # sum of saved_bytes over all rows
+    predicted_peak_bytes: int  # one training step without checkpointing (README: memory model)
+    measured_peak_bytes: int | None  # what the tracker saw during the profiled step, for reference
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-stage costs of one training step of one model at one batch, the planner's input."""
+
+    model: str  # a short name: spec file stem or class name
+    device: str  # "cpu", "cuda", "meta"
+    device_name: str  # e.g. "NVIDIA H100 80GB HBM3" or the CPU's name
+    chain: str  # dotted path of the checkpointable ModuleList/Sequential
+    chain_detected: bool  # True when ckplan chose the chain itself
+    batch_size: int
+    precision: str  # fp32 | bf16 | fp16
+    optimizer: str  # adamw | sgd-momentum | sgd
+    accum: int  # gradient-accumulation micro-batches per optimizer step
+    input_requires_grad: bool  # the chain's input needs a gradient (pre has parameters)
+    times_estimated: bool  # True on meta: times come from FLOPs, not clocks
+    layers: tuple[StageRecord, ...]  # pre, chain layers in order, post
+    totals: Totals
+    device_total_bytes: int | None = None  # NVML / CUDA total memory when known
+    device_free_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+    spec: dict[str, Any] = field(default_factory=dict)  # the resolved spec, to rebuild the model
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def chain_layers(self) -> tuple[StageRecord, ...]:
+        return tuple(r for r in self.layers if r.role == CHAIN)
+
+    @property
+    def pre(self) -> StageRecord:
+        return self.layers[0]
+
+    @property
+    def post(self) -> StageRecord:
+        return self.layers[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["layers"] = [r.to_dict() for r in self.layers]
+        d["notes"] = list(self.notes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+        d = dict(d)
+        d.pop("command", None)
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"profile schema_version {version} is not {SCHEMA_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        d["layers"] = tuple(StageRecord(**r) for r in d["layers"])
+        d["totals"] = Totals(**d["totals"])
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)

@@ -1,0 +1,307 @@
+"""Model spec (YAML) -> validated config -> model, batch and loss.
+
+A spec names the model in exactly one of three ways (``builtin`` from ckplan's zoo, ``hf`` a
+Hugging Face config built offline with random weights, ``target`` the user's own factory), the
+inputs, the chain of checkpointable layers and the training settings. See README "Spec format".
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import DependencyError, ModelRunError, SpecError
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+OPTIMIZERS = ("adamw", "sgd-momentum", "sgd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+_OPT_ALIASES = {"sgd_momentum": "sgd-momentum", "momentum": "sgd-momentum", "adam": "adamw"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    builtin: Optional[str] = None
+    hf: Optional[dict[str, Any]] = None
+    target: Optional[str] = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    task: Optional[Literal["causal-lm", "masked-lm", "sequence-classification", "base"]] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("builtin", "hf", "target") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("name the model in exactly one way: `builtin: NAME`, `hf: {model_type: ...}` "
+                             f"or `target: \"module:callable\"` (found {given or 'none'})")
+        if self.hf is not None and "model_type" not in self.hf:
+            raise ValueError("`hf:` needs `model_type` (e.g. gpt2, bert, llama)")
+        if self.target is not None and ":" not in self.target:
+            raise ValueError(f"target {self.target!r} must look like \"package.module:callable\"")
+        if self.hf is not None and self.args:
+            raise ValueError("`args:` goes with builtin/target; put Hugging Face config fields inside `hf:`")
+        return self
+
+
+class LabelSpec(_Strict):
+    shape: list[int] = Field(default_factory=list)
+    dtype: Literal[DTYPES] = "int64"  # type: ignore[valid-type]
+    high: Optional[int] = None
+
+
+class InputSpec(_Strict):
+    batch_size: int = Field(gt=0)
+    shape: list[int]
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
+    high: Optional[int] = Field(default=None, gt=0)
+    name: Optional[str] = None  # keyword to pass the input by; positional when absent
+    labels: Union[Literal["copy", "none"], LabelSpec] = "none"
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, v):
+        if any(d <= 0 for d in v):
+            raise ValueError(f"every dimension of shape must be positive, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ints_need_high(self):
+        if self.dtype.startswith("int") and self.high is None:
+            raise ValueError("an integer input needs `high:` (e.g. the vocabulary size for token ids)")
+        return self
+
+
+class TrainSpec(_Strict):
+    optimizer: str = "adamw"
+    precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
+    accum: int = Field(default=1, gt=0)
+    lr: float = Field(default=1e-4, gt=0)
+
+    @field_validator("optimizer")
+    @classmethod
+    def _opt(cls, v):
+        v = _OPT_ALIASES.get(v, v)
+        if v not in OPTIMIZERS:
+            raise ValueError(f"optimizer {v!r} is not one of {', '.join(OPTIMIZERS)}")
+        return v
+
+
+class Spec(_Strict):
+    name: Optional[str] = None
+    model: ModelSpec
+    input: InputSpec
+    chain: Optional[str] = None
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    seed: int = 0
+
+    def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,
+                       precision: str | None = None, optimizer: str | None = None,
+                       accum: int | None = None) -> "Spec":
+        """The spec with command-line overrides applied (and validated again)."""
+        d = self.model_dump()
+        if batch_size is not None:
+            d["input"]["batch_size"] = batch_size
+        if seq_len is not None:
+            d["input"]["shape"] = [seq_len, *d["input"]["shape"][1:]]
+            if isinstance(d["input"]["labels"], dict) and d["input"]["labels"]["shape"]:
+                d["input"]["labels"]["shape"] = [seq_len, *d["input"]["labels"]["shape"][1:]]
+        for key, val in (("precision", precision), ("optimizer", optimizer), ("accum", accum)):
+            if val is not None:
+                d["train"][key] = val
+        return validate(d, source="command-line overrides")
+
+
+def _loc(err: dict) -> str:
+    return ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "(top level)"
+
+
+def validate(data: Any, *, source: str = "spec") -> Spec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping with `model:` and `input:`, got {type(data).__name__}",
+                        tip="see README, section 'Spec format'")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            elif err["type"] == "missing":
+                msg = "required key is missing"
+            lines.append(f"{_loc(err)}: {msg}")
+        raise SpecError(f"{source}: " + "; ".join(lines), tip="see README, section 'Spec format'") from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"spec file {str(p)!r} does not exist",
+                        tip="pass a YAML spec such as configs/gpt2-small.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise SpecError(f"{p}: invalid YAML{at}: {getattr(e, 'problem', e)}",
+                        tip="check indentation and quoting") from None
+    spec = validate(data, source=str(p))
+    if spec.name is None:
+        spec = spec.model_copy(update={"name": p.stem})
+    return spec
+
+
+# ----------------------------------------------------------------------------- building
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, name)
+
+
+def build_model(spec: Spec, device: str = "cpu"):
+    """Instantiate the model on ``device`` (``meta``: no memory is allocated) in train mode."""
+    import torch
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        if spec.model.builtin is not None:
+            model = _build_builtin(spec.model.builtin, spec.model.args)
+        elif spec.model.hf is not None:
+            model = _build_hf(spec.model.hf, spec.model.task)
+        else:
+            model = _build_target(spec.model.target, spec.model.args)
+    if not isinstance(model, torch.nn.Module):
+        raise SpecError(f"model.{'target' if spec.model.target else 'builtin'} returned "
+                        f"{type(model).__name__}, not a torch.nn.Module")
+    return model.train()
+
+
+def _build_builtin(name: str, args: dict):
+    from .zoo import ZOO, build_builtin
+    if name not in ZOO:
+        raise SpecError(f"model.builtin: unknown model {name!r}",
+                        tip=f"choose one of {', '.join(sorted(ZOO))}, or use `hf:` / `target:`")
+    try:
+        return build_builtin(name, dict(args))
+    except TypeError as e:
+        raise SpecError(f"model.args for builtin {name!r}: {e}") from None
+
+
+_HF_TASKS = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "base": "AutoModel",
+}
+_HF_DEFAULT_TASK = {"bert": "masked-lm", "roberta": "masked-lm", "distilbert": "masked-lm",
+                    "albert": "masked-lm", "deberta": "masked-lm", "deberta-v2": "masked-lm"}
+
+
+def _build_hf(fields: dict, task: str | None):
+    try:
+        import transformers
+    except ImportError:
+        raise DependencyError("model.hf needs Hugging Face transformers, which is not installed",
+                              tip="pip install 'ckplan[hf]'") from None
+    fields = dict(fields)
+    model_type = fields.pop("model_type")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **fields)
+    except ValueError as e:
+        raise SpecError(f"model.hf.model_type {model_type!r}: {e}".split("\n")[0],
+                        tip="use a model_type transformers knows, e.g. gpt2, bert, llama") from None
+    task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
+    auto = getattr(transformers, _HF_TASKS[task])
+    try:
+        return auto.from_config(config, attn_implementation="sdpa")
+    except (ValueError, ImportError):
+        return auto.from_config(config)
+
+
+def _build_target(target: str, args: dict):
+    mod_name, _, fn_name = target.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` would
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise SpecError(f"model.target: cannot import module {mod_name!r}: {e}",
+                        tip="run ckplan from the directory that holds it, or add it to PYTHONPATH") from None
+    fn = mod
+    for part in fn_name.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise SpecError(f"model.target: module {mod_name!r} has no attribute {fn_name!r}")
+    try:
+        return fn(**args)
+    except TypeError as e:
+        raise SpecError(f"model.target {target!r} rejected args {args}: {e}") from None
+    except Exception as e:
+        raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}") from e
+
+
+def make_batch(spec: Spec, device: str = "cpu", *, seed: int | None = None):
+    """Random inputs (and labels) for one micro-batch: returns (args, kwargs) for model(*args, **kwargs)."""
+    import torch
+    inp = spec.input
+    gen = torch.Generator().manual_seed(spec.seed if seed is None else seed)
+
+    def rand(shape, dtype, high):
+        if device == "meta":
+            return torch.empty(shape, dtype=torch_dtype(dtype), device="meta")
+        if dtype.startswith("int"):
+            t = torch.randint(0, high, shape, generator=gen, dtype=torch_dtype(dtype))
+        else:
+            t = torch.randn(shape, generator=gen, dtype=torch_dtype(dtype))
+        return t.to(device)
+
+    x = rand([inp.batch_size, *inp.shape], inp.dtype, inp.high)
+    args, kwargs = ((), {inp.name: x}) if inp.name else ((x,), {})
+    if inp.labels == "copy":
+        kwargs["labels"] = x
+    elif isinstance(inp.labels, LabelSpec):
+        lab = inp.labels
+        if lab.dtype.startswith("int") and lab.high is None:
+            raise SpecError("input.labels: integer labels need `high:` (number of classes)")
+        kwargs["labels"] = rand([inp.batch_size, *lab.shape], lab.dtype, lab.high)
+    return args, kwargs
+
+
+def batch_bytes(args, kwargs) -> int:
+    import torch
+    seen, total = set(), 0
+    for t in list(args) + list(kwargs.values()):
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if id(st) not in seen:
+                seen.add(id(st))
+                total += st.nbytes()
+    return total
+
+
+def to_loss(out):
+    """The training loss from a model's output: its loss when it returns one, else mean(out**2)."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else out.float().pow(2).mean()
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor):
+        return out["loss"]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return to_loss(out[0])
+    first = out[0] if hasattr(out, "__getitem__") else None
+    if isinstance(first, torch.Tensor):
+        return to_loss(first)
+    raise ModelRunError(f"cannot make a loss from the model's output of type {type(out).__name__}",
+                        tip="return a tensor or an object with a `.loss`")
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
