@@ -119,3 +119,102 @@ def load_profile(path: str | Path) -> Profile:
     except (ValueError, KeyError, TypeError) as e:
         raise SpecError(f"{p}: not a ckplan profile ({type(e).__name__}: {e})",
                         tip="save one with: ckplan profile SPEC --format json -o profile.json") from None
+
+
+def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
+          steps: int = 5, warmup: int = 1, device: str = "auto", plan_path: str | Path | None = None,
+          memory_limit: str | int | None = None, progress=None):
+    """Profile the spec's model, plan every strategy, and run measured training steps."""
+    import torch
+
+    from .bench import run_bench
+    from .execute import load_plan
+
+    dev = resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("bench runs real training steps; --device meta cannot run them",
+                         tip="use --device cpu or cuda (meta is for profile and plan)")
+    model = build_model(spec, str(dev))
+    batch = make_batch(spec, str(dev))
+    prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
+                         device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
+                         accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+    budget_bytes = resolve_budget(budget, prof) if budget is not None else None
+    extra = {}
+    if plan_path is not None:
+        p = load_plan(plan_path)
+        extra[f"plan:{p.strategy}"] = p
+    limit = None
+    if memory_limit is not None:
+        from .units import parse_size
+        limit = parse_size(memory_limit, what="--memory-limit")
+    return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
+                     k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
+                     extra_plans=extra, memory_limit_bytes=limit, progress=progress)
+
+
+def resolve_budget(budget: str | int, prof: Profile) -> int:
+    """``12GB``, ``12GiB``, plain bytes, or ``40%`` of the predicted peak without checkpointing."""
+    from .units import ACCEPTED_SIZES, parse_size
+    text = str(budget).strip()
+    if text.endswith("%"):
+        try:
+            frac = float(text[:-1]) / 100
+        except ValueError:
+            frac = -1
+        if not 0 < frac <= 10:
+            raise UsageError(f"--budget {text!r} is not a percentage above 0%",
+                             tip=f"use {ACCEPTED_SIZES}, or a share of the no-checkpoint peak like 40%")
+        return int(prof.totals.predicted_peak_bytes * frac)
+    return parse_size(text, what="--budget")
+
+
+def plan(spec: Spec | None = None, *, profile_path: str | Path | None = None, budget: str | int | None = None,
+         strategy: str = "dp", k: int = 2, device: str = "auto"):
+    """Profile (or load a saved profile), then plan one strategy or all of them at one budget."""
+    from .planner import STRATEGIES, chain_from_profile, compare, plan_chain
+    from .plan_report import PlanReport
+
+    prof = _profile_for_plan(spec, profile_path, device)
+    budget_bytes, source = _budget_for_plan(budget, prof)
+    chain = chain_from_profile(prof)
+    if strategy == "all":
+        results = compare(chain, list(STRATEGIES), budget_bytes, k)
+        chosen = next(r for r in results if r.strategy == "dp")
+    else:
+        if strategy not in STRATEGIES:
+            raise UsageError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}, all")
+        chosen = plan_chain(chain, strategy, budget_bytes, k)
+        results = (chosen,)
+    none = plan_chain(chain, "none")
+    return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
+                      k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
+                      none_step_ms=none.score.step_ms)
+
+
+def sweep(spec: Spec | None = None, *, profile_path: str | Path | None = None, device: str = "auto",
+          points: int = 20, strategies: tuple[str, ...] | None = None):
+    from .planner import STRATEGIES, chain_from_profile, sweep as _sweep
+    prof = _profile_for_plan(spec, profile_path, device)
+    return prof, _sweep(chain_from_profile(prof), list(strategies or STRATEGIES), points)
+
+
+def _profile_for_plan(spec, profile_path, device) -> Profile:
+    if profile_path is not None:
+        return load_profile(profile_path)
+    if spec is None:
+        raise UsageError("plan needs a SPEC or --profile saved.json",
+                         tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
+    return profile(spec, device=device)
+
+
+def _budget_for_plan(budget, prof: Profile) -> tuple[int | None, str]:
+    if budget is not None:
+        return resolve_budget(budget, prof), "--budget"
+    if prof.device == "cuda":
+        from .measure import nvml_memory
+        info = nvml_memory(0)
+        if info is not None and info.free_bytes:
+            # The model's own resident memory is already counted in the plan's peak.
+            return info.free_bytes, "free GPU memory reported by NVML"
+    return None, "none given: planned for the smallest feasible peak"

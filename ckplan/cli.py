@@ -101,6 +101,113 @@ def profile(
     _emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof))
 
 
+STRATEGY_NAMES = ("none", "every-k", "sqrtn", "chen", "dp")
+
+
+@app.command()
+@guarded
+def plan(
+    spec: Optional[Path] = typer.Argument(None, help="Model spec (YAML); or give --profile instead."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
+                                         "500MB, plain bytes, or 40% of the no-checkpoint peak."),
+    strategy: str = typer.Option("dp", "--strategy", "-s", help="dp, chen, sqrtn, every-k, none or all."),
+    k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
+    profile_file: Optional[Path] = typer.Option(None, "--profile", help="A saved `ckplan profile -f json` "
+                                                "result, instead of profiling SPEC again."),
+    sweep: bool = typer.Option(False, "--sweep", help="Every strategy's memory/overhead frontier: CSV and "
+                               "PNG under --out-dir."),
+    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep."),
+    out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
+    device: str = DEVICE_OPT,
+    fmt: Fmt = FORMAT_OPT,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
+                                          "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
+    batch_size: Optional[int] = BATCH_OPT,
+    seq_len: Optional[int] = SEQ_OPT,
+    precision: Optional[str] = PREC_OPT,
+    optimizer: Optional[str] = OPTIM_OPT,
+    accum: Optional[int] = ACCUM_OPT,
+    debug: bool = DEBUG_OPT,
+):
+    """Pick checkpoint boundaries under a memory budget (optimal dp, or a baseline), or sweep budgets."""
+    from . import api, render, report
+    if strategy not in (*STRATEGY_NAMES, "all"):
+        raise UsageError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}, all")
+    s = None
+    if spec is not None:
+        s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                     optimizer=optimizer, accum=accum)
+    elif profile_file is None:
+        raise UsageError("plan needs a SPEC or --profile saved.json",
+                         tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
+    if sweep:
+        prof, pts = api.sweep(s, profile_path=profile_file, device=device, points=points)
+        files = report.write_sweep(out_dir, prof.model, pts)
+        doc = report.envelope("plan-sweep", {"model": prof.model, "device": prof.device,
+                                             "files": [str(f) for f in files],
+                                             "points": [p.to_dict() for p in pts]})
+        render.info("wrote " + ", ".join(str(f) for f in files))
+        _emit(fmt, doc, report.sweep_frame(pts), lambda: render.sweep_table(pts))
+        return
+    rep = api.plan(s, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device)
+    if rep.budget_bytes is not None:
+        from .units import format_bytes
+        render.info(f"budget {budget or ''} = {rep.budget_bytes} bytes = {format_bytes(rep.budget_bytes)} "
+                    f"({rep.budget_source})")
+    else:
+        render.info(f"budget: {rep.budget_source}")
+    doc = rep.to_doc()
+    if output is not None:
+        _write_out(output, doc)
+        render.info(f"wrote {output}")
+    import pandas as pd
+    _emit(fmt, doc, pd.DataFrame(rep.summary_rows()), lambda: render.plan_tables(rep))
+
+
+@app.command()
+@guarded
+def bench(
+    spec: Path = SPEC_ARG,
+    compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
+                                help="Comma-separated strategies to run."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Also run this plan.json."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%)."),
+    k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per strategy."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Warm-up steps per strategy."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="CPU only: treat a step whose "
+                                               "live tensors pass this size as out of memory."),
+    out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
+    device: str = DEVICE_OPT,
+    fmt: Fmt = FORMAT_OPT,
+    batch_size: Optional[int] = BATCH_OPT,
+    seq_len: Optional[int] = SEQ_OPT,
+    precision: Optional[str] = PREC_OPT,
+    optimizer: Optional[str] = OPTIM_OPT,
+    accum: Optional[int] = ACCUM_OPT,
+    debug: bool = DEBUG_OPT,
+):
+    """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
+    from . import api, render, report
+    strategies = [x.strip() for x in compare.split(",") if x.strip()]
+    bad = [x for x in strategies if x not in STRATEGY_NAMES]
+    if bad or (not strategies and plan_file is None):
+        raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
+                         tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
+    if ("dp" in strategies or "chen" in strategies) and budget is None:
+        budget = "50%"
+        render.info("no --budget: dp and chen plan for 50% of the no-checkpoint peak")
+    s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                 optimizer=optimizer, accum=accum)
+    n_plans = len(strategies) + (plan_file is not None)
+    with render.progress_bar(n_plans * (2 + warmup + steps) + 1, "profiling") as bar:
+        res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
+                        device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar)
+    files = report.write_bench(out_dir, res)
+    render.info("wrote " + ", ".join(str(f) for f in files))
+    _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res))
+
+
 def _emit(fmt: Fmt, doc: dict, frame, table) -> None:
     from .report import to_json
     if fmt == Fmt.json:

@@ -7,7 +7,10 @@ from rich.table import Table
 from .records import Profile
 from .units import format_bytes, format_flops, format_ms
 
-stdout = Console(soft_wrap=False)
+import sys
+
+# Piped output (files, CI logs, README examples) gets wide tables instead of rich's 80 columns.
+stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True)
 
 
@@ -51,3 +54,101 @@ def profile_table(prof: Profile) -> None:
 
 def info(msg: str) -> None:
     stderr.print(msg, highlight=False)
+
+
+def _pct(x):
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def plan_tables(rep) -> None:
+    from .units import format_bytes, format_ms
+    prof = rep.profile
+    budget = "none" if rep.budget_bytes is None else f"{format_bytes(rep.budget_bytes)} ({rep.budget_bytes} bytes)"
+    stdout.print(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
+                 f"batch {prof.batch_size} | {prof.precision} | {prof.optimizer} | device {prof.device}")
+    stdout.print(f"budget: {budget} [{rep.budget_source}]; no checkpointing peaks at "
+                 f"{format_bytes(rep.none_peak_bytes)}")
+    t = Table(title="strategies" if len(rep.results) > 1 else None, title_justify="left")
+    for col in ("strategy", "predicted peak", "saved vs none", "recompute", "overhead", "fits", "ckpts",
+                "peak reached at"):
+        t.add_column(col, justify="left" if col in ("strategy", "peak reached at") else "right")
+    for row in rep.summary_rows():
+        fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "[red]no[/]")
+        t.add_row(row["strategy"], format_bytes(row["predicted_peak_bytes"]),
+                  f"{format_bytes(row['saved_bytes'])} ({_pct(row['saved_fraction'])})",
+                  format_ms(row["predicted_recompute_ms"]), _pct(row["predicted_overhead"]), fits,
+                  str(row["n_checkpoints"]), row["peak_at"])
+    stdout.print(t)
+    c = rep.chosen
+    p = Table(title=f"plan ({c.strategy}): {c.plan.describe()}", title_justify="left")
+    for col in ("#", "layer", "first forward", "checkpoint depth", "forward runs"):
+        p.add_column(col, justify="left" if col in ("layer", "first forward") else "right")
+    for d in c.plan.per_layer():
+        p.add_row(str(d.layer), prof.chain_layers[d.layer].name, "stored" if d.stored else "recomputed",
+                  str(d.depth), str(d.forwards))
+    stdout.print(p)
+    ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")
+                       for r in c.plan.recomputed_ranges()) or "none"
+    stdout.print(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "
+                 f"recomputed ranges: {ranges}")
+    for note in c.notes:
+        stdout.print(f"note: {note}")
+
+
+def sweep_table(points) -> None:
+    from .units import format_bytes, format_ms
+    t = Table(title="memory vs recompute frontier", title_justify="left")
+    for col in ("strategy", "param", "predicted peak", "recompute", "overhead", "ckpts"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for pt in points:
+        param = (f"budget {format_bytes(pt.budget_bytes)}" if pt.budget_bytes is not None else
+                 f"k={pt.k}" if pt.k is not None else
+                 f"B={format_bytes(pt.threshold_bytes)}" if pt.threshold_bytes is not None else "")
+        t.add_row(pt.strategy, param, format_bytes(pt.peak_bytes), format_ms(pt.recompute_ms),
+                  _pct(pt.overhead), str(pt.n_checkpoints))
+    stdout.print(t)
+
+
+def bench_table(res) -> None:
+    from .units import format_bytes, format_ms
+    budget = "" if res.budget_bytes is None else f" | budget {format_bytes(res.budget_bytes)}"
+    t = Table(title=f"ckplan bench: {res.model} | {res.device_name} | batch {res.batch_size} | "
+                    f"{res.precision} | accum {res.accum} | {res.steps} timed steps{budget}",
+              title_justify="left")
+    for col in ("strategy", "status", "predicted peak", "measured peak", "error", "step (median)",
+                "min-max", "slowdown", "predicted", "max |dgrad|"):
+        t.add_column(col, justify="left" if col in ("strategy", "status") else "right")
+    for r in res.rows:
+        t.add_row(r.strategy, r.status if r.status == "ok" else f"[red]{r.status}[/]",
+                  format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes),
+                  _pct(r.peak_error), format_ms(r.step_ms),
+                  "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
+                  "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
+                  "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",
+                  "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}")
+    stdout.print(t)
+    for r in res.rows:
+        if r.message:
+            stdout.print(f"{r.strategy}: {r.message}")
+    for note in res.notes:
+        stdout.print(f"note: {note}")
+
+
+class progress_bar:
+    """A rich progress bar on stderr; call the instance with a description to advance it."""
+
+    def __init__(self, total: int, label: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=stderr, transient=True)
+        self.task = self.p.add_task(label, total=total)
+
+    def __enter__(self):
+        self.p.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.stop()
+
+    def __call__(self, description: str) -> None:
+        self.p.update(self.task, advance=1, description=description)

@@ -62,6 +62,10 @@ def _ceil_div(a, q: int):
     return -((-a) // q)
 
 
+def _near_div(a, q: int):
+    return (a + q // 2) // q
+
+
 class _Matrices:
     """Derived pair quantities of a unit chain, in exact bytes (U x (U+1) int64)."""
 
@@ -92,23 +96,24 @@ class _Matrices:
 class _CostTable:
     """``C[s, e, m]`` for every sub-sequence, for slots ``m = 0..M``."""
 
-    def __init__(self, u: Units, mx: _Matrices, slot: int, M: int):
+    def __init__(self, u: Units, mx: _Matrices, slot: int, M: int, rounding: str):
         self.u, self.mx, self.q, self.M = u, mx, slot, M
         U = u.size
         q = slot
-        self.hs = _ceil_div(u.hold, q)
-        self.xs = _ceil_div(u.x_out, q)
-        self.ss = _ceil_div(mx.sreq, q)
-        self.ds = _ceil_div(mx.dlt, q)
-        self.fs = np.minimum(_ceil_div(mx.fnone, q), M + 1)
+        div = _ceil_div if rounding == "up" else _near_div
+        self.hs = div(u.hold, q)
+        self.xs = div(u.x_out, q)
+        self.ss = div(mx.sreq, q)
+        self.ds = div(mx.dlt, q)
+        self.fs = np.minimum(div(mx.fnone, q), M + 1)
         P = mx.P
-        C = np.full((U, U + 1, M + 1), INF)
+        C = np.empty((U, U + 1, M + 1))  # every C[s, e] with s < e is written below
         mgrid = np.arange(M + 1)
         for e in range(1, U + 1):
             best = np.full((e, M + 1), INF)  # min over j of C[s,j,m-d] + C[j,e,m-x] + P[j]
             for j in range(e - 1, -1, -1):
                 # Finish C[j, e]: every checkpoint [j, j') with j' > j has been added to best[j].
-                req = min(int(self.ss[j, e]), M + 1)
+                req = max(0, min(int(self.ss[j, e]), M + 1))
                 if j + 1 == e:
                     store = np.zeros(M + 1)
                 else:
@@ -120,7 +125,10 @@ class _CostTable:
                 # Checkpoint [s, j) for every s < j, followed by the rest [j, e).
                 rest = self._shift(C[j, e], int(self.xs[j - 1])) + P[j]
                 val = self._shift_rows(C[:j, j], int(self.ds[j, e]), rest)
-                np.putmask(val, mgrid[None, :] < self.fs[:j, j, None], INF)
+                f = self.fs[:j, j]
+                w = int(f.max())  # the no-saving forward only rules out the first w slots
+                if w > 0:
+                    np.putmask(val[:, :w], mgrid[None, :w] < f[:, None], INF)
                 np.minimum(best[:j], val, out=best[:j])
         self.C = C
 
@@ -222,7 +230,7 @@ class _PeakTable:
                     sr, sk = mx.sreq[j, e], 0.0
                 else:
                     sr, sk = max(mx.sreq[j, e], u.hold[j] + R[j + 1, e]), K[j + 1, e]
-                if sr <= bestR[j]:  # prefer storing on a tie
+                if sr < bestR[j] or (sr == bestR[j] and sk <= bestK[j]):  # ties: store
                     R[j, e], K[j, e] = sr, sk
                 else:
                     R[j, e], K[j, e] = bestR[j], bestK[j]
@@ -310,14 +318,25 @@ def min_peak_plan(chain: Chain) -> Plan:
 
 class DPSolver:
     """One cost table per chain, reusable for every budget below the unrestricted peak
-    (``sweep`` reads a whole frontier from it). Same slots for every budget, so the result is
-    monotone in the budget."""
+    (``sweep`` reads a whole frontier from it). The slots are the same for every budget.
+
+    ``rounding="nearest"`` (default) rounds each size to the nearest slot, so rounding errors
+    cancel instead of adding up along the chain; the plan read at slot ``m`` is then checked in
+    the exact simulator and, if it overshoots, the next lower ``m`` is read, and so on: the
+    returned plan is the one of the largest ``m`` that fits, which keeps the result monotone in
+    the budget. ``rounding="up"`` is rotor's conservative rounding: the first read always fits,
+    but a chain of n stored layers can lose up to n slots. With gcd-sized slots both are exact.
+    """
 
     def __init__(self, chain: Chain, *, max_slots: int = DEFAULT_SLOTS, mode: str = "auto",
-                 groups: int | None = None, top_bytes: int | None = None):
+                 groups: int | None = None, rounding: str = "nearest",
+                 top_bytes: int | None = None):
         from .strategies import plan_none  # strategies imports this module
 
+        if rounding not in ("nearest", "up"):
+            raise ValueError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
         self.chain = chain
+        self.rounding = rounding
         self.units = _units_for(chain, mode, groups)
         self.grouped = self.units.size < chain.n_layers + 1
         self.none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
@@ -331,33 +350,38 @@ class DPSolver:
         self.slot_bytes = int(q)
         self.M = int(span // q)
         self.exact = q == g and not self.grouped
-        self.table = _CostTable(self.units, _Matrices(self.units), self.slot_bytes, self.M)
+        self.table = _CostTable(self.units, _Matrices(self.units), self.slot_bytes, self.M,
+                                "up" if q == g else rounding)
+        self.reads = 0  # plans read from the table (for benchmarks)
 
     def slots_for(self, budget_bytes: int) -> int:
         return (budget_bytes - base_bytes(self.chain)) // self.slot_bytes
 
-    def cost_at(self, budget_bytes: int) -> float:
-        """The DP's least recompute at this budget (inf when it finds no plan)."""
-        m = self.slots_for(budget_bytes)
-        if m < 0 or budget_bytes < fixed_peak(self.chain):
-            return INF
-        return float(self.table.C[0, self.units.size, min(m, self.M)])
-
     def solve(self, budget_bytes: int) -> Plan | None:
         """The DP's plan at this budget, or None when it finds none (the caller decides)."""
-        if self.cost_at(budget_bytes) == INF:
+        if budget_bytes < fixed_peak(self.chain):
             return None
+        U = self.units.size
         m = min(self.slots_for(budget_bytes), self.M)
-        items = self.table.items(0, self.units.size, m)
-        plan = Plan("dp", self.chain.n_layers, tuple(items), {"budget_bytes": budget_bytes})
-        peak = simulate(self.chain, plan).peak_bytes
-        if peak > budget_bytes:  # the rounding argument in the module docstring forbids this
-            raise RuntimeError(f"dp plan peaks at {peak} > budget {budget_bytes}: planner bug")
-        return plan
+        while m >= 0 and self.table.C[0, U, m] < INF:
+            items = self.table.items(0, U, m)
+            self.reads += 1
+            plan = Plan("dp", self.chain.n_layers, tuple(items), {"budget_bytes": budget_bytes})
+            peak = simulate(self.chain, plan).peak_bytes
+            if peak <= budget_bytes:
+                return plan
+            if self.table_is_conservative:  # the rounding argument forbids this
+                raise RuntimeError(f"dp plan peaks at {peak} > budget {budget_bytes}: planner bug")
+            m -= 1
+        return None
+
+    @property
+    def table_is_conservative(self) -> bool:
+        return self.rounding == "up" or self.slot_bytes == size_gcd(self.chain)
 
 
 def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int = DEFAULT_SLOTS, mode: str = "auto",
-            groups: int | None = None) -> DPResult:
+            groups: int | None = None, rounding: str = "nearest") -> DPResult:
     """The least-recompute plan whose simulated peak fits ``budget_bytes``.
 
     Raises :class:`ckplan.errors.InfeasibleBudgetError` when even ``min_peak`` does not fit.
@@ -365,7 +389,7 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int = DEFAULT_SLOTS, 
     from .strategies import plan_none
 
     notes: list[str] = []
-    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups)
+    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
     if budget_bytes >= solver.none_peak:
         plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items,
                     {"budget_bytes": budget_bytes})
@@ -386,8 +410,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int = DEFAULT_SLOTS, 
         notes.append(f"{chain.n_layers} layers grouped into {solver.units.size - 1} units: "
                      "optimal among plans that cut between groups")
     elif not solver.exact:
-        notes.append(f"memory counted in slots of {solver.slot_bytes} bytes, rounded up: "
-                     "the plan fits but may recompute a little more than the exact optimum")
+        notes.append(f"memory counted in slots of {solver.slot_bytes} bytes: the plan fits "
+                     "(checked in the simulator) but may recompute a little more than the optimum")
     return DPResult(plan, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
 
 

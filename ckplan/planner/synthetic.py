@@ -1,0 +1,42 @@
+"""Synthetic chains for tests, benchmarks and README examples (no profile needed)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .chain import Chain, Layer, Post, Pre
+
+
+def uniform_chain(n: int, *, x_bytes: int, xbar_bytes: int | None = None, fwd_ms: float = 1.0,
+                  bwd_ms: float = 2.0, persistent_bytes: int = 0, grad_bytes: int = 0) -> Chain:
+    """``n`` identical layers with no transients, a free pre and post (the article's example)."""
+    xbar = x_bytes if xbar_bytes is None else xbar_bytes
+    layers = tuple(Layer(f"layer{i}", fwd_ms, bwd_ms, x_bytes, xbar, 0, 0, grad_bytes)
+                   for i in range(n))
+    return Chain(layers, Pre(x_bytes), Post(0), x_in_bytes=x_bytes, delta_in_bytes=0,
+                 persistent_bytes=persistent_bytes, opt_step_peak_bytes=persistent_bytes)
+
+
+def random_chain(n: int, seed: int | np.random.Generator = 0, *, scale: int = 1,
+                 max_size: int = 20) -> Chain:
+    """Heterogeneous layers with integer sizes in units of ``scale`` bytes (small ints keep the
+    DP exact, which is what brute-force tests need)."""
+    rng = np.random.default_rng(seed)
+
+    def r(lo: int, hi: int) -> int:
+        return int(rng.integers(lo, hi + 1)) * scale
+
+    layers = []
+    for i in range(n):
+        x = r(1, max_size)
+        layers.append(Layer(f"layer{i}", float(rng.uniform(0.5, 5.0)), float(rng.uniform(1.0, 10.0)),
+                            x, x + r(0, 2 * max_size), r(0, max_size // 2), r(0, max_size // 2),
+                            r(0, max_size // 2)))
+    x_in = r(1, max_size)
+    persistent = r(0, 5 * max_size)
+    post = Post(r(0, max_size), r(0, max_size // 2), r(0, max_size // 2), r(0, max_size // 2),
+                float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.5, 2.0)))
+    pre = Pre(x_in + r(0, max_size), r(0, max_size // 2), r(0, max_size // 2), r(0, max_size // 2),
+              float(rng.uniform(0.1, 1.0)), float(rng.uniform(0.1, 1.0)))
+    delta_in = x_in if rng.random() < 0.5 else 0
+    return Chain(tuple(layers), pre, post, x_in_bytes=x_in, delta_in_bytes=delta_in,
+                 persistent_bytes=persistent, opt_step_peak_bytes=persistent + r(0, 3 * max_size))

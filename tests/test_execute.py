@@ -1,0 +1,85 @@
+"""Applying plans never changes the math; the executor restores the model."""
+import pytest
+import torch
+
+from ckplan import api
+from ckplan.execute import apply_plan
+from ckplan.planner import Plan, plan_chain, chain_from_profile
+from ckplan.planner.plan import items_from_ranges
+from ckplan.spec import build_model, make_batch, to_loss
+from ckplan.training import forward_loss
+from conftest import CONFIGS, tiny_gpt_spec
+
+
+def _grads(model, batch, plan):
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    ex = apply_plan(model, plan) if plan is not None else None
+    try:
+        loss = forward_loss(model, *batch, to_loss, "fp32", "cpu")
+        loss.backward()
+    finally:
+        if ex is not None:
+            ex.remove()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("ranges", [
+    [[0, 1], [1, 2], [2, 3], [3, 4]],            # every layer (Hugging Face style)
+    [[0, 2], [2, 4]],                            # two segments
+    [[0, 3], [0, 1], [1, 3], [2, 3]],             # nested, three levels
+    [[1, 4], [2, 4]],                             # nested, layer 0 stored
+])
+def test_gradients_equal_with_dropout(tmp_path, ranges):
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = _grads(model, batch, None)
+    plan = Plan("custom", 4, items_from_ranges(4, [tuple(r) for r in ranges]))
+    loss1, g1 = _grads(model, batch, plan)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
+    for layer in model.blocks:
+        assert "forward" not in layer.__dict__  # restored
+    assert set(model.state_dict()) == set(build_model(spec).state_dict())
+
+
+def test_hf_gpt2_every_strategy_same_gradients():
+    transformers = pytest.importorskip("transformers")
+    spec = api.load(CONFIGS / "hf-gpt2.yaml", batch_size=1, seq_len=16)
+    d = spec.model_dump()
+    d["model"]["hf"].update(n_layer=4, n_embd=64, n_head=2)
+    spec = api.load(api.validate(d) if hasattr(api, "validate") else spec)
+    from ckplan.spec import validate
+    spec = validate(d)
+    model, batch = build_model(spec), make_batch(spec)
+    prof = api.profile_model(model, *batch, name="hf", chain=None, device="cpu", repeats=1, warmup=0)
+    chain = chain_from_profile(prof)
+    loss0, g0 = _grads(model, batch, None)
+    for strategy in ("every-k", "sqrtn", "dp"):
+        res = plan_chain(chain, strategy, None, 1)
+        loss1, g1 = _grads(model, batch, res.plan)
+        assert loss1 == pytest.approx(loss0, rel=1e-6)
+        assert max((g0[n] - g1[n]).abs().max().item() for n in g0) < 1e-5
+
+
+def test_changed_hidden_state_between_layers_is_refused():
+    import torch.nn as nn
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x) * 0.5  # changes the hidden state between layers
+            return x
+
+    m = Scaled()
+    from ckplan.errors import ModelRunError
+    with apply_plan(m, Plan("custom", 3, items_from_ranges(3, [(0, 2)]))):
+        with pytest.raises(ModelRunError, match="unchanged"):
+            m(torch.randn(2, 4, requires_grad=True))
+    with apply_plan(m, Plan("custom", 3, items_from_ranges(3, [(0, 1), (1, 2), (2, 3)]))):
+        m(torch.randn(2, 4, requires_grad=True)).sum().backward()  # one-layer checkpoints are fine

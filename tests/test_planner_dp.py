@@ -1,0 +1,259 @@
+"""The DP against brute force over every plan, and its invariants.
+
+Oracle: enumerate every plan of rotor's grammar (sequences of Store / Checkpoint where a
+checkpoint never ends an inner sequence; counts are large Schroeder numbers) and score each with
+the simulator. Chains are random with small integer sizes, so the DP runs on exact slots.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckplan.errors import InfeasibleBudgetError
+from ckplan.units import format_bytes
+from ckplan.planner import (Plan, compare, min_peak, min_peak_plan, plan_chain, plan_dp,
+                            plan_every_k, plan_none, plan_sqrtn, simulate)
+from ckplan.planner.chain import Chain, Layer, Post, Pre
+from ckplan.planner.dp import DPSolver, fixed_peak
+from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.simulate import peak_of
+from ckplan.planner.strategies import baseline_candidates, plan_chen_threshold, chen_grid
+from ckplan.planner.synthetic import random_chain, uniform_chain
+
+EXACT = 10**9  # slots enough for exact gcd-sized slots on small chains
+
+
+def all_plans(n: int, general: bool = False):
+    """Every item sequence covering [0, n).
+
+    Rotor's grammar (``general=False``): inside a checkpoint's inner sequence the last layer is
+    never checkpointed again. ``general=True``: any nesting, only forbidding an inner sequence
+    that is one checkpoint of its whole range (what ``Plan`` accepts).
+    """
+
+    @lru_cache(maxsize=None)
+    def seqs(s: int, e: int, last_free: bool, whole_ok: bool = True) -> tuple:
+        if s == e:
+            return ((),)
+        out = [(Store(s),) + rest for rest in seqs(s + 1, e, last_free)]
+        for j in range(s + 1, e + 1):
+            if j == e and not (last_free and whole_ok):
+                continue
+            for inner in seqs(s, j, general, False):
+                for rest in seqs(j, e, last_free):
+                    out.append((Checkpoint(s, j, inner),) + rest)
+        return tuple(out)
+
+    return seqs(0, n, True)
+
+
+def brute_scores(chain: Chain, general: bool = False) -> list[tuple[int, float, tuple]]:
+    return [(*peak_of(chain, items), items) for items in all_plans(chain.n_layers, general)]
+
+
+def brute_best(scores, budget: int) -> float:
+    fit = [r for p, r, _ in scores if p <= budget]
+    return min(fit) if fit else math.inf
+
+
+def test_plan_counts_are_large_schroeder_numbers():
+    assert [len(all_plans(n)) for n in range(1, 7)] == [2, 6, 22, 90, 394, 1806]
+
+
+chains = st.builds(lambda n, seed: random_chain(n, seed), st.integers(1, 6), st.integers(0, 2**32))
+
+
+def _check_against_brute(chain: Chain, general: bool = False) -> None:
+    scores = brute_scores(chain, general)
+    lowest = min(p for p, _, _ in scores)
+    assert min_peak(chain) == lowest
+    assert simulate(chain, min_peak_plan(chain)).peak_bytes == lowest
+    solver = DPSolver(chain, max_slots=EXACT)
+    assert solver.exact
+    for budget in sorted({p for p, _, _ in scores} | {lowest - 1}):
+        want = brute_best(scores, budget)
+        plan = solver.solve(budget) if budget < solver.none_peak else plan_none(chain.n_layers)
+        if want == math.inf:
+            assert plan is None
+            continue
+        sc = simulate(chain, plan)
+        assert sc.peak_bytes <= budget
+        assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (budget, plan.describe())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chains)
+def test_dp_equals_brute_force(chain):
+    _check_against_brute(chain)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.builds(lambda n, seed: random_chain(n, seed), st.integers(1, 4), st.integers(0, 2**32)))
+def test_dp_is_optimal_over_every_nesting(chain):
+    """Plans outside rotor's grammar (a checkpoint ending an inner sequence) never win."""
+    _check_against_brute(chain, general=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32))
+def test_dp_equals_brute_force_six_layers(seed):
+    """1806 plans per chain."""
+    _check_against_brute(random_chain(6, seed))
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(7, 10), st.integers(0, 2**32))
+def test_dp_equals_brute_force_long(n, seed):
+    """Up to ~1e6 plans per chain (about 40 s at 10 layers)."""
+    _check_against_brute(random_chain(n, seed))
+
+
+@settings(max_examples=40, deadline=None)
+@given(chains, st.floats(0, 1))
+def test_plan_dp_public_entry(chain, frac):
+    lo = min_peak(chain)
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    budget = int(lo + frac * (hi - lo))
+    res = plan_dp(chain, budget, max_slots=EXACT)
+    assert simulate(chain, res.plan).peak_bytes <= budget
+    assert res.exact
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_dp(chain, lo - 1)
+    assert err.value.min_peak_bytes == lo and err.value.budget_bytes == lo - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(chains)
+def test_dp_is_none_when_the_budget_is_ample(chain):
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    for budget in (hi, hi + 1000):
+        assert plan_dp(chain, budget).plan.items == plan_none(chain.n_layers).items
+
+
+@settings(max_examples=40, deadline=None)
+@given(chains, st.integers(1, 6))
+def test_dp_never_worse_than_a_baseline_at_its_peak(chain, k):
+    n = chain.n_layers
+    for base in [plan_every_k(n, k), plan_sqrtn(n)] + [plan_chen_threshold(chain, b)
+                                                        for b in chen_grid(chain)]:
+        sb = simulate(chain, base)
+        sd = simulate(chain, plan_dp(chain, sb.peak_bytes, max_slots=EXACT).plan)
+        assert sd.peak_bytes <= sb.peak_bytes
+        assert sd.recompute_ms <= sb.recompute_ms + 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(chains)
+def test_dp_recompute_is_monotone_in_the_budget(chain):
+    lo = min_peak(chain)
+    solver = DPSolver(chain)
+    costs = [simulate(chain, solver.solve(b) or plan_none(chain.n_layers)).recompute_ms
+             for b in range(lo, solver.none_peak)]
+    assert all(a >= b - 1e-9 for a, b in zip(costs, costs[1:]))
+
+
+def test_rounded_slots_stay_within_budget_and_near_optimal():
+    """Sizes that are not multiples of the slot: the DP rounds conservatively."""
+    for seed in range(6):
+        chain = random_chain(12, seed, scale=1_000_003, max_size=20)
+        lo = min_peak(chain)
+        hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+        exact = DPSolver(chain, max_slots=10**7)
+        coarse = DPSolver(chain, max_slots=60)
+        assert exact.exact and not coarse.exact
+        for t in range(1, 10):
+            b = lo + (hi - lo) * t // 10
+            pe, pc = exact.solve(b), coarse.solve(b)
+            if pc is None:
+                continue
+            assert simulate(chain, pc).peak_bytes <= b
+            assert simulate(chain, pc).recompute_ms >= simulate(chain, pe).recompute_ms - 1e-9
+            # the public entry never does worse than a baseline that fits
+            r = plan_chain(chain, "dp", b, max_slots=60)
+            assert r.fits
+            for cand in baseline_candidates(chain):
+                sc = simulate(chain, cand)
+                if sc.peak_bytes <= b:
+                    assert r.score.recompute_ms <= sc.recompute_ms + 1e-9
+
+
+def test_grouped_mode_is_feasible_and_no_better_than_exact():
+    chain = random_chain(40, 7)
+    lo, hi = min_peak(chain), simulate(chain, plan_none(40)).peak_bytes
+    exact = DPSolver(chain, max_slots=EXACT, mode="exact")
+    grouped = DPSolver(chain, max_slots=EXACT, mode="grouped", groups=10)
+    assert grouped.units.size == 11
+    for t in range(11):
+        b = lo + (hi - lo) * t // 10
+        pg = grouped.solve(b)
+        pe = exact.solve(b)
+        assert pe is not None
+        if pg is not None:
+            sg = simulate(chain, pg)
+            assert sg.peak_bytes <= b
+            assert sg.recompute_ms >= simulate(chain, pe).recompute_ms - 1e-9
+            # cuts only between groups of 4
+            assert all(r.start % 4 == 0 and r.stop % 4 == 0 for r in pg.recomputed_ranges())
+
+
+def test_infeasible_message_names_the_fixed_memory():
+    gib = 2**30
+    ch = uniform_chain(8, x_bytes=gib // 4, persistent_bytes=0)
+    ch = Chain(ch.layers, ch.pre, ch.post, ch.x_in_bytes, 0, persistent_bytes=int(4.8 * gib),
+               opt_step_peak_bytes=5 * gib, param_bytes=int(1.2 * gib),
+               total_grad_bytes=int(1.2 * gib), optimizer_bytes=int(2.4 * gib))
+    lo = min_peak(ch)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(ch, "dp", 5 * gib)
+    msg = str(err.value)
+    assert msg.startswith(f"budget 5 GiB is below the smallest feasible peak {format_bytes(lo)} "
+                          "(recompute everything, nested)")
+    assert "parameters 1.2 GiB, gradients 1.2 GiB and optimizer state 2.4 GiB alone take 4.8 GiB" in msg
+    assert msg.endswith("Tip: try a smaller --batch-size, --precision bf16, or --optimizer sgd")
+    assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == int(4.8 * gib)
+    assert err.value.exit_code == 3
+
+
+def test_fixed_peak_is_a_floor():
+    ch = random_chain(5, 3)
+    assert min_peak(ch) >= fixed_peak(ch)
+    big = Chain(ch.layers, ch.pre, ch.post, ch.x_in_bytes, ch.delta_in_bytes, ch.persistent_bytes,
+                opt_step_peak_bytes=10**6)
+    assert min_peak(big) == 10**6
+    assert plan_chain(big, "dp", 10**6).fits
+
+
+def test_article_arithmetic_every_10_is_20_gb_not_10():
+    """100 layers of 1 GB, a checkpoint every 10: 10 boundaries + one 10-layer segment
+    recomputed = 20 GB of activations (the seed article says 10 GB)."""
+    gb = 10**9
+    ch = uniform_chain(100, x_bytes=gb, persistent_bytes=1000)
+    sc = simulate(ch, plan_every_k(100, 10))
+    act = sc.peak_bytes - ch.persistent_bytes - ch.pre.retained_bytes
+    assert act == 20 * gb
+    assert "during recompute of [90,100)" in sc.peak_at
+    budget = ch.persistent_bytes + ch.pre.retained_bytes + 20 * gb
+    res = plan_dp(ch, budget)
+    assert res.exact
+    sd = simulate(ch, res.plan)
+    assert sd.peak_bytes <= budget and sd.recompute_ms <= sc.recompute_ms
+    # with nesting, the DP reaches far below the sqrt(N) figure
+    assert min_peak(ch) - budget < -10 * gb
+
+
+def test_compare_runs_every_strategy():
+    ch = random_chain(9, 11)
+    budget = (min_peak(ch) + simulate(ch, plan_none(9)).peak_bytes) // 2
+    rows = compare(ch, ("none", "every-k", "sqrtn", "chen", "dp"), budget, k=3)
+    assert [r.strategy for r in rows] == ["none", "every-k", "sqrtn", "chen", "dp"]
+    dp_row = rows[-1]
+    assert dp_row.fits and dp_row.slot_bytes >= 1
+    for r in rows[:-1]:
+        if r.fits:
+            assert dp_row.score.recompute_ms <= r.score.recompute_ms + 1e-9
+    assert isinstance(dp_row.plan, Plan) and dp_row.to_dict()["plan"]["n_layers"] == 9

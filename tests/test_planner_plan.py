@@ -1,0 +1,65 @@
+"""One Plan type: validation, views and JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckplan.errors import SpecError
+from ckplan.planner import Plan, plan_every_k, plan_none, plan_sqrtn
+from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
+
+NESTED = Plan("custom", 6, (Store(0), Checkpoint(1, 5, (Store(1), Checkpoint(2, 4, (Store(2), Store(3))),
+                                                       Store(4))), Store(5)))
+
+
+def test_views():
+    assert NESTED.describe() == "S0 C[1,5){S1 C[2,4){S2 S3} S4} S5"
+    assert [(d.stored, d.depth, d.forwards) for d in NESTED.per_layer()] == [
+        (True, 0, 1), (False, 1, 2), (False, 2, 3), (False, 2, 3), (False, 1, 2), (True, 0, 1)]
+    assert [(r.start, r.stop, r.depth) for r in NESTED.recomputed_ranges()] == [(1, 5, 1), (2, 4, 2)]
+    assert NESTED.boundaries() == (4,)
+    assert NESTED.segments() == ((0, 1, False), (1, 5, True), (5, 6, False))
+    assert NESTED.n_checkpoints == 2
+
+
+def test_json_round_trip():
+    for plan in (NESTED, plan_none(5), plan_every_k(7, 3), plan_sqrtn(10)):
+        d = json.loads(json.dumps(plan.to_dict()))
+        back = Plan.from_dict(d)
+        assert back == plan and back.params == plan.params
+    assert NESTED.to_dict()["checkpoints"] == [[1, 5], [2, 4]]
+
+
+def test_nested_items_json_is_accepted():
+    d = {"n_layers": 3, "items": [{"store": 0}, {"checkpoint": [1, 3], "inner": [{"store": 1}, {"store": 2}]}]}
+    assert Plan.from_dict(d).describe() == "S0 C[1,3){S1 S2}"
+
+
+def test_deep_nesting_needs_no_recursion():
+    n = 3000
+    items = items_from_ranges(n, [(0, t) for t in range(2, n + 1)])
+    plan = Plan("deep", n, items)
+    assert plan.per_layer()[0].depth == n - 1
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).n_checkpoints == n - 1
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"n_layers": 4, "checkpoints": [[0, 2], [1, 3]]}, "overlap without nesting"),
+    ({"n_layers": 4, "checkpoints": [[0, 5]]}, "outside the chain"),
+    ({"n_layers": 4, "checkpoints": [[0, 2], [0, 2]]}, "same range twice"),
+    ({"n_layers": 4, "checkpoints": [[2, 2]]}, "outside the chain"),
+    ({"n_layers": 4, "checkpoints": [[0, "2"]]}, "pair of integers"),
+    ({"n_layers": 0, "checkpoints": []}, "positive integer"),
+    ({"n_layers": 4}, "needs a 'checkpoints' list"),
+    ([1, 2], "JSON object"),
+    ({"n_layers": 3, "items": [{"store": 0}, {"store": 2}]}, "leaves layers \\[1, 2\\) uncovered"),
+    ({"n_layers": 3, "items": [{"store": 0}, {"store": 1}, {"store": 1}, {"store": 2}]}, "overlaps"),
+    ({"n_layers": 2, "items": [{"store": 0}]}, "ends at 1"),
+    ({"n_layers": 2, "items": [{"checkpoint": [0, 2], "inner": [
+        {"checkpoint": [0, 2], "inner": [{"store": 0}, {"store": 1}]}]}]}, "single checkpoint"),
+    ({"n_layers": 2, "items": [{"layer": 0}]}, "must be"),
+])
+def test_bad_plan_json_raises_spec_error(bad, msg):
+    with pytest.raises(SpecError, match=msg):
+        Plan.from_dict(bad)

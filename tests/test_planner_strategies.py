@@ -1,0 +1,108 @@
+"""Baseline strategies, the public entry points, and the sweep."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from ckplan.errors import UsageError
+from ckplan.planner import (STRATEGIES, min_peak, plan_chain, plan_chen, plan_every_k, plan_none,
+                            plan_sqrtn, simulate, sweep)
+from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.strategies import chen_grid, plan_chen_threshold
+from ckplan.planner.synthetic import random_chain, uniform_chain
+
+
+def test_every_k_segments():
+    p = plan_every_k(7, 3)
+    assert p.describe() == "C[0,3){S0 S1 S2} C[3,6){S3 S4 S5} C[6,7){S6}"
+    assert plan_every_k(3, 1).boundaries() == (0, 1, 2)
+    assert plan_every_k(3, 5).describe() == "C[0,3){S0 S1 S2}"
+    with pytest.raises(UsageError, match="k >= 1"):
+        plan_every_k(3, 0)
+
+
+def sequential_reference(n: int) -> list[tuple[int, int]]:
+    """torch.utils.checkpoint.checkpoint_sequential's loop, written out (inclusive ends)."""
+    segments = math.ceil(math.sqrt(n))
+    size = n // segments
+    ranges, end = [], -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        ranges.append((start, end + 1))
+    return ranges
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 10, 17, 24, 100])
+def test_sqrtn_matches_checkpoint_sequential(n):
+    p = plan_sqrtn(n)
+    ckpts = [(it.start, it.stop) for it in p.items if isinstance(it, Checkpoint)]
+    assert ckpts == sequential_reference(n)
+    last = ckpts[-1][1] if ckpts else 0
+    assert [it.layer for it in p.items if isinstance(it, Store)] == list(range(last, n))
+    if n == 10:
+        assert p.describe() == "C[0,2){S0 S1} C[2,4){S2 S3} C[4,6){S4 S5} S6 S7 S8 S9"
+
+
+def test_chen_threshold_walk():
+    ch = uniform_chain(10, x_bytes=4)
+    # running totals 4, 8, 12 > 10: close after the third layer
+    assert plan_chen_threshold(ch, 10).describe().startswith("C[0,3){S0 S1 S2} C[3,6)")
+    assert plan_chen_threshold(ch, 1000).describe() == "C[0,10){S0 S1 S2 S3 S4 S5 S6 S7 S8 S9}"
+    grid = chen_grid(ch)
+    assert 10 <= len(grid) <= 17 and grid == tuple(sorted(set(grid)))  # deduplicated
+
+
+def test_chen_under_a_budget_picks_least_recompute_that_fits():
+    ch = random_chain(30, 3)
+    scored = [simulate(ch, plan_chen_threshold(ch, b)) for b in chen_grid(ch)]
+    budget = sorted(s.peak_bytes for s in scored)[len(scored) // 2]
+    best = min(s.recompute_ms for s in scored if s.peak_bytes <= budget)
+    got = simulate(ch, plan_chen(ch, budget))
+    assert got.peak_bytes <= budget and got.recompute_ms == best
+    too_low = simulate(ch, plan_chen(ch, 0))
+    assert too_low.peak_bytes == min(s.peak_bytes for s in scored)
+
+
+def test_plan_chain_results():
+    ch = random_chain(12, 5)
+    hi = simulate(ch, plan_none(12)).peak_bytes
+    for s in STRATEGIES:
+        r = plan_chain(ch, s, hi, k=3)
+        assert r.strategy == s and r.fits is True and r.budget_bytes == hi
+        assert r.score == simulate(ch, r.plan)
+    r = plan_chain(ch, "dp")
+    assert r.fits is None and r.score.peak_bytes == min_peak(ch)
+    assert plan_chain(ch, "every-k", k=4).plan.params == {"k": 4}
+    with pytest.raises(UsageError, match="unknown strategy 'magic'"):
+        plan_chain(ch, "magic")
+
+
+def test_sweep_frontiers():
+    ch = random_chain(20, 9)
+    rows = sweep(ch, STRATEGIES, n_points=8)
+    by = {s: [r for r in rows if r.strategy == s] for s in STRATEGIES}
+    assert len(by["none"]) == 1 and by["none"][0].recompute_ms == 0
+    assert len(by["sqrtn"]) == 1 and len(by["chen"]) == len(chen_grid(ch))
+    assert [r.k for r in by["every-k"]] == list(range(1, 17)) + [20]
+    dp = by["dp"]
+    assert len(dp) == 8 and dp[0].budget_bytes == min_peak(ch)
+    assert dp[-1].budget_bytes == simulate(ch, plan_none(20)).peak_bytes and dp[-1].recompute_ms == 0
+    assert all(r.peak_bytes <= r.budget_bytes for r in dp)
+    assert all(a.recompute_ms >= b.recompute_ms for a, b in zip(dp, dp[1:]))
+    # the DP frontier lies on or below every baseline point it can afford
+    for r in rows:
+        if r.strategy != "dp":
+            affordable = [d.recompute_ms for d in dp if d.budget_bytes >= r.peak_bytes]
+            assert not affordable or min(affordable) <= r.recompute_ms + 1e-9
+    assert set(dp[0].to_dict()) >= {"strategy", "budget_bytes", "peak_bytes", "recompute_ms"}
+
+
+def test_planner_does_not_import_torch():
+    code = ("import sys, ckplan.planner as p; "
+            "from ckplan.planner.synthetic import random_chain; "
+            "p.plan_chain(random_chain(5, 1), 'dp'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
