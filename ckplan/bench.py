@@ -196,10 +196,12 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
             del grads
         model.load_state_dict(init)
         del init
-        # 2. warm-up and one memory step per strategy.
+        # 2. warm-up (at least one step) and one memory step per strategy.
         opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
         stepper = _Stepper(model, opt, batch, loss_fn, profile.precision, profile.accum, device)
-        for _ in range(warmup):
+        # At least one step first: the optimizer creates its state in its first step, and the
+        # prediction is for a steady-state step.
+        for _ in range(max(warmup, 1)):
             for e in runnable:
                 tick(f"warm-up: {e.name}")
                 _guarded(e, lambda: _with_plan(model, e, profile, stepper.step), device, opt)

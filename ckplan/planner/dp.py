@@ -43,7 +43,8 @@ from .plan import Checkpoint, Item, Plan, Store
 from .simulate import simulate
 
 INF = np.inf
-DEFAULT_SLOTS = 500  # rotor's default
+CELL_BUDGET = 20_000_000  # U * U * slots float64 cells: ~160 MB, ~1 s at 100 layers
+MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 DEFAULT_GROUPS = 100
 
@@ -328,7 +329,7 @@ class DPSolver:
     but a chain of n stored layers can lose up to n slots. With gcd-sized slots both are exact.
     """
 
-    def __init__(self, chain: Chain, *, max_slots: int = DEFAULT_SLOTS, mode: str = "auto",
+    def __init__(self, chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
                  groups: int | None = None, rounding: str = "nearest",
                  top_bytes: int | None = None):
         from .strategies import plan_none  # strategies imports this module
@@ -343,10 +344,10 @@ class DPSolver:
         top = self.none_peak if top_bytes is None else top_bytes
         span = max(0, top - base_bytes(chain))
         g = size_gcd(chain)
-        if span // g <= max_slots:
-            q = g
-        else:
-            q = g * -(-span // (g * max_slots))
+        U = self.units.size
+        if max_slots is None:
+            max_slots = max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
+        q = choose_slot(self.units, span, g, max_slots)
         self.slot_bytes = int(q)
         self.M = int(span // q)
         self.exact = q == g and not self.grouped
@@ -380,7 +381,28 @@ class DPSolver:
         return self.rounding == "up" or self.slot_bytes == size_gcd(self.chain)
 
 
-def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int = DEFAULT_SLOTS, mode: str = "auto",
+def choose_slot(units: Units, span: int, g: int, max_slots: int) -> int:
+    """Slot size: the gcd of all sizes when that needs at most ``max_slots`` slots (exact);
+    otherwise the size in [span / max_slots, 1.25 x that] that divides the units' kept and
+    output bytes most evenly, so that repeated layers (transformer blocks) round exactly and
+    their rounding errors do not pile up along the chain."""
+    if span // g <= max_slots:
+        return g
+    q0 = -(-span // max_slots)
+    vals = np.concatenate([units.hold[:-1], units.x_out[:-1]]).astype(np.float64)
+    uniq, counts = np.unique(vals, return_counts=True)
+    cands = {q0}
+    for v in uniq[np.argsort(-counts)][:8]:
+        for k in range(max(1, int(v // (1.25 * q0))), int(v // q0) + 1):
+            if int(v) // k >= q0:
+                cands.add(int(v) // k)
+    def err(q: int) -> float:
+        r = vals / q
+        return float(np.abs(r - np.round(r)).sum())
+    return min(sorted(cands), key=err)
+
+
+def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mode: str = "auto",
             groups: int | None = None, rounding: str = "nearest") -> DPResult:
     """The least-recompute plan whose simulated peak fits ``budget_bytes``.
 

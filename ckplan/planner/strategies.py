@@ -164,7 +164,7 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
         plan = plan_chen(chain, budget_bytes)
     elif strategy == "dp":
         target = dp.min_peak(chain) if budget_bytes is None else budget_bytes
-        res = dp.plan_dp(chain, target, max_slots=max_slots or dp.DEFAULT_SLOTS, mode=mode,
+        res = dp.plan_dp(chain, target, max_slots=max_slots, mode=mode,
                          groups=groups)
         plan, slot, exact, notes = res.plan, res.slot_bytes, res.exact, res.notes
         if budget_bytes is None:
@@ -243,7 +243,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict) -> list[Frontier
     from . import dp
 
     lo = dp.min_peak(chain)
-    solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots") or dp.DEFAULT_SLOTS,
+    solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
                          mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
     hi = solver.none_peak
     out: list[FrontierPoint] = []

@@ -1,0 +1,119 @@
+"""bench: measured peaks against predictions, OOM handling, atomic reports, an unseen model."""
+import json
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from ckplan import api, report
+from ckplan.cli import app
+from conftest import CONFIGS, tiny_gpt_spec, write_spec
+
+STRATS = ["none", "every-k", "sqrtn", "chen", "dp"]
+
+
+def _bench(spec, **kw):
+    kw.setdefault("steps", 1)
+    kw.setdefault("warmup", 1)
+    return api.bench(spec, strategies=STRATS, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("which", ["gpt", "resnet"])
+def test_measured_peak_matches_prediction(tmp_path, which):
+    if which == "gpt":
+        spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64, dropout=0.1), batch_size=8, seq_len=32)
+    else:
+        spec = api.load(CONFIGS / "resnet.yaml", batch_size=4)
+    # ResNet at this size is parameter-bound: no budget, so dp plans for its smallest peak.
+    res = _bench(spec, budget="60%" if which == "gpt" else None, k=1)
+    rows = {r.strategy: r for r in res.rows}
+    for r in res.rows:
+        assert r.status == "ok", r
+        assert r.peak_error < 0.05, (r.strategy, r.predicted_peak_bytes, r.measured_peak_bytes)
+        assert r.max_grad_diff is not None and r.max_grad_diff < 1e-5
+        assert r.loss == pytest.approx(rows["none"].loss, rel=1e-6)
+    # Peaks order as predicted: none above full per-layer recomputation; dp within its budget.
+    assert rows["none"].measured_peak_bytes > rows["every-k"].measured_peak_bytes
+    assert rows["dp"].measured_peak_bytes <= (res.budget_bytes or rows["none"].measured_peak_bytes) * 1.05
+
+
+def test_oom_row_and_the_run_goes_on(tmp_path):
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64), batch_size=8, seq_len=32)
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    none_peak = prof.totals.predicted_peak_bytes
+    res = api.bench(spec, strategies=["none", "every-k"], k=1, device="cpu", steps=1, warmup=0,
+                    memory_limit=int(none_peak * 0.97))
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["none"].status == "OOM" and rows["none"].measured_peak_bytes is None
+    assert rows["every-k"].status == "ok" and rows["every-k"].measured_peak_bytes < none_peak * 0.97
+
+
+def test_infeasible_budget_row(tmp_path):
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    res = api.bench(spec, strategies=["none", "dp"], budget="1KB", device="cpu", steps=1, warmup=0)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["dp"].status == "infeasible" and "smallest feasible peak" in rows["dp"].message
+    assert rows["none"].status == "ok"
+
+
+def test_report_files_are_complete_or_absent(tmp_path, monkeypatch):
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    res = api.bench(spec, strategies=["none", "every-k"], device="cpu", steps=1, warmup=0)
+    out = tmp_path / "reports"
+    report.write_bench(out, res)
+    good = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert len(good) == 3 and json.loads(good[f"bench-{res.model}-cpu.json"])["command"] == "bench"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(report, "_plot_bench", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_bench(out, res)
+    # The PNG from before is intact, nothing half-written or temporary is left behind.
+    assert {p.name for p in out.iterdir()} == set(good)
+    assert (out / f"bench-{res.model}-cpu.png").read_bytes() == good[f"bench-{res.model}-cpu.png"]
+
+
+def test_unseen_target_model_benched_end_to_end(tmp_path, monkeypatch):
+    (tmp_path / "fresh_net.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+
+        class Block(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.norm = nn.LayerNorm(d)
+                self.ff = nn.Sequential(nn.Linear(d, 3 * d), nn.SiLU(), nn.Linear(3 * d, d))
+            def forward(self, x):
+                return x + self.ff(self.norm(x))
+
+        class Net(nn.Module):
+            def __init__(self, d, n):
+                super().__init__()
+                self.embed = nn.Linear(d, d)
+                self.stack = nn.ModuleList(Block(d) for _ in range(n))
+            def forward(self, x):
+                x = self.embed(x)
+                for blk in self.stack:
+                    x = blk(x)
+                return x
+
+        def make(d=32, n=6):
+            return Net(d, n)
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, """
+model: {target: "fresh_net:make", args: {d: 32, n: 6}}
+input: {batch_size: 64, shape: [32], dtype: float32}
+""")
+    r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--steps", "1", "--warmup", "1",
+                                 "--budget", "80%", "--out-dir", str(tmp_path / "out"), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["command"] == "bench" and doc["device"] == "cpu"
+    for row in doc["rows"]:
+        for key in ("strategy", "status", "predicted_peak_bytes", "measured_peak_bytes", "peak_error",
+                    "step_ms", "slowdown", "predicted_overhead", "max_grad_diff"):
+            assert key in row
+        assert row["status"] == "ok" and row["peak_error"] < 0.05 and row["max_grad_diff"] < 1e-5
+    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".csv", ".json", ".png"]
