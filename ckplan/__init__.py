@@ -1,5 +1,79 @@
-"""ckplan: profile, plan and benchmark activation checkpointing for PyTorch training."""
+"""ckplan: profile, plan and benchmark activation checkpointing for PyTorch training.
+
+    plan = ckplan.plan_model(model, sample_batch, budget="12GB")   # a PlanResult
+    ckplan.apply_plan(model, plan.plan)                              # or a plan.json path
+"""
 from .errors import (CkplanError, InfeasibleBudgetError, ModelRunError, SpecError,  # noqa: F401
                      UsageError)
 
 __version__ = "0.1.0"
+
+
+def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain: str | None = None,
+               optimizer: str = "adamw", precision: str = "fp32", accum: int = 1, k: int = 2,
+               lr: float = 1e-4):
+    """Profile ``model`` on ``sample_batch`` (not changing it) and plan its checkpoints.
+
+    ``sample_batch``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or
+    ``(args, kwargs)``; the model's output (a loss, an object with ``.loss``, or a tensor whose
+    mean square is used) must be trainable. ``budget``: ``"12GB"``, ``"12GiB"``, bytes, ``"40%"``
+    of the no-checkpoint peak, or None for the smallest feasible peak. Returns a
+    ``ckplan.planner.PlanResult``; raises ``InfeasibleBudgetError`` when nothing fits.
+    """
+    import torch
+
+    from .api import profile_model, resolve_budget
+    from .planner import chain_from_profile, plan_chain
+
+    args, kwargs = _as_batch(sample_batch)
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    prof = profile_model(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
+                         optimizer=optimizer, precision=precision, accum=accum, lr=lr)
+    budget_bytes = None if budget is None else resolve_budget(budget, prof)
+    return plan_chain(chain_from_profile(prof), strategy, budget_bytes, k)
+
+
+def _as_batch(batch):
+    import torch
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, dict):
+        return (), dict(batch)
+    if (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], (tuple, list))
+            and isinstance(batch[1], dict)):
+        return tuple(batch[0]), dict(batch[1])
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    raise UsageError(f"sample_batch of type {type(batch).__name__} is not a tensor, tuple, dict or (args, kwargs)")
+
+
+def apply_plan(model, plan, *, chain: str | None = None):
+    """Checkpoint ``model``'s chain by ``plan`` (a Plan, a PlanResult, its dict, or a plan.json path)."""
+    from .execute import apply_plan as _apply
+    plan = getattr(plan, "plan", plan)  # a PlanResult
+    return _apply(model, plan, chain=chain)
+
+
+def remove_plan(model) -> None:
+    from .execute import remove_plan as _remove
+    _remove(model)
+
+
+def load_plan(path):
+    from .execute import load_plan as _load
+    return _load(path)
+
+
+def profile_model(model, sample_batch, *, chain: str | None = None, optimizer: str = "adamw",
+                  precision: str = "fp32", accum: int = 1, device=None):
+    """Per-stage profile (``ckplan.records.Profile``) of ``model`` on ``sample_batch``."""
+    import torch
+
+    from .api import profile_model as _profile
+    args, kwargs = _as_batch(sample_batch)
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+    return _profile(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
+                    optimizer=optimizer, precision=precision, accum=accum)

@@ -80,13 +80,22 @@ def plan_tables(rep) -> None:
                   str(row["n_checkpoints"]), row["peak_at"])
     stdout.print(t)
     c = rep.chosen
-    p = Table(title=f"plan ({c.strategy}): {c.plan.describe()}", title_justify="left")
-    for col in ("#", "layer", "first forward", "checkpoint depth", "forward runs"):
-        p.add_column(col, justify="left" if col in ("layer", "first forward") else "right")
+    p = Table(title=f"plan ({c.strategy}), layer by layer", title_justify="left")
+    for col in ("layers", "names", "first forward", "checkpoint depth", "forward runs"):
+        p.add_column(col, justify="left" if col in ("names", "first forward") else "right")
+    runs: list[list] = []  # consecutive layers with the same decision share a row
     for d in c.plan.per_layer():
-        p.add_row(str(d.layer), prof.chain_layers[d.layer].name, "stored" if d.stored else "recomputed",
-                  str(d.depth), str(d.forwards))
+        key = (d.stored, d.depth, d.forwards)
+        if runs and runs[-1][0] == key:
+            runs[-1][2] = d.layer
+        else:
+            runs.append([key, d.layer, d.layer])
+    names = [r.name for r in prof.chain_layers]
+    for (stored, depth, fwd), a, b in runs:
+        p.add_row(str(a) if a == b else f"{a}-{b}", names[a] if a == b else f"{names[a]} .. {names[b]}",
+                  "stored" if stored else "recomputed", str(depth), str(fwd))
     stdout.print(p)
+    stdout.print(f"plan: {c.plan.describe()}", soft_wrap=True)
     ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")
                        for r in c.plan.recomputed_ranges()) or "none"
     stdout.print(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "

@@ -17,9 +17,9 @@ from ckplan.errors import InfeasibleBudgetError
 from ckplan.units import format_bytes
 from ckplan.planner import (Plan, compare, min_peak, min_peak_plan, plan_chain, plan_dp,
                             plan_every_k, plan_none, plan_sqrtn, simulate)
-from ckplan.planner.chain import Chain, Layer, Post, Pre
+from ckplan.planner.chain import Chain
 from ckplan.planner.dp import DPSolver, fixed_peak
-from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.strategies import baseline_candidates, plan_chen_threshold, chen_grid
 from ckplan.planner.synthetic import random_chain, uniform_chain
@@ -186,19 +186,63 @@ def test_grouped_mode_is_feasible_and_no_better_than_exact():
     chain = random_chain(40, 7)
     lo, hi = min_peak(chain), simulate(chain, plan_none(40)).peak_bytes
     exact = DPSolver(chain, max_slots=EXACT, mode="exact")
-    grouped = DPSolver(chain, max_slots=EXACT, mode="grouped", groups=10)
-    assert grouped.units.size == 11
+    grouped = DPSolver(chain, max_slots=EXACT, mode="grouped", groups=10, cuts="equal", flat=False)
+    both = DPSolver(chain, mode="grouped", groups=10)
+    assert len(grouped.readers) == 1 and len(both.readers) == 2
     for t in range(11):
         b = lo + (hi - lo) * t // 10
-        pg = grouped.solve(b)
         pe = exact.solve(b)
         assert pe is not None
+        re = simulate(chain, pe).recompute_ms
+        pg = grouped.solve(b)
         if pg is not None:
             sg = simulate(chain, pg)
-            assert sg.peak_bytes <= b
-            assert sg.recompute_ms >= simulate(chain, pe).recompute_ms - 1e-9
+            assert sg.peak_bytes <= b and sg.recompute_ms >= re - 1e-9
             # cuts only between groups of 4
             assert all(r.start % 4 == 0 and r.stop % 4 == 0 for r in pg.recomputed_ranges())
+        pb = both.solve(b)
+        if pb is not None:
+            sb = simulate(chain, pb)
+            assert sb.peak_bytes <= b and sb.recompute_ms >= re - 1e-9
+
+
+def depth1_plans(n: int):
+    """Every plan whose checkpoints all have all-Store inner plans (compositions of n)."""
+    if n == 0:
+        yield ()
+        return
+    for first in range(1, n + 1):
+        for rest in depth1_plans(n - first):
+            shifted = tuple(Store(it.layer + first) if isinstance(it, Store) else
+                            Checkpoint(it.start + first, it.stop + first,
+                                       tuple(Store(k + first) for k in range(it.start, it.stop)))
+                            for it in rest)
+            if first == 1:
+                yield (Store(0),) + shifted
+            yield (Checkpoint(0, first, tuple(Store(k) for k in range(first))),) + shifted
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.builds(lambda n, seed: random_chain(n, seed), st.integers(1, 7), st.integers(0, 2**32)))
+def test_flat_table_is_optimal_among_depth_one_plans(chain):
+    """The long-chain helper DP against brute force over single-level plans."""
+    from ckplan.planner.dp import _FlatTable, _Matrices, base_bytes
+    from ckplan.planner.groups import make_units
+
+    scores = [(*peak_of(chain, items), items) for items in depth1_plans(chain.n_layers)]
+    u = make_units(chain)
+    ft = _FlatTable(u, _Matrices(u), 1, max(p for p, _, _ in scores), "up")
+    for budget in sorted({p for p, _, _ in scores}):
+        want = brute_best(scores, budget)
+        m = budget - base_bytes(chain)
+        if budget < fixed_peak(chain) or m < 0:
+            continue
+        got = ft.C[0, min(m, ft.M)]
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+        if got < math.inf:
+            plan = Plan("flat", chain.n_layers, items_from_ranges(chain.n_layers, ft.ranges(min(m, ft.M))))
+            sc = simulate(chain, plan)
+            assert sc.peak_bytes <= budget and sc.recompute_ms == pytest.approx(want)
 
 
 def test_infeasible_message_names_the_fixed_memory():
@@ -217,6 +261,16 @@ def test_infeasible_message_names_the_fixed_memory():
     assert msg.endswith("Tip: try a smaller --batch-size, --precision bf16, or --optimizer sgd")
     assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == int(4.8 * gib)
     assert err.value.exit_code == 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(chains, st.floats(0, 1))
+def test_min_peak_plan_uses_slack(chain, frac):
+    lo = min_peak(chain)
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    tight, loose = simulate(chain, min_peak_plan(chain)), simulate(chain, min_peak_plan(chain, b))
+    assert tight.peak_bytes == lo and loose.peak_bytes <= b
 
 
 def test_fixed_peak_is_a_floor():

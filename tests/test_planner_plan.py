@@ -32,7 +32,8 @@ def test_json_round_trip():
 
 
 def test_nested_items_json_is_accepted():
-    d = {"n_layers": 3, "items": [{"store": 0}, {"checkpoint": [1, 3], "inner": [{"store": 1}, {"store": 2}]}]}
+    inner = [{"store": 1}, {"store": 2}]
+    d = {"n_layers": 3, "items": [{"store": 0}, {"checkpoint": [1, 3], "inner": inner}]}
     assert Plan.from_dict(d).describe() == "S0 C[1,3){S1 S2}"
 
 

@@ -117,3 +117,23 @@ def equal_cuts(n: int, groups: int) -> list[int]:
     """Start indices of ``groups`` runs of (almost) equal length."""
     groups = max(1, min(groups, n))
     return sorted({(k * n) // groups for k in range(groups)})
+
+
+def cheap_cuts(chain: Chain, groups: int) -> list[int]:
+    """Start indices of ``groups`` runs of about equal length, each cut moved (within half a
+    run) to the boundary whose output is smallest: the DP can only end checkpoints at cuts,
+    and cheap boundaries are where optimal plans put them."""
+    n = chain.n_layers
+    groups = max(1, min(groups, n))
+    if groups >= n:
+        return list(range(n))
+    size = n / groups
+    x = [ly.x_bytes for ly in chain.layers]
+    cuts = [0]
+    for k in range(1, groups):
+        target = round(k * size)
+        lo = max(cuts[-1] + 1, round(target - size / 2))
+        hi = min(n - (groups - k), round(target + size / 2))  # leave room for the later runs
+        best = min(range(lo, max(lo, hi) + 1), key=lambda p: (x[p - 1], abs(p - target)))
+        cuts.append(best)
+    return cuts

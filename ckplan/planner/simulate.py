@@ -163,7 +163,7 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
     name = {"F": "F", "Fn": "F", "B": "B"}[op]
     text = f"{name}(layer {stage})"
     if op == "Fn":
-        text += " not saving"
+        text += " output only"
     if ctx is not None:
         text += f" during recompute of [{ctx[0]},{ctx[1]})"
     return text

@@ -216,8 +216,6 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     without checkpointing, all read from one DP table. ``every-k``: k = 1..16, then doubling,
     up to n. ``chen``: its threshold grid. ``sqrtn`` / ``none``: one point each.
     """
-    from . import dp
-
     n = chain.n_layers
     rows: list[FrontierPoint] = []
     for s in strategies:
@@ -253,7 +251,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict) -> list[Frontier
         if b >= hi:
             plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items, {"budget_bytes": b})
         else:
-            plan = solver.solve(b) or prev or dp.min_peak_plan(chain)
+            plan = solver.solve(b) or prev or dp.min_peak_plan(chain, b)
             if prev is not None and (simulate(chain, prev).recompute_ms
                                      < simulate(chain, plan).recompute_ms):
                 plan = prev
