@@ -25,7 +25,7 @@ import torch
 from .errors import InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded, cuda_peak, cuda_reset, nvml_used_bytes
-from .planner import Plan, chain_from_profile, plan_chain, simulate
+from .planner import Plan, chain_from_profile, plan_chain, simulate, trace
 from .records import Profile
 from .training import forward_loss, make_optimizer
 
@@ -41,6 +41,9 @@ class BenchRow:
     predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
     peak_error: float | None  # |measured - predicted| / measured
+    predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
+    measured_fwd_bwd_peak_bytes: int | None
+    fwd_bwd_peak_error: float | None
     reserved_peak_bytes: int | None  # CUDA only
     alloc_retries: int | None  # CUDA only
     nvml_used_bytes: int | None  # device memory in use after the memory step (NVML), when available
@@ -87,6 +90,7 @@ class _Entry:
     name: str
     plan: Plan | None
     predicted_peak: int | None = None
+    predicted_fb_peak: int | None = None
     predicted_overhead: float | None = None
     status: str = OK
     message: str = ""
@@ -140,8 +144,10 @@ class _Stepper:
             del loss
         return total
 
-    def step(self) -> float:
+    def step(self, after_backward=None) -> float:
         loss = self.backward()
+        if after_backward is not None:
+            after_backward()
         if self.scaler:
             self.scaler.step(self.opt)
             self.scaler.update()
@@ -162,13 +168,14 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     for s in strategies:
         try:
             res = plan_chain(chain, s, budget_bytes, k)
-            e = _Entry(s, res.plan, res.score.peak_bytes, res.score.overhead)
+            e = _Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
+                       res.score.overhead)
         except InfeasibleBudgetError as err:
             e = _Entry(s, None, status=INFEASIBLE, message=err.message)
         entries.append(e)
     for name, plan in (extra_plans or {}).items():
         sc = simulate(chain, plan)
-        entries.append(_Entry(name, plan, sc.peak_bytes, sc.overhead))
+        entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan), sc.overhead))
     runnable = [e for e in entries if e.plan is not None]
     cuda = device.type == "cuda"
     clock = Clock(device)
@@ -214,17 +221,25 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                 resident = _resident_bytes(model, opt, batch)
                 if cuda:
                     cuda_reset(device)
-                    _with_plan(model, e, profile, stepper.step)
+                    fb = {}
+                    _with_plan(model, e, profile, lambda: stepper.step(
+                        lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes)))
                     m = cuda_peak(device)
-                    e.mem = dict(measured=m.peak_allocated_bytes, reserved=m.peak_reserved_bytes,
-                                 retries=m.alloc_retries, nvml=nvml_used_bytes(device.index or 0))
+                    e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"],
+                                 reserved=m.peak_reserved_bytes, retries=m.alloc_retries,
+                                 nvml=nvml_used_bytes(device.index or 0))
                 else:
                     limit = None if memory_limit_bytes is None else memory_limit_bytes - resident
+                    fb = {}
                     with LiveTensorTracker(limit_bytes=limit) as tr:
-                        _with_plan(model, e, profile, stepper.step)
-                    e.mem = dict(measured=resident + tr.peak)
+                        _with_plan(model, e, profile, lambda: stepper.step(
+                            lambda: fb.setdefault("peak", resident + tr.peak)))
+                    e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"])
             _guarded(e, mem_step, device, opt)
-        # 3. timed steps, interleaved.
+        # 3. one untimed round (the tracked step leaves caches cold), then timed steps, interleaved.
+        for e in runnable:
+            tick(f"settle: {e.name}")
+            _guarded(e, lambda: _with_plan(model, e, profile, stepper.step), device, opt)
         for _ in range(steps):
             for e in runnable:
                 if e.status != OK:
@@ -247,6 +262,11 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                        budget_bytes=budget_bytes, k=k, rows=rows,
                        profile_peak_bytes=profile.totals.predicted_peak_bytes,
                        notes=profile.notes)
+
+
+def _fwd_bwd_peak(chain, plan: Plan) -> int:
+    """The simulated peak of forward and backward alone (the optimizer step left out)."""
+    return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
 
 
 def _with_plan(model, e: _Entry, profile: Profile, fn):
@@ -278,10 +298,14 @@ def _row(e: _Entry, none_ms: float | None) -> BenchRow:
     med = statistics.median(e.times) if e.times and e.status == OK else None
     err = (abs(measured - e.predicted_peak) / measured
            if measured and e.predicted_peak is not None else None)
+    fb = e.mem.get("fwd_bwd") if e.status == OK else None
+    fb_err = (abs(fb - e.predicted_fb_peak) / fb if fb and e.predicted_fb_peak is not None else None)
     return BenchRow(
         strategy=e.name, status=e.status, plan=e.plan.describe() if e.plan else "",
         n_checkpoints=e.plan.n_checkpoints if e.plan else 0,
         predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured, peak_error=err,
+        predicted_fwd_bwd_peak_bytes=e.predicted_fb_peak, measured_fwd_bwd_peak_bytes=fb,
+        fwd_bwd_peak_error=fb_err,
         reserved_peak_bytes=e.mem.get("reserved"), alloc_retries=e.mem.get("retries"),
         nvml_used_bytes=e.mem.get("nvml"),
         step_ms=med, step_ms_min=min(e.times) if med is not None else None,

@@ -200,7 +200,7 @@ def bench(
     s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
                  optimizer=optimizer, accum=accum)
     n_plans = len(strategies) + (plan_file is not None)
-    with render.progress_bar(n_plans * (2 + max(warmup, 1) + steps) + 1, "profiling") as bar:
+    with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar)
     files = report.write_bench(out_dir, res)

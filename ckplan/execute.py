@@ -82,7 +82,8 @@ class PlanExecutor:
             if isinstance(role, Checkpoint):
                 out = checkpoint(self._run_items, role.inner, *args, use_reentrant=False,
                                  preserve_rng_state=True, **kwargs)
-                self._tls.last = (role, out, _first_tensor(out))
+                if role.stop - role.start > 1:  # the layers after it hand this back
+                    self._tls.last = (role, out, _first_tensor(out))
                 return out
             _, seg = role
             last = getattr(self._tls, "last", None)
@@ -92,6 +93,10 @@ class PlanExecutor:
                     f"layer {i} of {self.chain_path!r} did not receive the output of layer {i - 1} "
                     "unchanged, so a multi-layer checkpoint cannot span it",
                     tip="use a plan whose checkpoints hold one layer each (--strategy every-k --k 1)")
+            if i == seg.stop - 1:
+                # Drop our reference: holding the segment's output would keep it alive (and
+                # counted) through the whole backward.
+                self._tls.last = None
             return last[1]
         return forward
 
@@ -112,6 +117,7 @@ class PlanExecutor:
             self._tls.depth -= 1
 
     def remove(self) -> None:
+        self._tls.last = None
         for layer, (had, fwd) in zip(self.layers, self._had_forward):
             if had:
                 layer.forward = fwd

@@ -124,13 +124,17 @@ def bench_table(res) -> None:
     t = Table(title=f"ckplan bench: {res.model} | {res.device_name} | batch {res.batch_size} | "
                     f"{res.precision} | accum {res.accum} | {res.steps} timed steps{budget}",
               title_justify="left")
-    for col in ("strategy", "status", "predicted peak", "measured peak", "error", "step (median)",
+    for col in ("strategy", "status", "predicted peak", "measured peak", "error", "fwd+bwd pred / meas",
+                "step (median)",
                 "min-max", "slowdown", "predicted", "max |dgrad|"):
         t.add_column(col, justify="left" if col in ("strategy", "status") else "right")
     for r in res.rows:
         t.add_row(r.strategy, r.status if r.status == "ok" else f"[red]{r.status}[/]",
                   format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes),
-                  _pct(r.peak_error), format_ms(r.step_ms),
+                  _pct(r.peak_error),
+                  "-" if r.measured_fwd_bwd_peak_bytes is None else
+                  f"{format_bytes(r.predicted_fwd_bwd_peak_bytes)} / {format_bytes(r.measured_fwd_bwd_peak_bytes)}",
+                  format_ms(r.step_ms),
                   "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
                   "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
                   "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",

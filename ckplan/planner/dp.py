@@ -36,10 +36,14 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
 * the nested DP on at most ``groups`` units of consecutive layers (``groups.py``, exact merged
   costs), optimal among plans that cut only between groups: it matters at tight budgets,
   where deep nesting is the only way down;
-* the depth-1 DP on single layers (``_FlatTable``, O(U^2 M)): every checkpoint's inner plan
-  stores all, but which layers to checkpoint is chosen layer by layer, which is what matters
-  on heterogeneous chains at moderate budgets (within 0.3% of the optimum at 200 layers in
-  scripts/bench_planner.py).
+* the depth-1 DP on single layers (``_FlatTable``, O(U L M), segments up to L layers): every
+  checkpoint's inner plan stores all, but which layers to checkpoint is chosen layer by layer,
+  which is what matters on heterogeneous chains.
+
+Measured with scripts/bench_planner.py at 200 and 300 layers: the best of the two equals the
+exact optimum at every budget tried above the smallest peak; only a band of 0.1-0.5% of the
+range just above the smallest peak is out of both tables' reach, where ``plan_dp`` returns the
+smallest-peak plan (storing wherever the slack allows), up to 75% more recompute than optimal.
 
 ``min_peak`` solves the companion min-max program ``R(s, e)`` over exact integer bytes: the
 smallest available memory for which a plan of [s, e) exists; ``R(0, U)`` gives the smallest
@@ -569,11 +573,12 @@ class DPSolver:
     """DP tables for one chain, reusable for every budget below the unrestricted peak
     (``sweep`` reads a whole frontier from them). Slots do not depend on the budget.
 
-    A plan is read top-down in exact bytes: an option is taken only if the exact min-peak
-    tables say it can be completed within what is left, and among those the cost table's
-    estimate (rounded slots) picks. So every plan fits its budget whatever the rounding, and
-    with gcd-sized slots (``exact``) it is the optimum. ``rounding="nearest"`` (default) rounds
-    sizes to the nearest slot so rounding errors cancel instead of adding up along the chain;
+    Each table is read two ways and the better plan kept: top-down in exact bytes (an option
+    is taken only if the exact min-peak tables say it can be completed within what is left,
+    and the cost table ranks those), which always fits; and the table's own optimal plan at the
+    budget's slot, stepping down a slot while the simulator says it overshoots. With gcd-sized
+    slots (``exact``) both are the optimum. ``rounding="nearest"`` (default) rounds sizes to the
+    nearest slot so rounding errors cancel instead of adding up along the chain;
     ``rounding="up"`` is rotor's conservative rounding, kept for comparison.
 
     Long chains (``mode="grouped"``, or ``"auto"`` above ``EXACT_MAX_LAYERS`` layers) get two
