@@ -60,7 +60,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
-                     repeats=repeats, warmup=warmup)
+                     repeats=repeats, warmup=warmup, accum=accum)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     opt_state, opt_tmp = optimizer_memory(trainable, optimizer, lr, dev.type)

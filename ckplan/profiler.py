@@ -244,7 +244,7 @@ def _zero(model):
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
                  device: torch.device, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
-                 ) -> StepMeasurement:
+                 accum: int = 1) -> StepMeasurement:
     """Profile one training forward+backward of ``model`` on the batch; the model is left as found."""
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
@@ -266,6 +266,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         for _ in range(0 if meta else warmup):
             _run(inst, model, args, kwargs, loss_fn, precision, device)
             _zero(model)
+        if accum > 1:
+            # With gradient accumulation every micro-batch after the first finds the gradients
+            # already there and adds into them: measure that micro-batch, the one that peaks.
+            _run(inst, model, args, kwargs, loss_fn, precision, device)
         # The measured pass: tracker (attribution, CPU/meta bytes), allocator (CUDA), FLOPs.
         inst.track_saved = True
         inst.excluded = {id(p.untyped_storage()) for p in params} | {
@@ -308,6 +312,11 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         raise ModelRunError(f"out of GPU memory while profiling: {str(e).splitlines()[0]}",
                             tip="profile with a smaller --batch-size, or with --device meta") from e
     except Exception as e:
+        if meta and "meta" in str(e):
+            raise ModelRunError(
+                f"the model reads tensor values in its forward or backward ({str(e).splitlines()[0]}), "
+                "which fake (meta) tensors cannot provide",
+                tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
         raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {e}",
                             tip="run with --debug for the traceback") from e
     finally:
