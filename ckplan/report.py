@@ -88,11 +88,18 @@ def _plot_sweep(frame, model: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {"dp": "-o", "chen": "--s", "every-k": ":^", "sqrtn": "D", "none": "*"}
+    marks = {"chen": ("s", 6), "every-k": ("^", 7), "sqrtn": ("D", 8), "none": ("*", 12)}
     for strategy, g in frame.groupby("strategy", sort=False):
         g = g.sort_values("peak_bytes")
-        ax.plot(g["peak_bytes"] / 2**30, g["overhead"] * 100, styles.get(strategy, "-"),
-                label=strategy, markersize=4)
+        x, y = g["peak_bytes"] / 2**30, g["overhead"] * 100
+        if strategy == "dp":
+            # dp's frontier is a step function: a budget between two points gets the left one's plan.
+            ax.step(x, y, where="post", color="tab:purple", lw=1.5, label="dp (optimal)", zorder=1)
+            ax.plot(x, y, "o", color="tab:purple", markersize=2.5, zorder=1)
+        else:
+            m, size = marks.get(strategy, ("o", 5))
+            ax.plot(x, y, m, markersize=size, markerfacecolor="none", markeredgewidth=1.3,
+                    label=strategy, zorder=2)
     ax.set_xlabel("predicted peak memory (GiB)")
     ax.set_ylabel("predicted recompute overhead (% of a step)")
     ax.set_title(f"{model}: memory vs recompute, every strategy")

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
@@ -231,23 +231,33 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
             rows.extend(_point(s, chain, plan_chen_threshold(chain, b), threshold=b)
                         for b in chen_grid(chain))
         elif s == "dp":
-            rows.extend(_dp_frontier(chain, max(2, n_points), dp_options))
+            pass  # below, once the baselines' points are known
         else:
             raise UsageError(f"unknown strategy {s!r}", tip=f"choose one of {', '.join(STRATEGIES)}")
+    if "dp" in strategies:
+        baselines = list(rows) or [_point(s, chain, p) for s, p in
+                                   (("every-k", plan_every_k(n, 1)), ("sqrtn", plan_sqrtn(n)))]
+        rows.extend(_dp_frontier(chain, max(2, n_points), dp_options, baselines))
     return tuple(rows)
 
 
-def _dp_frontier(chain: Chain, n_points: int, dp_options: dict) -> list[FrontierPoint]:
+def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
+                 baselines: list[FrontierPoint] | None = None) -> list[FrontierPoint]:
+    """dp at ``n_points`` even budgets plus at every baseline point's own peak, so the frontier
+    is evaluated exactly where it is compared; a plan that fits a lower budget (or a baseline
+    plan that fits) is kept when the rounded tables find nothing better."""
     from . import dp
 
     lo = dp.min_peak(chain)
     solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
                          mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
     hi = solver.none_peak
+    budgets = {lo + (hi - lo) * t // (n_points - 1) for t in range(n_points)}
+    budgets |= {p.peak_bytes for p in (baselines or []) if lo <= p.peak_bytes <= hi}
+    fallbacks = [(p.peak_bytes, p.recompute_ms, p) for p in (baselines or [])]
     out: list[FrontierPoint] = []
     prev: Plan | None = None  # a plan that fits a lower budget fits this one too
-    for t in range(n_points):
-        b = lo + (hi - lo) * t // (n_points - 1)
+    for b in sorted(budgets):
         if b >= hi:
             plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items, {"budget_bytes": b})
         else:
@@ -256,5 +266,9 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict) -> list[Frontier
                                      < simulate(chain, plan).recompute_ms):
                 plan = prev
         prev = plan
-        out.append(_point("dp", chain, plan, budget=b))
+        point = _point("dp", chain, plan, budget=b)
+        for peak, ms, base in fallbacks:  # rounded tables: never report worse than a baseline
+            if peak <= b and ms < point.recompute_ms:
+                point = replace(base, strategy="dp", budget_bytes=b, k=None, threshold_bytes=None)
+        out.append(point)
     return out
