@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from .errors import ModelRunError, SpecError, UsageError
+from .errors import SpecError, UsageError
 from .records import Profile, Totals
 from .spec import Spec, batch_bytes, build_model, load_spec, make_batch, to_loss
 
@@ -34,11 +34,6 @@ def load(spec_or_path: Spec | str | Path, **overrides) -> Spec:
 
 def profile(spec: Spec, *, device: str = "auto", repeats: int = 3, warmup: int = 1) -> Profile:
     """Build the spec's model and batch on ``device`` and profile one training step."""
-    import torch
-
-    from .measure import device_info
-    from .profiler import measure_step
-
     dev = resolve_device(device)
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
@@ -125,8 +120,6 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
           steps: int = 5, warmup: int = 1, device: str = "auto", plan_path: str | Path | None = None,
           memory_limit: str | int | None = None, progress=None):
     """Profile the spec's model, plan every strategy, and run measured training steps."""
-    import torch
-
     from .bench import run_bench
     from .execute import load_plan
 

@@ -3,9 +3,19 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_flatten
 
 from .errors import SpecError
+
+
+def first_tensor(obj):
+    """The hidden state in a layer's arguments or output: its first tensor (HF layers return tuples)."""
+    for leaf in tree_flatten(obj)[0]:
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
 
 
 def _containers(model: nn.Module):

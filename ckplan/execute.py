@@ -20,21 +20,14 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
-from .chainfind import resolve_chain
+from .chainfind import first_tensor, resolve_chain
 from .errors import ModelRunError, SpecError
 from .planner.plan import Checkpoint, Plan, Store
 
 _ATTR = "_ckplan_executor"
 
-
-def _first_tensor(obj):
-    for leaf in tree_flatten(obj)[0]:
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    return None
 
 
 def _split_hidden(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Any]:
@@ -83,7 +76,7 @@ class PlanExecutor:
                 out = checkpoint(self._run_items, role.inner, *args, use_reentrant=False,
                                  preserve_rng_state=True, **kwargs)
                 if role.stop - role.start > 1:  # the layers after it hand this back
-                    self._tls.last = (role, out, _first_tensor(out))
+                    self._tls.last = (role, out, first_tensor(out))
                 return out
             _, seg = role
             last = getattr(self._tls, "last", None)
@@ -111,7 +104,7 @@ class PlanExecutor:
                     out = checkpoint(self._run_items, item.inner, *args, use_reentrant=False,
                                      preserve_rng_state=True, **kwargs)
                 _, put = _split_hidden(args, kwargs)
-                args, kwargs = put(_first_tensor(out))
+                args, kwargs = put(first_tensor(out))
             return out
         finally:
             self._tls.depth -= 1

@@ -29,10 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from .chainfind import resolve_chain
+from .chainfind import first_tensor, resolve_chain
 from .errors import ModelRunError
 from .measure import Clock, LiveTensorTracker
 from .records import CHAIN, POST, PRE, StageRecord
@@ -63,12 +62,6 @@ class _FusedAttentionOnMeta(TorchFunctionMode):
             return out
         return func(*args, **kwargs)
 
-
-def _first_tensor(obj):
-    for leaf in tree_flatten(obj)[0]:
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    return None
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -164,7 +157,7 @@ class _Instrument:
     def _pre_hook(self, i: int):
         def hook(module, args, kwargs):
             if i == 0:
-                x = _first_tensor((args, kwargs))
+                x = first_tensor((args, kwargs))
                 if x is not None:
                     self.x_in_bytes = _storage_bytes(x)
                     self.x_in_requires_grad = x.requires_grad
@@ -175,7 +168,7 @@ class _Instrument:
 
     def _post_hook(self, i: int):
         def hook(module, args, kwargs, out):
-            y = _first_tensor(out)
+            y = first_tensor(out)
             if y is not None:
                 self.out_bytes[i] = _storage_bytes(y)
                 if y.requires_grad:

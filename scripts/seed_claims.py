@@ -11,7 +11,6 @@ also adds the planner's prediction for BERT-large at its config's batch (8 x 512
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

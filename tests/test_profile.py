@@ -6,7 +6,6 @@ import torch
 import torch.nn as nn
 
 from ckplan import api
-from ckplan.profiler import measure_step
 from ckplan.spec import to_loss
 from conftest import CONFIGS, tiny_gpt_spec, write_spec
 

@@ -250,38 +250,7 @@ class _CostTable:
         the cost table's estimate picks; so the plan always fits, whatever the rounding, and
         with gcd-sized slots it is the optimum. Iterative: plans can nest deeper than
         Python's recursion limit."""
-        u, mx, R, K, P = self.u, self.mx, pt.R, pt.K, self.mx.P
-        xo, bounds = u.x_out, u.bounds
-        out: list[tuple[int, int]] = []
-        todo = [(0, u.size, avail)]
-        while todo:
-            s, e, mb = todo.pop()
-            while s < e:
-                best: tuple[float, int | None] | None = None
-                if s + 1 == e:
-                    if mx.sreq[s, e] <= mb:
-                        best = (0.0, None)
-                elif max(mx.sreq[s, e], u.hold[s] + R[s + 1, e]) <= mb:
-                    best = (self.estimate(s + 1, e, mb - int(u.hold[s]), K[s + 1, e]), None)
-                for j in range(s + 1, e):
-                    if max(mx.fnone[s, j], xo[j - 1] + R[j, e], mx.dlt[j, e] + R[s, j]) > mb:
-                        continue
-                    est = ((P[j] - P[s]) + self.estimate(s, j, mb - int(mx.dlt[j, e]), K[s, j])
-                           + self.estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
-                    if best is None or est < best[0]:
-                        best = (est, j)
-                if best is None:
-                    raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
-                j = best[1]
-                if j is None:
-                    mb -= int(u.hold[s])
-                    s += 1
-                else:
-                    out.append((bounds[s][0], bounds[j - 1][1]))
-                    todo.append((s, j, mb - int(mx.dlt[j, e])))
-                    mb -= int(xo[j - 1])
-                    s = j
-        return out
+        return _reconstruct(self.u, self.mx, pt.R, pt.K, avail, self.estimate)
 
 
 class _FlatTable:
@@ -480,38 +449,48 @@ class _PeakTable:
         """Checkpointed layer ranges of a plan fitting ``avail`` exact bytes (at least
         ``R[0, U]``): like ``_CostTable.ranges``, with K, the recompute of the smallest-peak
         completions, as the estimate. Slack is spent greedily on storing."""
-        u, mx, R, K, P = self.u, self.mx, self.R, self.K, self.mx.P
-        xo = u.x_out
-        out: list[tuple[int, int]] = []
-        todo = [(0, u.size, avail)]
-        while todo:
-            s, e, mb = todo.pop()
-            while s < e:
-                best: tuple[float, int | None] | None = None
-                if s + 1 == e:
-                    if mx.sreq[s, e] <= mb:
-                        best = (0.0, None)
-                elif max(mx.sreq[s, e], u.hold[s] + R[s + 1, e]) <= mb:
-                    best = (K[s + 1, e], None)
-                for j in range(s + 1, e):
-                    if max(mx.fnone[s, j], xo[j - 1] + R[j, e], mx.dlt[j, e] + R[s, j]) > mb:
-                        continue
-                    est = (P[j] - P[s]) + K[s, j] + K[j, e]
-                    if best is None or est < best[0]:
-                        best = (est, j)
-                if best is None:
-                    raise RuntimeError(f"min-peak reconstruction: no feasible option at ({s}, {e}, {mb})")
-                j = best[1]
-                if j is None:
-                    mb -= int(u.hold[s])
-                    s += 1
-                else:
-                    out.append((u.bounds[s][0], u.bounds[j - 1][1]))
-                    todo.append((s, j, mb - int(mx.dlt[j, e])))
-                    mb -= int(xo[j - 1])
-                    s = j
-        return out
+        return _reconstruct(self.u, self.mx, self.R, self.K, avail, lambda s, e, mb, k: k)
 
+
+
+def _reconstruct(u: Units, mx: _Matrices, R, K, avail: int, estimate) -> list[tuple[int, int]]:
+    """Checkpointed layer ranges of a plan for the whole chain with ``avail`` exact bytes.
+
+    Feasibility is decided in exact bytes by the min-peak table ``R`` (an option is taken only
+    if its own needs and its sub-chains' smallest needs fit); among feasible options
+    ``estimate(s, e, bytes, K[s, e])`` picks the cheapest. Iterative: plans can nest deeper
+    than Python's recursion limit."""
+    P, xo, bounds = mx.P, u.x_out, u.bounds
+    out: list[tuple[int, int]] = []
+    todo = [(0, u.size, avail)]
+    while todo:
+        s, e, mb = todo.pop()
+        while s < e:
+            best: tuple[float, int | None] | None = None
+            if s + 1 == e:
+                if mx.sreq[s, e] <= mb:
+                    best = (0.0, None)
+            elif max(mx.sreq[s, e], u.hold[s] + R[s + 1, e]) <= mb:
+                best = (estimate(s + 1, e, mb - int(u.hold[s]), K[s + 1, e]), None)
+            for j in range(s + 1, e):
+                if max(mx.fnone[s, j], xo[j - 1] + R[j, e], mx.dlt[j, e] + R[s, j]) > mb:
+                    continue
+                est = ((P[j] - P[s]) + estimate(s, j, mb - int(mx.dlt[j, e]), K[s, j])
+                       + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
+                if best is None or est < best[0]:
+                    best = (est, j)
+            if best is None:
+                raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
+            j = best[1]
+            if j is None:
+                mb -= int(u.hold[s])
+                s += 1
+            else:
+                out.append((bounds[s][0], bounds[j - 1][1]))
+                todo.append((s, j, mb - int(mx.dlt[j, e])))
+                mb -= int(xo[j - 1])
+                s = j
+    return out
 
 def fixed_peak(chain: Chain) -> int:
     """The part of the peak no plan changes: pre forward/backward and the optimizer step."""

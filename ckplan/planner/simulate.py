@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .plan import Checkpoint, Item, Plan, Store
+from .plan import Item, Plan, Store
 
 if TYPE_CHECKING:
     from .chain import Chain
