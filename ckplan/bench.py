@@ -44,6 +44,8 @@ class BenchRow:
     predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
     measured_fwd_bwd_peak_bytes: int | None
     fwd_bwd_peak_error: float | None
+    predicted_activation_bytes: int | None  # held for backward when the forward ends, persistent excluded
+    measured_activation_bytes: int | None
     reserved_peak_bytes: int | None  # CUDA only
     alloc_retries: int | None  # CUDA only
     nvml_used_bytes: int | None  # device memory in use after the memory step (NVML), when available
@@ -91,6 +93,7 @@ class _Entry:
     plan: Plan | None
     predicted_peak: int | None = None
     predicted_fb_peak: int | None = None
+    predicted_act: int | None = None
     predicted_overhead: float | None = None
     status: str = OK
     message: str = ""
@@ -133,19 +136,21 @@ class _Stepper:
         self.precision, self.accum, self.device = precision, accum, device
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
-    def backward(self) -> float:
+    def backward(self, after_forward=None) -> float:
         args, kwargs = self.batch
         total = 0.0
-        for _ in range(self.accum):
+        for micro in range(self.accum):
             loss = forward_loss(self.model, args, kwargs, self.loss_fn, self.precision, self.device.type)
+            if micro == 0 and after_forward is not None:
+                after_forward()
             loss = loss / self.accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
             del loss
         return total
 
-    def step(self, after_backward=None) -> float:
-        loss = self.backward()
+    def step(self, after_backward=None, after_forward=None) -> float:
+        loss = self.backward(after_forward)
         if after_backward is not None:
             after_backward()
         if self.scaler:
@@ -169,13 +174,14 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         try:
             res = plan_chain(chain, s, budget_bytes, k)
             e = _Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
-                       res.score.overhead)
+                       _activation_bytes(chain, res.plan), res.score.overhead)
         except InfeasibleBudgetError as err:
             e = _Entry(s, None, status=INFEASIBLE, message=err.message)
         entries.append(e)
     for name, plan in (extra_plans or {}).items():
         sc = simulate(chain, plan)
-        entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan), sc.overhead))
+        entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
+                              _activation_bytes(chain, plan), sc.overhead))
     runnable = [e for e in entries if e.plan is not None]
     cuda = device.type == "cuda"
     clock = Clock(device)
@@ -219,22 +225,24 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
 
             def mem_step(e=e):
                 resident = _resident_bytes(model, opt, batch)
+                fb: dict[str, int] = {}
                 if cuda:
                     cuda_reset(device)
-                    fb = {}
                     _with_plan(model, e, profile, lambda: stepper.step(
-                        lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes)))
+                        after_backward=lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes),
+                        after_forward=lambda: fb.setdefault(
+                            "act", torch.cuda.memory_allocated(device) - resident)))
                     m = cuda_peak(device)
-                    e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"],
+                    e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"], act=fb["act"],
                                  reserved=m.peak_reserved_bytes, retries=m.alloc_retries,
                                  nvml=nvml_used_bytes(device.index or 0))
                 else:
                     limit = None if memory_limit_bytes is None else memory_limit_bytes - resident
-                    fb = {}
                     with LiveTensorTracker(limit_bytes=limit) as tr:
                         _with_plan(model, e, profile, lambda: stepper.step(
-                            lambda: fb.setdefault("peak", resident + tr.peak)))
-                    e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"])
+                            after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
+                            after_forward=lambda: fb.setdefault("act", tr.live)))
+                    e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"], act=fb["act"])
             _guarded(e, mem_step, device, opt)
         # 3. one untimed round (the tracked step leaves caches cold), then timed steps, interleaved.
         for e in runnable:
@@ -267,6 +275,13 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
 def _fwd_bwd_peak(chain, plan: Plan) -> int:
     """The simulated peak of forward and backward alone (the optimizer step left out)."""
     return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
+
+
+def _activation_bytes(chain, plan: Plan) -> int:
+    """Simulated bytes held for backward when the forward (loss included) ends, persistent excluded."""
+    n = chain.n_layers
+    end = next(ev for ev in trace(chain, plan) if ev.op == "F" and ev.stage == n)
+    return end.mem_bytes - chain.persistent_bytes
 
 
 def _with_plan(model, e: _Entry, profile: Profile, fn):
@@ -306,6 +321,8 @@ def _row(e: _Entry, none_ms: float | None) -> BenchRow:
         predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured, peak_error=err,
         predicted_fwd_bwd_peak_bytes=e.predicted_fb_peak, measured_fwd_bwd_peak_bytes=fb,
         fwd_bwd_peak_error=fb_err,
+        predicted_activation_bytes=e.predicted_act,
+        measured_activation_bytes=e.mem.get("act") if e.status == OK else None,
         reserved_peak_bytes=e.mem.get("reserved"), alloc_retries=e.mem.get("retries"),
         nvml_used_bytes=e.mem.get("nvml"),
         step_ms=med, step_ms_min=min(e.times) if med is not None else None,

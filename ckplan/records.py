@@ -56,7 +56,7 @@ class Totals:
     input_bytes: int  # the batch (inputs and labels)
     activation_bytes: int  # sum of saved_bytes over all rows
     predicted_peak_bytes: int  # one training step without checkpointing (README: memory model)
-    measured_peak_bytes: int | None  # what the tracker saw during the profiled step, for reference
+    measured_peak_bytes: int | None  # forward+backward peak seen (plus params, buffers, inputs, optimizer state)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

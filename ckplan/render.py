@@ -39,7 +39,7 @@ def profile_table(prof: Profile) -> None:
         ("predicted peak, no checkpointing", tt.predicted_peak_bytes),
     ]
     if tt.measured_peak_bytes is not None:
-        rows.append(("measured peak of the profiled step", tt.measured_peak_bytes))
+        rows.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
     for k, v in rows:
         s.add_row(k, format_bytes(v))
     stdout.print(s)
@@ -125,7 +125,7 @@ def bench_table(res) -> None:
                     f"{res.precision} | accum {res.accum} | {res.steps} timed steps{budget}",
               title_justify="left")
     for col in ("strategy", "status", "predicted peak", "measured peak", "error", "fwd+bwd pred / meas",
-                "step (median)",
+                "held for bwd pred / meas", "step (median)",
                 "min-max", "slowdown", "predicted", "max |dgrad|"):
         t.add_column(col, justify="left" if col in ("strategy", "status") else "right")
     for r in res.rows:
@@ -134,6 +134,8 @@ def bench_table(res) -> None:
                   _pct(r.peak_error),
                   "-" if r.measured_fwd_bwd_peak_bytes is None else
                   f"{format_bytes(r.predicted_fwd_bwd_peak_bytes)} / {format_bytes(r.measured_fwd_bwd_peak_bytes)}",
+                  "-" if r.measured_activation_bytes is None else
+                  f"{format_bytes(r.predicted_activation_bytes)} / {format_bytes(r.measured_activation_bytes)}",
                   format_ms(r.step_ms),
                   "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
                   "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
