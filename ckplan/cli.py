@@ -26,7 +26,8 @@ class Fmt(str, Enum):
 
 def _fail(message: str, code: int) -> None:
     from .render import stderr
-    stderr.print(f"[bold red]Error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+    stderr.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

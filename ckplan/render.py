@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .records import Profile
@@ -49,11 +50,11 @@ def profile_table(prof: Profile) -> None:
                      f", {format_bytes(prof.device_free_bytes)} free of {format_bytes(prof.device_total_bytes)}"
                      if prof.device_free_bytes is not None else ""))
     for note in prof.notes:
-        stdout.print(f"note: {note}")
+        stdout.print(escape(f"note: {note}"))
 
 
 def info(msg: str) -> None:
-    stderr.print(msg, highlight=False)
+    stderr.print(escape(msg), highlight=False)
 
 
 def _pct(x):
@@ -66,8 +67,8 @@ def plan_tables(rep) -> None:
     budget = "none" if rep.budget_bytes is None else f"{format_bytes(rep.budget_bytes)} ({rep.budget_bytes} bytes)"
     stdout.print(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
                  f"batch {prof.batch_size} | {prof.precision} | {prof.optimizer} | device {prof.device}")
-    stdout.print(f"budget: {budget} [{rep.budget_source}]; no checkpointing peaks at "
-                 f"{format_bytes(rep.none_peak_bytes)}")
+    stdout.print(escape(f"budget: {budget} ({rep.budget_source}); no checkpointing peaks at "
+                        f"{format_bytes(rep.none_peak_bytes)}"))
     t = Table(title="strategies" if len(rep.results) > 1 else None, title_justify="left")
     for col in ("strategy", "predicted peak", "saved vs none", "recompute", "overhead", "fits", "ckpts",
                 "peak reached at"):
@@ -95,13 +96,13 @@ def plan_tables(rep) -> None:
         p.add_row(str(a) if a == b else f"{a}-{b}", names[a] if a == b else f"{names[a]} .. {names[b]}",
                   "stored" if stored else "recomputed", str(depth), str(fwd))
     stdout.print(p)
-    stdout.print(f"plan: {c.plan.describe()}", soft_wrap=True)
+    stdout.print(escape(f"plan: {c.plan.describe()}"), soft_wrap=True)
     ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")
                        for r in c.plan.recomputed_ranges()) or "none"
-    stdout.print(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "
-                 f"recomputed ranges: {ranges}")
+    stdout.print(escape(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "
+                        f"recomputed ranges: {ranges}"))
     for note in c.notes:
-        stdout.print(f"note: {note}")
+        stdout.print(escape(f"note: {note}"))
 
 
 def sweep_table(points) -> None:
@@ -144,9 +145,9 @@ def bench_table(res) -> None:
     stdout.print(t)
     for r in res.rows:
         if r.message:
-            stdout.print(f"{r.strategy}: {r.message}")
+            stdout.print(escape(f"{r.strategy}: {r.message}"))
     for note in res.notes:
-        stdout.print(f"note: {note}")
+        stdout.print(escape(f"note: {note}"))
 
 
 class progress_bar:
