@@ -25,7 +25,7 @@ import torch
 from .errors import InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded, cuda_peak, cuda_reset, nvml_used_bytes
-from .planner import Plan, chain_from_profile, plan_chain, simulate, trace
+from .planner import Plan, chain_from_profile, min_peak, plan_chain, simulate, trace
 from .records import Profile
 from .training import forward_loss, make_optimizer
 
@@ -169,6 +169,14 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring."""
     tick = progress or (lambda msg: None)
     chain = chain_from_profile(profile)
+    notes = list(profile.notes)
+    if budget_bytes is None and {"dp", "chen"} & set(strategies):
+        # Halfway between the smallest feasible peak and the peak without checkpointing: always
+        # feasible, and it leaves the planners a real trade-off to make.
+        lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
+        budget_bytes = (lo + hi) // 2
+        notes.append(f"no --budget: dp and chen planned for {budget_bytes} bytes, halfway between the "
+                     f"smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
     entries: list[_Entry] = []
     for s in strategies:
         try:
@@ -269,7 +277,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
                        budget_bytes=budget_bytes, k=k, rows=rows,
                        profile_peak_bytes=profile.totals.predicted_peak_bytes,
-                       notes=profile.notes)
+                       notes=tuple(notes))
 
 
 def _fwd_bwd_peak(chain, plan: Plan) -> int:

@@ -172,7 +172,8 @@ def bench(
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
                                 help="Comma-separated strategies to run."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Also run this plan.json."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%); "
+                                         "default: halfway between the smallest feasible and the no-checkpoint peak."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
     steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per strategy."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Warm-up steps per strategy."),
@@ -195,9 +196,6 @@ def bench(
     if bad or (not strategies and plan_file is None):
         raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
-    if ("dp" in strategies or "chen" in strategies) and budget is None:
-        budget = "50%"
-        render.info("no --budget: dp and chen plan for 50% of the no-checkpoint peak")
     s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
                  optimizer=optimizer, accum=accum)
     n_plans = len(strategies) + (plan_file is not None)
