@@ -127,16 +127,16 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     if dev.type == "meta":
         raise UsageError("bench runs real training steps; --device meta cannot run them",
                          tip="use --device cpu or cuda (meta is for profile and plan)")
+    extra = {}
+    if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
+        p = load_plan(plan_path)
+        extra[f"plan:{p.strategy}"] = p
     model = build_model(spec, str(dev))
     batch = make_batch(spec, str(dev))
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
     budget_bytes = resolve_budget(budget, prof) if budget is not None else None
-    extra = {}
-    if plan_path is not None:
-        p = load_plan(plan_path)
-        extra[f"plan:{p.strategy}"] = p
     limit = None
     if memory_limit is not None:
         from .units import parse_size

@@ -120,3 +120,24 @@ def test_seed_article_arithmetic_on_mlp100():
     act = rows["every-k"]["predicted_peak_bytes"] - persistent
     assert 19e9 <= act <= 22e9
     assert rows["dp"]["predicted_recompute_ms"] <= rows["every-k"]["predicted_recompute_ms"] + 1e-9
+
+
+def test_plan_json_round_trips_into_bench(tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    r = run("plan", spec, "--device", "cpu", "--strategy", "every-k", "--k", "1", "-o", plan_file, "-f", "json")
+    assert r.exit_code == 0, r.output
+    r = run("bench", spec, "--device", "cpu", "--compare", "none", "--plan", plan_file, "--steps", "1",
+            "--warmup", "0", "--out-dir", tmp_path / "out", "-f", "json")
+    assert r.exit_code == 0, r.output
+    rows = {x["strategy"]: x for x in json.loads(r.stdout)["rows"]}
+    assert set(rows) == {"none", "plan:every-k"}
+    assert rows["plan:every-k"]["status"] == "ok" and rows["plan:every-k"]["max_grad_diff"] < 1e-5
+    assert rows["plan:every-k"]["peak_error"] < 0.05
+
+
+def test_bad_plan_file_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"n_layers": 3, "checkpoints": [[0, 2], [1, 3]]}')
+    r = run("bench", tiny_gpt_spec(tmp_path), "--device", "cpu", "--compare", "none", "--plan", bad)
+    assert r.exit_code == 2 and "overlap" in r.output
