@@ -113,12 +113,17 @@ def test_dp_equals_brute_force_long(n, seed):
     _check_against_brute(random_chain(n, seed))
 
 
+def _budget_between(chain, frac):
+    """(smallest feasible peak, a budget ``frac`` of the way from it to the no-checkpoint peak)."""
+    lo = min_peak(chain)
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    return lo, int(lo + frac * (hi - lo))
+
+
 @settings(max_examples=40, deadline=None)
 @given(chains, st.floats(0, 1))
 def test_plan_dp_public_entry(chain, frac):
-    lo = min_peak(chain)
-    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-    budget = int(lo + frac * (hi - lo))
+    lo, budget = _budget_between(chain, frac)
     res = plan_dp(chain, budget, max_slots=EXACT)
     assert simulate(chain, res.plan).peak_bytes <= budget
     assert res.exact
@@ -266,9 +271,7 @@ def test_infeasible_message_names_the_fixed_memory():
 @settings(max_examples=30, deadline=None)
 @given(chains, st.floats(0, 1))
 def test_min_peak_plan_uses_slack(chain, frac):
-    lo = min_peak(chain)
-    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-    b = int(lo + frac * (hi - lo))
+    lo, b = _budget_between(chain, frac)
     tight, loose = simulate(chain, min_peak_plan(chain)), simulate(chain, min_peak_plan(chain, b))
     assert tight.peak_bytes == lo and loose.peak_bytes <= b
 
