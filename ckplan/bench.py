@@ -175,8 +175,14 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         # feasible, and it leaves the planners a real trade-off to make.
         lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
         budget_bytes = (lo + hi) // 2
-        notes.append(f"no --budget: dp and chen planned for {budget_bytes} bytes, halfway between the "
-                     f"smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
+        if lo >= hi:
+            notes.append(f"no checkpointing plan can lower this step's peak ({hi} bytes, reached at "
+                         f"{plan_chain(chain, 'none').score.peak_at}): parameters, gradients, optimizer "
+                         "state or the loss head set it; checkpointing still frees the bytes held for "
+                         "backward (see that column)")
+        else:
+            notes.append(f"no --budget: dp and chen planned for {budget_bytes} bytes, halfway between the "
+                         f"smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
     entries: list[_Entry] = []
     for s in strategies:
         try:
