@@ -3,8 +3,7 @@
     plan = ckplan.plan_model(model, sample_batch, budget="12GB")   # a PlanResult
     ckplan.apply_plan(model, plan.plan)                              # or a plan.json path
 """
-from .errors import (CkplanError, InfeasibleBudgetError, ModelRunError, SpecError,  # noqa: F401
-                     UsageError)
+from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError, UsageError  # noqa: F401
 
 __version__ = "0.1.0"
 

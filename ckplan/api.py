@@ -165,8 +165,8 @@ def resolve_budget(budget: str | int, prof: Profile) -> int:
 def plan(spec: Spec | None = None, *, profile_path: str | Path | None = None, budget: str | int | None = None,
          strategy: str = "dp", k: int = 2, device: str = "auto"):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget."""
-    from .planner import STRATEGIES, chain_from_profile, compare, plan_chain
     from .plan_report import PlanReport
+    from .planner import STRATEGIES, chain_from_profile, compare, plan_chain
 
     prof = _profile_for_plan(spec, profile_path, device)
     budget_bytes, source = _budget_for_plan(budget, prof)
@@ -187,7 +187,8 @@ def plan(spec: Spec | None = None, *, profile_path: str | Path | None = None, bu
 
 def sweep(spec: Spec | None = None, *, profile_path: str | Path | None = None, device: str = "auto",
           points: int = 20, strategies: tuple[str, ...] | None = None):
-    from .planner import STRATEGIES, chain_from_profile, sweep as _sweep
+    from .planner import STRATEGIES, chain_from_profile
+    from .planner import sweep as _sweep
     prof = _profile_for_plan(spec, profile_path, device)
     return prof, _sweep(chain_from_profile(prof), list(strategies or STRATEGIES), points)
 

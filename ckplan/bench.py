@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import gc
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

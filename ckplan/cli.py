@@ -25,8 +25,9 @@ class Fmt(str, Enum):
 
 
 def _fail(message: str, code: int) -> None:
-    from .render import stderr
     from rich.markup import escape
+
+    from .render import stderr
     stderr.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 

@@ -104,7 +104,7 @@ class Profile:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
         d = dict(d)
         d.pop("command", None)
         version = d.get("schema_version", SCHEMA_VERSION)

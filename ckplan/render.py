@@ -1,14 +1,14 @@
 """Human-readable output: rich tables on stdout, the only module that imports rich."""
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .records import Profile
 from .units import format_bytes, format_flops, format_ms
-
-import sys
 
 # Piped output (files, CI logs, README examples) gets wide tables instead of rich's 80 columns.
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)

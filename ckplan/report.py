@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UsageError
 from .records import SCHEMA_VERSION, Profile

@@ -102,7 +102,7 @@ class Spec(_Strict):
 
     def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,
                        precision: str | None = None, optimizer: str | None = None,
-                       accum: int | None = None) -> "Spec":
+                       accum: int | None = None) -> Spec:
         """The spec with command-line overrides applied (and validated again)."""
         d = self.model_dump()
         if batch_size is not None:

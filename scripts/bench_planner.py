@@ -45,8 +45,8 @@ def bench_speed(sizes: list[int], seeds: int) -> None:
             for f in (0.0, 0.1, 0.5, 0.9):
                 b = int(lo + f * (hi - lo))
                 r, t = timed(lambda: plan_chain(ch, "dp", b))
-                print(f"{n:6d} {seed:4d}  {t_lo:10.2f}  {f:6.0%}  {t:12.2f}  {str(r.fits):5} "
-                      f"{str(r.exact):5}  {r.score.overhead:8.2%}  {r.slot_bytes:10d}", flush=True)
+                print(f"{n:6d} {seed:4d}  {t_lo:10.2f}  {f:6.0%}  {t:12.2f}  {r.fits!s:5} "
+                      f"{r.exact!s:5}  {r.score.overhead:8.2%}  {r.slot_bytes:10d}", flush=True)
 
 
 CONFIGS = {

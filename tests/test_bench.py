@@ -3,11 +3,11 @@ import json
 import textwrap
 
 import pytest
+from conftest import CONFIGS, tiny_gpt_spec, write_spec
 from typer.testing import CliRunner
 
 from ckplan import api, report
 from ckplan.cli import app
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 
 STRATS = ["none", "every-k", "sqrtn", "chen", "dp"]
 

@@ -2,10 +2,10 @@
 import json
 
 import pytest
+from conftest import CONFIGS, tiny_gpt_spec, write_spec
 from typer.testing import CliRunner
 
 from ckplan.cli import app
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 
 runner = CliRunner()
 

@@ -1,14 +1,14 @@
 """Applying plans never changes the math; the executor restores the model."""
 import pytest
 import torch
+from conftest import CONFIGS, tiny_gpt_spec
 
 from ckplan import api
 from ckplan.execute import apply_plan
-from ckplan.planner import Plan, plan_chain, chain_from_profile
+from ckplan.planner import Plan, chain_from_profile, plan_chain
 from ckplan.planner.plan import items_from_ranges
 from ckplan.spec import build_model, make_batch, to_loss
 from ckplan.training import forward_loss
-from conftest import CONFIGS, tiny_gpt_spec
 
 
 def _grads(model, batch, plan):

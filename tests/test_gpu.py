@@ -4,9 +4,9 @@ Run with: python -m pytest -m gpu
 """
 import pytest
 import torch
+from conftest import CONFIGS, tiny_gpt_spec
 
 from ckplan import api
-from conftest import CONFIGS, tiny_gpt_spec
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

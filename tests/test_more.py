@@ -4,12 +4,12 @@ import sys
 
 import pytest
 import torch
+from conftest import CONFIGS, tiny_gpt_spec
 
 import ckplan
 from ckplan import api
 from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import chain_from_profile, plan_chain, simulate
-from conftest import CONFIGS, tiny_gpt_spec
 
 
 @pytest.mark.parametrize("precision,accum", [("fp32", 2), ("bf16", 1), ("bf16", 3)])

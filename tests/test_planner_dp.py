@@ -7,22 +7,32 @@ the simulator. Chains are random with small integer sizes, so the DP runs on exa
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckplan.errors import InfeasibleBudgetError
-from ckplan.units import format_bytes
-from ckplan.planner import (Plan, compare, min_peak, min_peak_plan, plan_chain, plan_dp,
-                            plan_every_k, plan_none, plan_sqrtn, simulate)
+from ckplan.planner import (
+    Plan,
+    compare,
+    min_peak,
+    min_peak_plan,
+    plan_chain,
+    plan_dp,
+    plan_every_k,
+    plan_none,
+    plan_sqrtn,
+    simulate,
+)
 from ckplan.planner.chain import Chain
 from ckplan.planner.dp import DPSolver, fixed_peak
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of
-from ckplan.planner.strategies import baseline_candidates, plan_chen_threshold, chen_grid
+from ckplan.planner.strategies import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain
+from ckplan.units import format_bytes
 
 EXACT = 10**9  # slots enough for exact gcd-sized slots on small chains
 
@@ -35,7 +45,7 @@ def all_plans(n: int, general: bool = False):
     that is one checkpoint of its whole range (what ``Plan`` accepts).
     """
 
-    @lru_cache(maxsize=None)
+    @cache
     def seqs(s: int, e: int, last_free: bool, whole_ok: bool = True) -> tuple:
         if s == e:
             return ((),)

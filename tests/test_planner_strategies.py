@@ -8,8 +8,17 @@ import sys
 import pytest
 
 from ckplan.errors import UsageError
-from ckplan.planner import (STRATEGIES, min_peak, plan_chain, plan_chen, plan_every_k, plan_none,
-                            plan_sqrtn, simulate, sweep)
+from ckplan.planner import (
+    STRATEGIES,
+    min_peak,
+    plan_chain,
+    plan_chen,
+    plan_every_k,
+    plan_none,
+    plan_sqrtn,
+    simulate,
+    sweep,
+)
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.strategies import chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain

@@ -4,10 +4,10 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from conftest import CONFIGS, tiny_gpt_spec, write_spec
 
 from ckplan import api
 from ckplan.spec import to_loss
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 
 
 class Chain(nn.Module):

@@ -53,9 +53,9 @@ operations (O(U) Python steps, about 1 s at 1000 layers).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
 
 import numpy as np
 
@@ -242,7 +242,7 @@ class _CostTable:
         v = float(self.C[s, e, min((avail + self.half) // self.q, self.M)])
         return v if v < INF else 1e18 + fallback
 
-    def ranges(self, avail: int, pt: "_PeakTable") -> list[tuple[int, int]]:
+    def ranges(self, avail: int, pt: _PeakTable) -> list[tuple[int, int]]:
         """Checkpointed layer ranges of a plan for the whole chain with ``avail`` exact bytes.
 
         Feasibility is decided in exact bytes by the min-peak table (an option is taken only

@@ -96,7 +96,7 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     fn_next.append(int(BIG))
     grad.append(post.grad_bytes)
     fwd_ms.append(post.fwd_ms)
-    i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    i64 = lambda v: np.asarray(v, dtype=np.int64)
     return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
                  i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64))
 

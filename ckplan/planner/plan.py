@@ -22,8 +22,9 @@ determined by that laminar set of ranges and a flat list never nests deeper than
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
 from ..errors import SpecError
 
@@ -44,7 +45,7 @@ class Checkpoint:
 
     start: int
     stop: int
-    inner: tuple["Item", ...]
+    inner: tuple[Item, ...]
 
 
 Item = Union[Store, Checkpoint]
@@ -145,7 +146,7 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Plan":
+    def from_dict(cls, d: Any) -> Plan:
         if not isinstance(d, dict):
             raise SpecError(f"a plan must be a JSON object, not {type(d).__name__}",
                             tip="write it with `ckplan plan --out plan.json`")

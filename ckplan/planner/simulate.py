@@ -29,8 +29,9 @@ the CUDA context are outside the model; ``xbar >= x`` assumes a stored layer kee
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .plan import Item, Plan, Store
 
@@ -78,7 +79,7 @@ class TraceEvent:
 _OnOp = Callable[[str, "int | None", "tuple[int, int] | None", bool, int, int, int], None]
 
 
-def _replay(chain: "Chain", items: tuple[Item, ...], on_op: _OnOp) -> float:
+def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp) -> float:
     """Run the plan's ops in order, calling ``on_op`` for each; return the recompute time."""
     L = chain.layers
     n = len(L)
@@ -169,13 +170,13 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
     return text
 
 
-def simulate(chain: "Chain", plan: Plan) -> Score:
+def simulate(chain: Chain, plan: Plan) -> Score:
     """Peak memory and recompute time of ``plan`` on ``chain``."""
     _check(chain, plan)
     return simulate_items(chain, plan.items)
 
 
-def simulate_items(chain: "Chain", items: tuple[Item, ...]) -> Score:
+def simulate_items(chain: Chain, items: tuple[Item, ...]) -> Score:
     """``simulate`` for items already known to be a valid plan (brute force uses this)."""
     best = [-1, None]
 
@@ -199,7 +200,7 @@ def simulate_items(chain: "Chain", items: tuple[Item, ...]) -> Score:
     )
 
 
-def peak_of(chain: "Chain", items: tuple[Item, ...]) -> tuple[int, float]:
+def peak_of(chain: Chain, items: tuple[Item, ...]) -> tuple[int, float]:
     """(peak bytes, recompute ms) with no labels: the fast path for enumerations."""
     best = [-1]
 
@@ -214,7 +215,7 @@ def peak_of(chain: "Chain", items: tuple[Item, ...]) -> tuple[int, float]:
     return best[0], r
 
 
-def trace(chain: "Chain", plan: Plan) -> tuple[TraceEvent, ...]:
+def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
     """Every op of the replay with its live bytes and peak, for README examples and debugging."""
     _check(chain, plan)
     events: list[TraceEvent] = []
@@ -228,7 +229,7 @@ def trace(chain: "Chain", plan: Plan) -> tuple[TraceEvent, ...]:
     return tuple(events)
 
 
-def _check(chain: "Chain", plan: Plan) -> None:
+def _check(chain: Chain, plan: Plan) -> None:
     if plan.n_layers != chain.n_layers:
         from ..errors import SpecError
         raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",

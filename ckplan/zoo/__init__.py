@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.nn as nn
 
@@ -86,5 +87,17 @@ def build_builtin(name: str, args: dict[str, Any] | None = None) -> nn.Module:
         raise ZooArgumentError(f"{e}; {listing}") from None
 
 
-__all__ = ["ZOO", "build_builtin", "zoo_args", "ZooArgumentError",
-           "GPT", "GPTConfig", "Bert", "BertConfig", "MLP", "MLPConfig", "ResNet", "ResNetConfig"]
+__all__ = [
+    "GPT",
+    "MLP",
+    "ZOO",
+    "Bert",
+    "BertConfig",
+    "GPTConfig",
+    "MLPConfig",
+    "ResNet",
+    "ResNetConfig",
+    "ZooArgumentError",
+    "build_builtin",
+    "zoo_args",
+]

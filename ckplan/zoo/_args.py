@@ -6,7 +6,8 @@ model, the argument, the value and what was expected, and never coerces silently
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class ZooArgumentError(TypeError, ValueError):

@@ -154,7 +154,7 @@ class Bert(nn.Module):
         """Logits (B, T, vocab) without labels; with labels (B, T) the mean MLM cross-entropy over
         every position whose label is not -100 (labels = a copy of the ids scores all of them)."""
         T = input_ids.shape[1]
-        if T > self.config.max_position:
+        if self.config.max_position < T:
             raise ValueError(f"bert: sequence length {T} exceeds max_position={self.config.max_position}")
         x = self.embeddings(input_ids)  # (B, T, d)
         for layer in self.layers:

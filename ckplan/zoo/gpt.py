@@ -27,8 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._args import (ZooArgumentError, check_bool, check_choice, check_float, check_int,
-                    check_optional_int)
+from ._args import ZooArgumentError, check_bool, check_choice, check_float, check_int, check_optional_int
 
 # enable_gqa arrived in torch 2.5; before it, K/V heads are expanded by hand (which is also what
 # SDPA's math backend does internally, so the saved activations are about the same).
@@ -256,8 +255,8 @@ class GPT(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, vocab) without labels; with labels (a copy of the ids, as in Hugging Face)
         the mean next-token cross-entropy, shifted here; -100 in labels is ignored."""
-        B, T = input_ids.shape
-        if T > self.config.block_size:
+        _, T = input_ids.shape
+        if self.config.block_size < T:
             raise ValueError(f"gpt: sequence length {T} exceeds block_size={self.config.block_size}")
         x = self.wte(input_ids)  # (B, T, C)
         if self.wpe is not None:
