@@ -197,7 +197,7 @@ def _per_layer_difference(plan: Plan) -> str:
     multi = [d.layer for d in plan.per_layer() if d.depth > 1]
     out = f"the same {len(recomputed_layers(plan))} layers recomputed"
     if multi:
-        out += f", each once (the plan recomputes layers {_span_text(multi)} more than once)"
+        out += f", each once where the plan recomputes layers {_span_text(multi)} more than once"
     if extra:
         out += (f", but the inputs of layers {_span_text(extra)} are kept too, so the peak is higher than "
                 "planned")
@@ -206,8 +206,11 @@ def _per_layer_difference(plan: Plan) -> str:
 
 def _header(plan: Plan, ctx: _Ctx) -> list[str]:
     name = f" for {ctx.model_name}" if ctx.model_name else ""
-    return [f"# ckplan {plan.strategy} plan{name}, {plan.n_layers} layers of `{ctx.chain_path}`: "
-            f"{plan.describe()}"]
+    what = plan.describe()
+    if len(what) > 160:  # long chains: the summary, not every item
+        what = (f"{plan.n_checkpoints} checkpoints, recomputing layers {_span_text(recomputed_layers(plan))} "
+                "(plan.describe() has the rest)")
+    return [f"# ckplan {plan.strategy} plan{name}, {plan.n_layers} layers of `{ctx.chain_path}`: {what}"]
 
 
 def _closest_per_layer(plan: Plan, target: str) -> tuple[Plan, bool, str, str]:
@@ -262,6 +265,8 @@ def _export_fsdp(plan: Plan, ctx: _Ctx) -> Export:
                   "# FSDP(...) and torch.compile (the order torchtitan uses).", ""]
         lines += _wrap_function(ctx.chain_path, layers)
         lines += ["", "", "ckplan_checkpoint(model)"]
+        if len(layers) == plan.n_layers and ctx.layer_class:
+            lines.append(f"# (every layer: the same as check_fn=lambda m: isinstance(m, {ctx.layer_class}))")
     return Export("fsdp", "\n".join(lines) + "\n", exact, closest, msg)
 
 
@@ -280,7 +285,7 @@ def _export_lightning(plan: Plan, ctx: _Ctx) -> Export:
                   "#     def configure_model(self):",
                   f"#         ckplan_checkpoint(self.model)  # the module whose `{ctx.chain_path}` is the chain"]
         if len(layers) == plan.n_layers:
-            cls = ctx.layer_class or "Block"
+            cls = ctx.layer_class or "YourLayerClass"
             lines += ["#",
                       "# Every layer is checkpointed, so with FSDP the class policy does the same (use one, not both):",
                       f"# L.Trainer(strategy=FSDPStrategy(activation_checkpointing_policy={{{cls}}}))"]
@@ -352,6 +357,9 @@ def _export_torchtitan(plan: Plan, ctx: _Ctx) -> Export:
         chosen = torchtitan_every_n(n_layers, n)
         closest = per_layer_plan(n_layers, chosen, source=plan.strategy, target="torchtitan", every_n=n)
         why = _why_not_per_layer(plan) or f"checkpoints layers {_span_text(layers or ())}, not an every-N pattern"
+        if plan.strategy == "every-k":
+            why += ("; ckplan's every-k checkpoints segments of k layers and recomputes all of them, while "
+                    "torchtitan's every-N checkpoints one block in N")
         msg = (f"{rule}, so it cannot express this {plan.strategy} plan: it {why}. It recomputes {c} of "
                f"{n_layers} layers ({_span_text(recomputed_layers(plan))}); closest torchtitan can express: "
                f"{_tt_what(n, n_layers)}, the fewest checkpointed blocks that are at least {c}.")
