@@ -208,8 +208,7 @@ def _header(plan: Plan, ctx: _Ctx) -> list[str]:
     name = f" for {ctx.model_name}" if ctx.model_name else ""
     what = plan.describe()
     if len(what) > 160:  # long chains: the summary, not every item
-        what = (f"{plan.n_checkpoints} checkpoints, recomputing layers {_span_text(recomputed_layers(plan))} "
-                "(plan.describe() has the rest)")
+        what = f"{plan.n_checkpoints} checkpoints, recomputing layers {_span_text(recomputed_layers(plan))}"
     return [f"# ckplan {plan.strategy} plan{name}, {plan.n_layers} layers of `{ctx.chain_path}`: {what}"]
 
 
