@@ -15,9 +15,9 @@ target then allows these sets of checkpointed layers:
 * ``fsdp`` -- PyTorch's ``apply_activation_checkpointing(model, checkpoint_wrapper_fn=
   checkpoint_wrapper, check_fn=...)`` (torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py,
   torch 2.13) wraps every submodule for which ``check_fn`` is true; ``checkpoint_wrapper`` defaults
-  to non-reentrant checkpointing. Any set of layers. Works on a plain module, so the same call
-  serves DDP, FSDP1 and FSDP2 (apply it before ``fully_shard`` / ``torch.compile``, the order
-  torchtitan uses).
+  to non-reentrant checkpointing. Any set of layers. It works on a plain module, before any
+  wrapping (``fully_shard`` / ``torch.compile``), the order torchtitan uses; tests/test_export.py
+  runs it under FSDP2's ``fully_shard`` (one gloo rank on CPU). DDP and FSDP1 are not run here.
 * ``lightning`` -- Lightning's ``FSDPStrategy(activation_checkpointing_policy={Block})`` becomes
   ``apply_activation_checkpointing(..., auto_wrap_policy=ModuleWrapPolicy({Block}))``: every
   instance of the class (lightning/fabric/strategies/fsdp.py, ``_activation_checkpointing_kwargs``
@@ -260,8 +260,8 @@ def _export_fsdp(plan: Plan, ctx: _Ctx) -> Export:
     if not layers:
         lines.append("# The plan checkpoints no layer: train as usual, nothing to apply.")
     else:
-        lines += ["# PyTorch DDP / FSDP1 / FSDP2: call on the plain model, before fully_shard(...) or",
-                  "# FSDP(...) and torch.compile (the order torchtitan uses).", ""]
+        lines += ["# PyTorch (plain, DDP, FSDP2): call on the plain model, before fully_shard(...),",
+                  "# DistributedDataParallel(...) and torch.compile (the order torchtitan uses).", ""]
         lines += _wrap_function(ctx.chain_path, layers)
         lines += ["", "", "ckplan_checkpoint(model)"]
         if len(layers) == plan.n_layers and ctx.layer_class:

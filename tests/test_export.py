@@ -260,3 +260,42 @@ def test_hf_snippet_runs_on_transformers(one_thread):
         assert loss1 == pytest.approx(loss0, rel=1e-6)
         for name in g0:
             torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_snippet_under_fully_shard(one_thread):
+    """The fsdp snippet, then FSDP2's fully_shard per block and on the root (one gloo rank on CPU):
+    the planned blocks run forward twice and the gradients equal the plain model's."""
+    import socket
+
+    import torch.distributed as dist
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    from torch.distributed.fsdp import fully_shard
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+        model = copy.deepcopy(plain)
+        blocks = list(model.blocks)
+        e = export_plan(Plan("dp", 4, items_from_ranges(4, [(1, 3)])), "fsdp", chain_path="blocks")
+        exec(e.text, {"model": model})
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        ids = torch.randint(0, 97, (2, 16))
+        counts, hooks = _count_forwards(blocks)
+        loss1, g1 = _loss_and_grads(model, ids)
+        for h in hooks:
+            h.remove()
+        assert counts == [1, 2, 2, 1] == [d.forwards for d in e.closest_plan.per_layer()]
+        loss0, g0 = _loss_and_grads(plain, ids)
+        assert loss1 == pytest.approx(loss0, rel=1e-6)
+        for name, g in g1.items():
+            g = g.full_tensor() if hasattr(g, "full_tensor") else g  # a DTensor under fully_shard
+            torch.testing.assert_close(g, g0[name], rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
