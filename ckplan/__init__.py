@@ -4,6 +4,7 @@
     ckplan.apply_plan(model, plan.plan)                              # or a plan.json path
 """
 from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError, UsageError  # noqa: F401
+from .export import Export, export_plan  # noqa: F401
 
 __version__ = "0.1.0"
 

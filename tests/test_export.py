@@ -1,0 +1,301 @@
+"""Exported snippets apply the plan they claim: exact plans exactly, others the documented closest.
+
+Oracles: the fsdp/lightning snippets and the hf snippet run on real models, and the layers that
+run forward twice (hooks) are the planned ones, with loss and gradients equal to the plain model;
+torchtitan's config is parsed as TOML and read with torchtitan's own counting rule (v0.2.2
+``_apply_layer_sac``, restated here); the closest plans are checked by brute force over the
+expressible ones.
+"""
+import copy
+import random
+
+import pytest
+import torch
+
+from ckplan.errors import UsageError
+from ckplan.export import TARGETS, export_plan, per_layer_plan
+from ckplan.planner import Plan, plan_chain, plan_every_k, plan_none
+from ckplan.planner.plan import items_from_ranges
+from ckplan.planner.synthetic import uniform_chain
+from ckplan.zoo.gpt import build_gpt
+
+
+def _recomputed(plan: Plan) -> set[int]:
+    return {d.layer for d in plan.per_layer() if d.depth > 0}
+
+
+def _is_per_layer(plan: Plan) -> bool:
+    return all(r.stop - r.start == 1 for r in plan.recomputed_ranges())
+
+
+def _titan_layers(n_layers: int, mode: str, option: str | None) -> set[int]:
+    """Which blocks torchtitan v0.2.2 wraps (activation_checkpoint.py, _apply_layer_sac)."""
+    if mode == "none":
+        return set()
+    if mode == "full":
+        return set(range(n_layers))
+    out = set()
+    for count, i in enumerate(range(n_layers), start=1):  # layers.named_children(), counted from 1
+        freq = int(option)
+        if not freq or count % freq == 0:
+            out.add(i)
+    return out
+
+
+def _random_plan(rng: random.Random, n: int) -> Plan:
+    ranges: list[tuple[int, int]] = []
+
+    def fill(s: int, t: int, depth: int, inner: bool) -> None:
+        pos = s
+        while pos < t:
+            length = rng.randint(1, t - pos)
+            whole = inner and pos == s and length == t - s
+            if not whole and rng.random() < 0.5:
+                ranges.append((pos, pos + length))
+                if length > 1 and depth < 3 and rng.random() < 0.5:
+                    fill(pos, pos + length, depth + 1, True)
+            pos += length
+
+    fill(0, n, 0, False)
+    return Plan("custom", n, items_from_ranges(n, ranges))
+
+
+def _dp_plans() -> list[Plan]:
+    chain = uniform_chain(12, x_bytes=100, xbar_bytes=300)
+    return [plan_chain(chain, "dp", b).plan for b in (700, 900, 1100, 1800, 3000)]
+
+
+NESTED_DP = _dp_plans()[0]  # C[0,7){C[0,3){...} C[3,6){...} S6} C[7,11){...} S11
+
+
+def test_the_nested_dp_plan_is_nested():
+    assert max(r.depth for r in NESTED_DP.recomputed_ranges()) >= 3
+
+
+# ---- exactness --------------------------------------------------------------------------
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("plan", [plan_none(6), plan_every_k(6, 1)], ids=["none", "every-layer"])
+def test_none_and_every_layer_are_exact_everywhere(target, plan):
+    e = export_plan(plan, target, chain_path="layers")
+    assert e.exact and e.closest_plan is plan
+    assert "apply_plan" in e.message
+
+
+@pytest.mark.parametrize("target", ["fsdp", "lightning", "hf"])
+@pytest.mark.parametrize("layers", [(0, 2, 5), (3,), (1, 2), (0, 1, 2, 3, 4)])
+def test_any_single_layer_set_is_exact_for_module_wrappers(target, layers):
+    plan = per_layer_plan(6, layers)
+    e = export_plan(plan, target, chain_path="blocks")
+    assert e.exact and e.closest_plan == plan
+    assert f"in {tuple(layers)!r}" in e.text
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_torchtitan_every_n_is_exact_and_other_sets_are_not(n):
+    titan = sorted(_titan_layers(12, "selective", str(n)))
+    e = export_plan(per_layer_plan(12, titan), "torchtitan", chain_path="layers")
+    assert e.exact and f'selective_ac_option = "{n}"' in e.text
+    hf_style = per_layer_plan(12, list(range(0, 12, n)))  # 0, n, 2n: transformers' phase, not torchtitan's
+    assert not export_plan(hf_style, "torchtitan", chain_path="layers").exact
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("plan", [plan_every_k(6, 2), NESTED_DP], ids=["every-2", "nested-dp"])
+def test_multi_layer_and_nested_plans_are_not_exact(target, plan):
+    e = export_plan(plan, target, chain_path="layers")
+    assert not e.exact and e.closest_plan != plan
+    assert _is_per_layer(e.closest_plan)
+    again = export_plan(e.closest_plan, target, chain_path="layers")
+    assert again.exact and again.closest_plan == e.closest_plan  # the closest is expressible
+    assert "apply_plan" in e.message and "closest" in e.message.lower()
+
+
+# ---- the closest plan, by brute force over what each target can express ------------------
+def _plans_to_check() -> list[Plan]:
+    rng = random.Random(0)
+    return _dp_plans() + [_random_plan(rng, rng.randint(1, 9)) for _ in range(300)]
+
+
+@pytest.mark.parametrize("target", ["fsdp", "lightning", "hf"])
+def test_module_wrappers_checkpoint_the_recomputed_layers_one_by_one(target):
+    for plan in _plans_to_check():
+        e = export_plan(plan, target, chain_path="h")
+        assert e.exact == _is_per_layer(plan), plan.describe()
+        assert _is_per_layer(e.closest_plan)
+        assert _recomputed(e.closest_plan) == _recomputed(plan), plan.describe()
+        assert export_plan(e.closest_plan, target, chain_path="h").exact
+
+
+def test_torchtitan_closest_is_the_fewest_blocks_at_least_as_many_as_recomputed():
+    for plan in _plans_to_check():
+        n = plan.n_layers
+        options = [_titan_layers(n, "none", None)] + [_titan_layers(n, "selective", str(k))
+                                                     for k in range(1, n + 1)]
+        e = export_plan(plan, "torchtitan", chain_path="layers")
+        wanted = _recomputed(plan)
+        assert e.exact == (_is_per_layer(plan) and wanted in options), plan.describe()
+        got = _recomputed(e.closest_plan)
+        assert got in options and _is_per_layer(e.closest_plan)
+        if not e.exact:
+            best = min(len(o) for o in options if len(o) >= len(wanted))
+            assert len(got) == best, plan.describe()
+        assert export_plan(e.closest_plan, "torchtitan", chain_path="layers").exact
+
+
+@pytest.mark.parametrize("plan", [plan_none(12), plan_every_k(12, 1), per_layer_plan(12, [3, 7, 11]),
+                                  NESTED_DP, *_dp_plans()[1:]])
+def test_torchtitan_toml_applies_the_closest_plan(plan):
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    e = export_plan(plan, "torchtitan", chain_path="layers")
+    ac = tomllib.loads(e.text)["activation_checkpoint"]
+    assert _titan_layers(12, ac["mode"], ac.get("selective_ac_option")) == _recomputed(e.closest_plan)
+
+
+def test_messages_name_the_difference():
+    e = export_plan(plan_every_k(6, 3), "fsdp", chain_path="h")
+    assert "[0,3) [3,6)" in e.message and "layers 0-5" in e.message
+    assert "inputs of layers 1-2, 4-5 are kept too" in e.message
+    nested = export_plan(NESTED_DP, "hf", chain_path="h").message
+    assert "nests checkpoints inside" in nested and "more than once" in nested
+    t = export_plan(plan_every_k(12, 2), "torchtitan", chain_path="transformer.h").message
+    assert 'mode = "full"' in t and "model.layers" in t
+
+
+def test_bad_target_and_chain_path():
+    with pytest.raises(UsageError, match="megatron"):
+        export_plan(plan_none(3), "megatron", chain_path="h")
+    with pytest.raises(UsageError, match="chain path"):
+        export_plan(plan_none(3), "fsdp", chain_path="")
+
+
+# ---- the snippets, run on real models ----------------------------------------------------
+@pytest.fixture
+def one_thread():
+    """The models are tiny: one intra-op thread is faster, and far faster on busy cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _count_forwards(layers, counted_module=lambda layer: layer):
+    counts = [0] * len(layers)
+    hooks = [counted_module(layer).register_forward_pre_hook(
+        lambda mod, args, i=i: counts.__setitem__(i, counts[i] + 1)) for i, layer in enumerate(layers)]
+    return counts, hooks
+
+
+def _loss_and_grads(model, ids):
+    torch.manual_seed(1)
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, labels=ids)
+    loss = getattr(loss, "loss", loss)
+    loss.backward()
+    return loss.item(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+                         for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("target", ["fsdp", "lightning"])
+@pytest.mark.parametrize("plan", [per_layer_plan(4, [0, 2, 3]),
+                                  Plan("dp", 4, items_from_ranges(4, [(0, 3), (0, 1), (1, 3)]))],
+                         ids=["exact-subset", "nested"])
+def test_wrapper_snippet_checkpoints_exactly_the_planned_layers(target, plan, one_thread):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    torch.manual_seed(0)
+    plain = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+    model = copy.deepcopy(plain)
+    blocks = list(model.blocks)
+    e = export_plan(plan, target, chain_path="blocks", layer_class="Block")
+    ns = {"model": model}
+    exec(e.text, ns)
+    if target == "lightning":  # the hook body, twice: configure_model may run more than once
+        ns["ckplan_checkpoint"](model)
+        ns["ckplan_checkpoint"](model)
+    wrapped = {i for i, layer in enumerate(model.blocks) if isinstance(layer, CheckpointWrapper)}
+    assert wrapped == _recomputed(e.closest_plan)
+    assert sum(isinstance(m, CheckpointWrapper) for m in model.modules()) == len(wrapped)
+
+    ids = torch.randint(0, 97, (2, 16))
+    plain.train(), model.train()
+    counts, hooks = _count_forwards(blocks)
+    loss1, g1 = _loss_and_grads(model, ids)
+    for h in hooks:
+        h.remove()
+    assert counts == [d.forwards for d in e.closest_plan.per_layer()]
+    loss0, g0 = _loss_and_grads(plain, ids)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    assert g1.keys() == g0.keys()
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-6)
+
+
+def test_hf_snippet_runs_on_transformers(one_thread):
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the hf export targets transformers >= 5")
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=97, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    plain = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 97, (2, 16))
+    plain.train()
+    loss0, g0 = _loss_and_grads(plain, ids)
+    cases = [(per_layer_plan(4, [1, 2]), "gradient_checkpointing = m in chosen"),
+             (per_layer_plan(4, [0, 2]), "every_n_layers=2"),
+             (plan_every_k(4, 1), "activation_checkpointing_enable("),
+             (plan_none(4), "leave activation checkpointing off"),
+             (plan_every_k(4, 2), "activation_checkpointing_enable("),  # not exact: 0-3 one by one
+             (Plan("dp", 4, items_from_ranges(4, [(1, 3)])), "gradient_checkpointing = m in chosen")]
+    for plan, form in cases:
+        model = copy.deepcopy(plain)
+        e = export_plan(plan, "hf", chain_path="transformer.h")
+        assert form in e.text
+        exec(e.text, {"model": model})
+        counts, hooks = _count_forwards(model.transformer.h, lambda block: block.ln_1)
+        loss1, g1 = _loss_and_grads(model, ids)
+        for h in hooks:
+            h.remove()
+        assert counts == [d.forwards for d in e.closest_plan.per_layer()], plan.describe()
+        assert loss1 == pytest.approx(loss0, rel=1e-6)
+        for name in g0:
+            torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_snippet_under_fully_shard(one_thread):
+    """The fsdp snippet, then FSDP2's fully_shard per block and on the root (one gloo rank on CPU):
+    the planned blocks run forward twice and the gradients equal the plain model's."""
+    import socket
+
+    import torch.distributed as dist
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    from torch.distributed.fsdp import fully_shard
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+        model = copy.deepcopy(plain)
+        blocks = list(model.blocks)
+        e = export_plan(Plan("dp", 4, items_from_ranges(4, [(1, 3)])), "fsdp", chain_path="blocks")
+        exec(e.text, {"model": model})
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        ids = torch.randint(0, 97, (2, 16))
+        counts, hooks = _count_forwards(blocks)
+        loss1, g1 = _loss_and_grads(model, ids)
+        for h in hooks:
+            h.remove()
+        assert counts == [1, 2, 2, 1] == [d.forwards for d in e.closest_plan.per_layer()]
+        loss0, g0 = _loss_and_grads(plain, ids)
+        assert loss1 == pytest.approx(loss0, rel=1e-6)
+        for name, g in g1.items():
+            g = g.full_tensor() if hasattr(g, "full_tensor") else g  # a DTensor under fully_shard
+            torch.testing.assert_close(g, g0[name], rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
