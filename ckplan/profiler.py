@@ -355,8 +355,8 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         used = inputs & param_ids.keys()
         for sid in used:
             last_use[sid] = stage
-        if autocast_on and used and new and func is torch.ops.aten._to_copy.default \
-                and torch.is_autocast_enabled(step.device.type):
+        # (torch.is_autocast_enabled() reads False here: autocast's kernel excludes its own key.)
+        if autocast_on and used and new and func is torch.ops.aten._to_copy.default:
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op)
