@@ -36,10 +36,10 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain
-from .errors import ModelRunError
+from .errors import ModelRunError, UsageError
 from .measure import Clock, LiveTensorTracker, unique_storage_bytes
 from .records import CHAIN, POST, PRE, StageRecord
-from .sdpa import SdpaOnMeta, default_target
+from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
 
 ASSUMED_FLOPS_PER_S = 100e12  # meta-device time estimates: an accelerator at 100 TFLOP/s sustained
@@ -216,6 +216,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     On meta, attention follows the kernels that ``meta_target`` ("cpu" or "cuda"; default: cuda
     when this machine has a GPU, else cpu) would run (see ckplan.sdpa); ``notes`` say which.
     """
+    if meta_target not in (None, *TARGETS):
+        raise UsageError(f"meta_target {meta_target!r} is not one of {', '.join(TARGETS)}",
+                         tip="name the device the meta profile stands for: meta_target='cpu' or 'cuda'")
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
     meta = device.type == "meta"

@@ -53,7 +53,8 @@ def _bind(args, kwargs) -> dict:
 
 
 def _standin(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
-    """A tensor on ``device`` with ``t``'s shape, dtype and last-dim stride, backed by one row."""
+    """A tensor on ``device`` with ``t``'s shape, dtype, last-dim stride and requires_grad (some
+    rules read it), backed by one row."""
     if t is None:
         return None
     last_stride = t.stride(-1) if t.dim() else 1
@@ -62,7 +63,7 @@ def _standin(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
     if t.dim() == 0:
         return row[0]
     strides = [0] * (t.dim() - 1) + [last_stride]
-    return row.as_strided(t.shape, strides).requires_grad_(False)
+    return row.as_strided(t.shape, strides).detach().requires_grad_(t.requires_grad)
 
 
 def cuda_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, dropout_p: float,
@@ -92,10 +93,9 @@ def choose(target: str, call: dict) -> SDPBackend:
     if target == "cuda" and not torch.cuda.is_available():
         return cuda_choice(q, k, v, mask, call["dropout_p"], call["is_causal"], call["enable_gqa"])
     dev = "cuda" if target == "cuda" else "cpu"
-    with torch.no_grad():
-        choice = torch._fused_sdp_choice(
-            _standin(q, dev), _standin(k, dev), _standin(v, dev), _standin(mask, dev),
-            call["dropout_p"], call["is_causal"], scale=call["scale"], enable_gqa=call["enable_gqa"])
+    choice = torch._fused_sdp_choice(
+        _standin(q, dev), _standin(k, dev), _standin(v, dev), _standin(mask, dev),
+        call["dropout_p"], call["is_causal"], scale=call["scale"], enable_gqa=call["enable_gqa"])
     return SDPBackend(choice)
 
 

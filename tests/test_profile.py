@@ -256,6 +256,10 @@ def test_meta_target_cuda_takes_the_fused_kernels():
     assert cpu_saved - cuda_saved >= 2 * matrix
     assert "math x2" in run["cpu"].notes[0] and "'cpu'|'cuda'" in run["cpu"].notes[0]
     assert "memory-efficient x2" in run["cuda"].notes[0]
+    from ckplan.errors import UsageError
+    with pytest.raises(UsageError, match="meta_target 'tpu'"):
+        measure_step(model, (x,), {}, lambda out: out, chain="layers", device=torch.device("meta"),
+                     meta_target="tpu")
 
 
 # ----------------------------------------------------------------------------- autocast's weight copies
