@@ -301,10 +301,11 @@ def test_checkpointed_layers_hold_their_cast_bytes_until_the_forward_ends(tmp_pa
         model.blocks[-1].register_forward_hook(lambda m, a, o: seen.append(tr.live))
         with apply_plan(model, plan), tr:
             forward_loss(model, args, kwargs, to_loss, precision, "cpu").backward()
-        return seen[0], api.profile(spec, device="cpu", repeats=1, warmup=0)
+        return seen[0], spec
 
     fp32_live, _ = live_when_chain_ends("fp32")
-    bf16_live, prof = live_when_chain_ends("bf16")
+    bf16_live, spec = live_when_chain_ends("bf16")
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
     # Checkpointed layers keep only their input, the same tensor in both precisions; under
     # autocast each also leaves its weight copies in autocast's cache.
     assert bf16_live - fp32_live == sum(r.cast_bytes for r in prof.chain_layers) > 0
