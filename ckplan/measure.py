@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +35,17 @@ def _storages(obj) -> list[torch.UntypedStorage]:
     return out
 
 
+def unique_storage_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors`` (a tensor or any nest of them), each storage once.
+
+    Views and tied tensors share a storage, so summing ``nbytes`` per tensor would count it twice.
+    """
+    seen: dict[int, torch.UntypedStorage] = {}  # the storages stay referenced, so ids stay unique
+    for st in _storages(tensors):
+        seen.setdefault(id(st), st)
+    return sum(st.nbytes() for st in seen.values())
+
+
 class TrackerLimitExceeded(RuntimeError):
     """Raised inside the step when live bytes pass the tracker's ``limit_bytes`` (a CPU 'OOM')."""
 
@@ -45,14 +55,17 @@ class LiveTensorTracker(TorchDispatchMode):
 
     ``live`` and ``peak`` are relative to what existed before the tracker saw it: storages made
     earlier (parameters, the batch) are never counted, even when an in-place op returns them.
-    ``on_alloc(storage_id, nbytes)`` lets the profiler attribute each new storage to a stage.
+    ``on_alloc(storage_id, nbytes)`` lets the profiler attribute each new storage to a stage;
+    ``on_op(func, input_storage_ids, new_storages)`` sees every op after it ran, with the
+    ``(storage_id, nbytes)`` of each storage it created (the profiler finds parameter uses and
+    autocast's weight copies with it).
     """
 
     def __init__(self, limit_bytes: int | None = None,
                  on_alloc: Callable[[int, int], None] | None = None,
-                 on_inputs: Callable[[set[int]], None] | None = None):
+                 on_op: Callable[[object, set[int], list[tuple[int, int]]], None] | None = None):
         super().__init__()
-        self.on_inputs = on_inputs
+        self.on_op = on_op
         self.live = 0
         self.peak = 0
         self.limit_bytes = limit_bytes
@@ -69,8 +82,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {id(s) for s in _storages((args, kwargs))}
-        if self.on_inputs is not None:
-            self.on_inputs(inputs)
+        new: list[tuple[int, int]] = []
         for st in _storages(out):
             key = id(st)
             # An output sharing an input's storage is a view or an in-place result: not new.
@@ -80,6 +92,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self._known[key] = nbytes
             weakref.finalize(st, self._free, key, nbytes)
             self.live += nbytes
+            new.append((key, nbytes))
             if self.on_alloc is not None:
                 self.on_alloc(key, nbytes)
             if self.live > self.peak:
@@ -87,10 +100,9 @@ class LiveTensorTracker(TorchDispatchMode):
                 if self.limit_bytes is not None and self.live > self.limit_bytes:
                     raise TrackerLimitExceeded(
                         f"live tensors reached {self.live} bytes, over the limit of {self.limit_bytes}")
+        if self.on_op is not None:
+            self.on_op(func, inputs, new)
         return out
-
-    def is_tracked(self, storage: torch.UntypedStorage) -> bool:
-        return id(storage) in self._known
 
 
 @dataclass(frozen=True)
@@ -196,9 +208,3 @@ def _host_total_bytes() -> int | None:
     except (ValueError, OSError, AttributeError):
         return None
 
-
-@contextmanager
-def tracking(limit_bytes: int | None = None) -> Iterator[LiveTensorTracker]:
-    tr = LiveTensorTracker(limit_bytes=limit_bytes)
-    with tr:
-        yield tr

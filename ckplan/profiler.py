@@ -14,6 +14,11 @@ after ("post": head and loss). Forward/backward *windows* are cut by hooks:
 Saved-for-backward bytes (rotor's xbar) come from ``torch.autograd.graph.saved_tensors_hooks``:
 every storage autograd saves, still alive when the forward ends, counted once under the stage that
 allocated it (the live-tensor tracker knows who allocated what), parameters and buffers excluded.
+Under autocast, ``cast_bytes`` are the low-precision weight copies a stage's forward makes
+(``aten._to_copy`` of a parameter): autocast caches them until its region ends, checkpoint or not.
+
+On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
+(ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
 
 Known limitations: a chain layer must be called exactly once per step, in order, with the hidden
 state as its first tensor argument; work between two layers is billed to the later one; on meta,
@@ -23,49 +28,21 @@ from __future__ import annotations
 
 import statistics
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain
-from .errors import ModelRunError
-from .measure import Clock, LiveTensorTracker
+from .errors import ModelRunError, UsageError
+from .measure import Clock, LiveTensorTracker, unique_storage_bytes
 from .records import CHAIN, POST, PRE, StageRecord
+from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
 
 ASSUMED_FLOPS_PER_S = 100e12  # meta-device time estimates: an accelerator at 100 TFLOP/s sustained
-
-
-class _FusedAttentionOnMeta(TorchFunctionMode):
-    """On meta, route ``F.scaled_dot_product_attention`` to the fused kernel that real devices run.
-
-    Without this, SDPA on meta tensors falls back to the math path and saves the (B, H, T, T)
-    attention matrix, which no fused kernel keeps (CPU flash, CUDA flash and memory-efficient
-    attention keep the output and a (B, H, T) logsumexp). The CPU flash kernel has a meta
-    implementation and the same saved tensors as the CUDA ones, so meta sizes match real runs.
-    Masks other than causal are left to the math path.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None \
-                and (len(args) < 4 or args[3] is None):
-            q, k, v = args[:3]
-            dropout_p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-            is_causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
-            out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, dropout_p, is_causal, scale=kwargs.get("scale"))
-            return out
-        return func(*args, **kwargs)
-
-
-
-def _storage_bytes(t: torch.Tensor) -> int:
-    return t.untyped_storage().nbytes()
 
 
 @dataclass
@@ -159,7 +136,7 @@ class _Instrument:
             if i == 0:
                 x = first_tensor((args, kwargs))
                 if x is not None:
-                    self.x_in_bytes = _storage_bytes(x)
+                    self.x_in_bytes = unique_storage_bytes(x)
                     self.x_in_requires_grad = x.requires_grad
                     if x.requires_grad:
                         x.register_hook(lambda g: self.mark("B", -1))
@@ -170,7 +147,7 @@ class _Instrument:
         def hook(module, args, kwargs, out):
             y = first_tensor(out)
             if y is not None:
-                self.out_bytes[i] = _storage_bytes(y)
+                self.out_bytes[i] = unique_storage_bytes(y)
                 if y.requires_grad:
                     y.register_hook(lambda g: self.mark("B", i))
             if i == self.n - 1:
@@ -228,77 +205,75 @@ class StepMeasurement:
     grad_bytes: int
     chain_path: str
     chain_detected: bool
-
-
-def _zero(model):
-    for p in model.parameters():
-        p.grad = None
+    notes: tuple[str, ...] = ()  # what the profile assumed (on meta: the attention kernels)
 
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
                  device: torch.device, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
-                 accum: int = 1) -> StepMeasurement:
-    """Profile one training forward+backward of ``model`` on the batch; the model is left as found."""
+                 accum: int = 1, meta_target: str | None = None) -> StepMeasurement:
+    """Profile one training forward+backward of ``model`` on the batch; the model is left as found.
+
+    On meta, attention follows the kernels that ``meta_target`` ("cpu" or "cuda"; default: cuda
+    when this machine has a GPU, else cpu) would run (see ckplan.sdpa); ``notes`` say which.
+    """
+    if meta_target not in (None, *TARGETS):
+        raise UsageError(f"meta_target {meta_target!r} is not one of {', '.join(TARGETS)}",
+                         tip="name the device the meta profile stands for: meta_target='cpu' or 'cuda'")
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
-    n = len(layers)
     meta = device.type == "meta"
-    clock = Clock(device)
     params = list(dict.fromkeys(model.parameters()))
-    saved_grads = [p.grad for p in params]
-    was_training = model.training
-    buffers = [] if meta else [(b, b.detach().clone()) for b in model.buffers()]
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-    handles = []
-    try:
+    step = _Step(model, args, kwargs, loss_fn, precision, device,
+                 (meta_target or default_target()) if meta else None)
+    inst = _Instrument(layers, Clock(device))
+    with _model_errors(meta), _state_restored(model, params, device), _hooks_installed(inst):
         model.train()
-        _zero(model)
-        inst = _Instrument(layers, clock)
-        handles = inst.install()
+        _zero(params)
         for _ in range(0 if meta else warmup):
-            _run(inst, model, args, kwargs, loss_fn, precision, device)
-            _zero(model)
+            step.run(inst)
+            _zero(params)
         if accum > 1:
             # With gradient accumulation every micro-batch after the first finds the gradients
             # already there and adds into them: measure that micro-batch, the one that peaks.
-            _run(inst, model, args, kwargs, loss_fn, precision, device)
-        # The measured pass: tracker (attribution, CPU/meta bytes), allocator (CUDA), FLOPs.
-        inst.track_saved = True
-        inst.excluded = {id(p.untyped_storage()) for p in params} | {
-            id(b.untyped_storage()) for b in model.buffers()}
-        # A parameter's gradient first exists in the backward of the last stage that used it in
-        # the forward (a tied embedding: in post, where the head uses it, although AccumulateGrad
-        # only runs once the embedding's share arrives in pre).
-        param_ids = {id(p.untyped_storage()): p for p in params}
-        last_use: dict[int, int] = {}
+            step.run(inst)
+        measured = _measured_pass(inst, step, params, model)
+        _zero(params)
+        times = {} if meta else _timing_passes(inst, step, params, repeats)
+    rows = _stage_rows(layers, chain_path, params, measured, times, meta)
+    notes = (step.sdpa_note,) if step.sdpa_note else ()
+    return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
+                           chain_path, detected, notes)
 
-        def on_inputs(storage_ids):
-            if inst._current[0] == "F":
-                for sid in storage_ids & param_ids.keys():
-                    last_use[sid] = inst._current[1]
 
-        tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_inputs=on_inputs)
-        inst.flops = FlopCounterMode(display=False)
-        with inst.flops, tracker:
-            inst.meter = _Meter(device, tracker)
-            _run(inst, model, args, kwargs, loss_fn, precision, device)
-            grad_window = {id(p): last_use.get(sid, -1) for sid, p in param_ids.items()
-                           if p.grad is not None}
-        win = inst.windows()
-        measured_peak = max(m.peak for m in inst.marks)
-        saved = inst.saved_at_end
-        out_bytes = dict(inst.out_bytes)
-        x_in_bytes, x_in_rg = inst.x_in_bytes, inst.x_in_requires_grad
-        _zero(model)
-        # Timing passes: hooks only, no tracker, no FLOP counter.
-        inst.track_saved, inst.flops, inst.meter = False, None, None
-        times: dict[tuple[str, int], list[float]] = {}
-        for _ in range(0 if meta else repeats):
-            _run(inst, model, args, kwargs, loss_fn, precision, device)
-            _zero(model)
-            for key, w in inst.windows().items():
-                times.setdefault(key, []).append(w["ms"])
+class _Step:
+    """One forward+backward of the model through the instrument; on meta, SDPA as on the target."""
+
+    def __init__(self, model, args, kwargs, loss_fn, precision: str, device: torch.device,
+                 meta_target: str | None):
+        self.model, self.args, self.kwargs, self.loss_fn = model, args, kwargs, loss_fn
+        self.precision, self.device, self.meta_target = precision, device, meta_target
+        self.sdpa_note = ""
+
+    def run(self, inst: _Instrument) -> None:
+        if self.meta_target is None:
+            inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
+            return
+        sdpa = SdpaOnMeta(self.meta_target)
+        with sdpa:
+            inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
+        self.sdpa_note = sdpa.note()
+
+
+def _zero(params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.grad = None
+
+
+@contextmanager
+def _model_errors(meta: bool):
+    """The model's own exceptions as ModelRunError, with the likely fix."""
+    try:
+        yield
     except ModelRunError:
         raise
     except torch.cuda.OutOfMemoryError as e:
@@ -312,9 +287,19 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                 tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
         raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {e}",
                             tip="run with --debug for the traceback") from e
+
+
+@contextmanager
+def _state_restored(model: nn.Module, params: list[nn.Parameter], device: torch.device):
+    """Gradients, buffers (running stats; not on meta), RNG states and train mode as they were."""
+    saved_grads = [p.grad for p in params]
+    was_training = model.training
+    buffers = [] if device.type == "meta" else [(b, b.detach().clone()) for b in model.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    try:
+        yield
     finally:
-        for h in handles:
-            h.remove()
         for p, g in zip(params, saved_grads):
             p.grad = g
         with torch.no_grad():
@@ -325,6 +310,90 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             torch.cuda.set_rng_state_all(cuda_rng)
         model.train(was_training)
 
+
+@contextmanager
+def _hooks_installed(inst: _Instrument):
+    handles = inst.install()
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@dataclass(frozen=True)
+class _MeasuredPass:
+    """What the measured pass saw, per stage where keyed by an int (-1 pre .. n post)."""
+
+    windows: dict[tuple[str, int], dict]
+    peak: int  # peak live bytes of forward+backward above the step start
+    saved: dict[int, int]  # saved-for-backward bytes still alive when the forward ends
+    out_bytes: dict[int, int]  # storage bytes of each chain layer's output
+    x_in_bytes: int
+    x_in_requires_grad: bool
+    grad_window: dict[int, int]  # id(parameter) -> stage whose backward first holds its gradient
+    cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
+
+
+def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
+                   model: nn.Module) -> _MeasuredPass:
+    """The pass that counts: tracker (attribution, CPU/meta bytes), allocator (CUDA), FLOPs."""
+    inst.track_saved = True
+    inst.excluded = {id(p.untyped_storage()) for p in params} | {
+        id(b.untyped_storage()) for b in model.buffers()}
+    # A parameter's gradient first exists in the backward of the last stage that used it in
+    # the forward (a tied embedding: in post, where the head uses it, although AccumulateGrad
+    # only runs once the embedding's share arrives in pre).
+    param_ids = {id(p.untyped_storage()): p for p in params}
+    last_use: dict[int, int] = {}
+    # autocast copies a weight to the low precision once per forward and caches the copy until
+    # the autocast region ends: an aten._to_copy of a parameter, made under autocast.
+    cast_bytes: dict[int, int] = {}
+    autocast_on = step.precision != "fp32" and step.device.type != "meta"
+
+    def on_op(func, inputs: set[int], new: list[tuple[int, int]]) -> None:
+        phase, stage = inst._current
+        if phase != "F":
+            return
+        used = inputs & param_ids.keys()
+        for sid in used:
+            last_use[sid] = stage
+        # (torch.is_autocast_enabled() reads False here: autocast's kernel excludes its own key.)
+        if autocast_on and used and new and func is torch.ops.aten._to_copy.default:
+            cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
+
+    tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op)
+    inst.flops = FlopCounterMode(display=False)
+    with inst.flops, tracker:
+        inst.meter = _Meter(step.device, tracker)
+        step.run(inst)
+        grad_window = {id(p): last_use.get(sid, -1) for sid, p in param_ids.items()
+                       if p.grad is not None}
+    result = _MeasuredPass(
+        windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
+        out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
+        x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes)
+    inst.track_saved, inst.flops, inst.meter = False, None, None
+    return result
+
+
+def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
+                   repeats: int) -> dict[tuple[str, int], list[float]]:
+    """``repeats`` passes with hooks only (no tracker, no FLOP counter): window -> milliseconds."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        step.run(inst)
+        _zero(params)
+        for key, w in inst.windows().items():
+            times.setdefault(key, []).append(w["ms"])
+    return times
+
+
+def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parameter],
+                measured: _MeasuredPass, times: dict[tuple[str, int], list[float]],
+                meta: bool) -> tuple[StageRecord, ...]:
+    """pre, one row per chain layer, post: sizes from the measured pass, times from the timed ones."""
+    n = len(layers)
     # Parameters: chain layers own theirs; the rest go to pre or post by where their grad appeared.
     owner: dict[int, int] = {}
     for i, layer in enumerate(layers):
@@ -332,18 +401,18 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             owner.setdefault(id(p), i)
     param_bytes = {s: 0 for s in range(-1, n + 1)}
     grad_bytes = {s: 0 for s in range(-1, n + 1)}
+    grad_window = measured.grad_window
     for p in params:
-        nb = p.untyped_storage().nbytes()
         stage = owner.get(id(p))
         if stage is None:
             stage = n if grad_window.get(id(p)) == n else -1
-        param_bytes[stage] += nb
+        param_bytes[stage] += unique_storage_bytes(p)
         if id(p) in grad_window:
             grad_bytes[grad_window[id(p)]] += p.numel() * p.element_size()
 
     rows = []
     for s in range(-1, n + 1):
-        fw, bw = win[("F", s)], win.get(("B", s))
+        fw, bw = measured.windows[("F", s)], measured.windows.get(("B", s))
         fwd_flops, bwd_flops = fw["flops"], (bw["flops"] if bw else 0)
         if meta:
             fwd_ms = fwd_flops / ASSUMED_FLOPS_PER_S * 1e3
@@ -359,22 +428,15 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             role=role,
             param_bytes=param_bytes[s],
             grad_bytes=grad_bytes[s],
-            output_bytes=x_in_bytes if role == PRE else 4 if role == POST else out_bytes.get(s, 0),
-            saved_bytes=saved.get(s, 0),
+            output_bytes=measured.x_in_bytes if role == PRE else 4 if role == POST
+            else measured.out_bytes.get(s, 0),
+            saved_bytes=measured.saved.get(s, 0),
             fwd_ms=float(fwd_ms), bwd_ms=float(bwd_ms),
             fwd_flops=int(fwd_flops), bwd_flops=int(bwd_flops),
             fwd_tmp_bytes=max(0, fw["peak"] - fw["live_end"]),
             bwd_tmp_bytes=max(0, bw["peak"] - bw["live_start"]) if bw else 0,
             fwd_peak_bytes=fw["peak"],
             bwd_peak_bytes=bw["peak"] if bw else 0,
+            cast_bytes=measured.cast_bytes.get(s, 0),
         ))
-    return StepMeasurement(tuple(rows), x_in_rg, int(measured_peak),
-                           sum(grad_bytes.values()), chain_path, detected)
-
-
-def _run(inst, model, args, kwargs, loss_fn, precision, device):
-    if device.type == "meta":
-        with _FusedAttentionOnMeta():
-            inst.run(model, args, kwargs, loss_fn, precision, device.type)
-    else:
-        inst.run(model, args, kwargs, loss_fn, precision, device.type)
+    return tuple(rows)

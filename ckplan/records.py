@@ -40,6 +40,10 @@ class StageRecord:
     bwd_tmp_bytes: int  # peak during the backward window above live bytes at its start
     fwd_peak_bytes: int  # peak live bytes during the forward window, relative to the step's start
     bwd_peak_bytes: int  # peak live bytes during the backward window, relative to the step's start
+    # Bytes of autocast's low-precision weight copies first made in this stage's forward window;
+    # autocast's cache holds them until the forward ends, whatever the plan; 0 in fp32. A stored
+    # (not checkpointed) stage's saved_bytes already contains the copies its matmuls saved.
+    cast_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

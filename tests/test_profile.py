@@ -139,3 +139,185 @@ input: {batch_size: 4, shape: [1, 50], dtype: float32}
     assert [r.saved_bytes for r in prof.chain_layers] == [B * C * L * 4] * 5
     # The stem's output is saved by the first block's conv and counted under pre.
     assert prof.pre.saved_bytes == B * C * L * 4 and prof.input_requires_grad
+
+
+# ----------------------------------------------------------------------------- meta follows the target's attention
+
+
+class Attend(nn.Module):
+    """qkv projection, SDPA with the given keywords, output projection."""
+
+    def __init__(self, c, heads, kv_heads, sdpa_kwargs):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+        self.kw = {k: v for k, v in sdpa_kwargs.items() if k != "attn_mask"}
+        mask = sdpa_kwargs.get("attn_mask")
+        self.register_buffer("mask", None if mask is None else mask.clone(), persistent=False)
+        self.hd = c // heads
+        self.qkv = nn.Linear(c, c + 2 * kv_heads * self.hd)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        kv = self.kv_heads * self.hd
+        q, k, v = self.qkv(x).split([C, kv, kv], dim=2)
+        q = q.view(B, T, self.heads, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **self.kw)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class AttnChain(nn.Module):
+    def __init__(self, depth=2, c=32, heads=4, kv_heads=4, **sdpa_kwargs):
+        super().__init__()
+        self.layers = nn.ModuleList(Attend(c, heads, kv_heads, sdpa_kwargs) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+T_ATT = 24
+ATTENTION_CASES = {
+    "plain": {},
+    "causal": dict(is_causal=True),
+    "dropout": dict(dropout_p=0.1),  # CPU flash refuses dropout: the math path keeps (B, H, T, T)
+    "causal+dropout": dict(is_causal=True, dropout_p=0.1),
+    "bool-mask": dict(attn_mask=torch.rand(T_ATT, T_ATT) > 0.2),  # flash, after a float conversion
+    "float-mask-4d": dict(attn_mask=torch.randn(2, 1, T_ATT, T_ATT)),
+    "gqa": dict(enable_gqa=True, kv_heads=2),
+    "gqa+dropout": dict(enable_gqa=True, kv_heads=2, dropout_p=0.2),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_meta_follows_the_cpu_attention_kernel(case):
+    kw = dict(ATTENTION_CASES[case])
+    torch.manual_seed(0)
+    model = AttnChain(**kw)
+    x = torch.randn(2, T_ATT, 32)
+    cpu = api.profile_model(model, (x,), {}, name="a", chain="layers", device="cpu", repeats=1,
+                            warmup=0, loss_fn=lambda out: out)
+    meta = api.profile_model(model.to("meta"), (x.to("meta"),), {}, name="a", chain="layers",
+                             device="meta", loss_fn=lambda out: out)
+    for a, b in zip(cpu.layers, meta.layers):
+        assert (a.name, a.saved_bytes, a.fwd_peak_bytes, a.bwd_peak_bytes) == \
+               (b.name, b.saved_bytes, b.fwd_peak_bytes, b.bwd_peak_bytes)
+
+
+def _activation_peak(prof):
+    return max(max(r.fwd_peak_bytes, r.bwd_peak_bytes) for r in prof.layers)
+
+
+SHIPPED = [
+    ("gpt2-small.yaml", dict(batch_size=1, seq_len=64)),
+    ("hf-bert.yaml", dict(batch_size=1, seq_len=128)),
+    ("resnet.yaml", dict(batch_size=2)),
+    pytest.param("bert-large.yaml", dict(batch_size=1, seq_len=128), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("config,over", SHIPPED)
+def test_meta_predicts_the_cpu_measurement_on_shipped_configs(config, over):
+    if config.startswith("hf-"):
+        pytest.importorskip("transformers")
+    spec = api.load(CONFIGS / config, **over)
+    meta = api.profile(spec, device="meta")
+    cpu = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    assert abs(meta.totals.activation_bytes / cpu.totals.activation_bytes - 1) < 0.02
+    assert abs(meta.totals.predicted_peak_bytes / cpu.totals.measured_peak_bytes - 1) < 0.02
+    assert abs(_activation_peak(meta) / _activation_peak(cpu) - 1) < 0.02
+
+
+def test_meta_target_cuda_takes_the_fused_kernels():
+    from torch.nn.attention import SDPBackend
+
+    from ckplan.profiler import measure_step
+    from ckplan.sdpa import cuda_choice
+
+    q16 = torch.empty(2, 4, 64, 32, device="meta", dtype=torch.float16)
+    q32, q64 = q16.float(), q16.double()
+    assert cuda_choice(q16, q16, q16, None, 0.1, True, False) == SDPBackend.FLASH_ATTENTION
+    assert cuda_choice(q32, q32, q32, None, 0.1, False, False) == SDPBackend.EFFICIENT_ATTENTION
+    mask = torch.empty(64, 64, device="meta")
+    assert cuda_choice(q16, q16, q16, mask, 0.0, False, False) == SDPBackend.EFFICIENT_ATTENTION
+    assert cuda_choice(q64, q64, q64, None, 0.0, False, False) == SDPBackend.MATH
+
+    # BERT with attention dropout: math on CPU (keeps the attention matrix), fused on CUDA.
+    model = AttnChain(**ATTENTION_CASES["dropout"]).to("meta")
+    x = torch.randn(2, T_ATT, 32, device="meta")
+    run = {t: measure_step(model, (x,), {}, lambda out: out, chain="layers", device=torch.device("meta"),
+                           meta_target=t) for t in ("cpu", "cuda")}
+    B, H = 2, 4
+    matrix = B * H * T_ATT * T_ATT * 4  # fp32 attention probabilities
+    cpu_saved, cuda_saved = (run[t].rows[1].saved_bytes for t in ("cpu", "cuda"))
+    assert cpu_saved - cuda_saved >= 2 * matrix
+    assert "math x2" in run["cpu"].notes[0] and "'cpu'|'cuda'" in run["cpu"].notes[0]
+    assert "memory-efficient x2" in run["cuda"].notes[0]
+    from ckplan.errors import UsageError
+    with pytest.raises(UsageError, match="meta_target 'tpu'"):
+        measure_step(model, (x,), {}, lambda out: out, chain="layers", device=torch.device("meta"),
+                     meta_target="tpu")
+
+
+# ----------------------------------------------------------------------------- autocast's weight copies
+
+
+def _block_linear_bytes(block, element_size):
+    return sum(p.numel() * element_size for m in block.modules() if isinstance(m, nn.Linear)
+               for p in m.parameters())
+
+
+@pytest.mark.parametrize("precision,element_size", [("fp32", 0), ("bf16", 2), ("fp16", 2)])
+def test_cast_bytes_are_the_low_precision_weight_copies(tmp_path, precision, element_size):
+    from ckplan.spec import build_model
+    spec = api.load(tiny_gpt_spec(tmp_path), precision=precision)
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    model = build_model(spec)
+    # Each block casts its Linear weights and biases once; LayerNorms stay in fp32.
+    assert [r.cast_bytes for r in prof.chain_layers] == \
+           [_block_linear_bytes(b, element_size) for b in model.blocks]
+    assert prof.pre.cast_bytes == 0  # embeddings run in fp32
+    assert prof.post.cast_bytes == model.lm_head.weight.numel() * element_size  # the tied head
+
+
+def test_checkpointed_layers_hold_their_cast_bytes_until_the_forward_ends(tmp_path):
+    from ckplan.execute import apply_plan
+    from ckplan.measure import LiveTensorTracker
+    from ckplan.planner.plan import Checkpoint, Plan, Store
+    from ckplan.spec import build_model, make_batch
+    from ckplan.training import forward_loss
+
+    def live_when_chain_ends(precision):
+        spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4), precision=precision)
+        model = build_model(spec)
+        args, kwargs = make_batch(spec)
+        n = len(model.blocks)
+        plan = Plan("all", n, tuple(Checkpoint(i, i + 1, (Store(i),)) for i in range(n)))
+        seen = []
+        tr = LiveTensorTracker()
+        model.blocks[-1].register_forward_hook(lambda m, a, o: seen.append(tr.live))
+        with apply_plan(model, plan), tr:
+            forward_loss(model, args, kwargs, to_loss, precision, "cpu").backward()
+        return seen[0], spec
+
+    fp32_live, _ = live_when_chain_ends("fp32")
+    bf16_live, spec = live_when_chain_ends("bf16")
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    # Checkpointed layers keep only their input, the same tensor in both precisions; under
+    # autocast each also leaves its weight copies in autocast's cache.
+    assert bf16_live - fp32_live == sum(r.cast_bytes for r in prof.chain_layers) > 0
+
+
+def test_old_profiles_without_cast_bytes_load():
+    import json
+
+    from ckplan.records import Profile
+    d = json.loads(json.dumps(api.profile_model(Chain([4, 4, 4], nn.ReLU), (torch.randn(2, 4),), {},
+                                                name="m", chain=None, device="cpu", repeats=1,
+                                                warmup=0).to_dict()))
+    for row in d["layers"]:
+        del row["cast_bytes"]
+    assert all(r.cast_bytes == 0 for r in Profile.from_dict(d).layers)

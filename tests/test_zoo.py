@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ckplan.zoo import ZOO, ZooArgumentError, build_builtin, zoo_args
-from ckplan.zoo import gpt as gpt_module
+from ckplan.zoo import attention as attention_module
 from ckplan.zoo.gpt import GPTConfig, Rotary
 
 LLAMA_7B = dict(vocab_size=32000, block_size=4096, n_layer=32, n_head=32, n_embd=4096, ffn_hidden=11008,
@@ -329,14 +329,52 @@ def test_rotary_matches_the_complex_rotation():
 
 
 def test_gqa_paths_agree(monkeypatch):
-    if not gpt_module._SDPA_HAS_GQA:
+    if not attention_module._SDPA_HAS_GQA:
         pytest.skip("this torch has no enable_gqa; only the repeat_interleave path exists")
     torch.manual_seed(0)
     model = build_builtin("gpt", dict(SMALL["gpt"], n_head=8, n_kv_head=2, pos="rope")).eval()
     ids = torch.randint(0, 97, (2, 12))
     fused = model(ids)
-    monkeypatch.setattr(gpt_module, "_SDPA_HAS_GQA", False)
+    monkeypatch.setattr(attention_module, "_SDPA_HAS_GQA", False)
     torch.testing.assert_close(model(ids), fused)
+
+
+def _explicit_attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(hd)) v written out, over (B, nh, T, hd); k, v already per query head."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, nh, T, T)
+    if causal:
+        T = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_gpt_attention_is_the_explicit_formula(n_kv_head):
+    torch.manual_seed(0)
+    model = build_builtin("gpt", dict(SMALL["gpt"], n_head=4, n_kv_head=n_kv_head)).eval()
+    attn, B, T, C = model.blocks[0].attn, 2, 7, 32
+    x = torch.randn(B, T, C)
+    kv = attn.n_kv_head * 8
+    q, k, v = attn.c_attn(x).split([C, kv, kv], dim=2)
+    heads = lambda t: t.view(B, T, -1, 8).transpose(1, 2)  # (B, h, T, 8)
+    q, k, v = heads(q), heads(k), heads(v)
+    k, v = (t.repeat_interleave(4 // attn.n_kv_head, dim=1) for t in (k, v))
+    y = _explicit_attention(q, k, v, causal=True).transpose(1, 2).reshape(B, T, C)
+    torch.testing.assert_close(attn(x), attn.c_proj(y))
+    assert [n for n, _ in attn.named_parameters()] == ["c_attn.weight", "c_attn.bias", "c_proj.weight",
+                                                        "c_proj.bias"]
+
+
+def test_bert_attention_is_the_explicit_formula():
+    torch.manual_seed(0)
+    model = build_builtin("bert", SMALL["bert"]).eval()
+    attn = model.layers[0].attn
+    B, T, C, nh = 2, 7, model.config.d_model, model.config.n_head
+    x = torch.randn(B, T, C)
+    heads = lambda t: t.view(B, T, nh, C // nh).transpose(1, 2)  # (B, nh, T, hd)
+    y = _explicit_attention(heads(attn.query(x)), heads(attn.key(x)), heads(attn.value(x)), causal=False)
+    torch.testing.assert_close(attn(x), attn.out(y.transpose(1, 2).reshape(B, T, C)))
+    assert [n.split(".")[0] for n, _ in attn.named_parameters()][::2] == ["query", "key", "value", "out"]
 
 
 # ----------------------------------------------------------------------------- meta device

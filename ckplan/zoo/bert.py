@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._args import ZooArgumentError, check_float, check_int
+from .attention import attend, merge_heads, split_heads
 
 
 @dataclass
@@ -75,13 +76,11 @@ class SelfAttention(nn.Module):
         self.out_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        hd = C // self.n_head
-        q = self.query(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.key(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
-        v = self.value(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        q = split_heads(self.query(x), self.n_head)  # (B, nh, T, hd)
+        k = split_heads(self.key(x), self.n_head)  # (B, nh, T, hd)
+        v = split_heads(self.value(x), self.n_head)  # (B, nh, T, hd)
+        y = attend(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=False)
+        y = merge_heads(y)  # (B, T, C)
         return self.out_dropout(self.out(y))
 
 

@@ -28,10 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._args import ZooArgumentError, check_bool, check_choice, check_float, check_int, check_optional_int
-
-# enable_gqa arrived in torch 2.5; before it, K/V heads are expanded by hand (which is also what
-# SDPA's math backend does internally, so the saved activations are about the same).
-_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+from .attention import attend, merge_heads, split_heads
 
 
 @dataclass
@@ -150,25 +147,16 @@ class CausalSelfAttention(nn.Module):
         self.rotary = rotary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        C = x.shape[-1]
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q = split_heads(q, self.n_head)  # (B, nh, T, hd)
+        k = split_heads(k, self.n_kv_head)  # (B, nkv, T, hd)
+        v = split_heads(v, self.n_kv_head)  # (B, nkv, T, hd)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        dropout_p = self.dropout if self.training else 0.0
-        if self.n_kv_head == self.n_head:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        elif _SDPA_HAS_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=True)
-        else:
-            groups = self.n_head // self.n_kv_head  # query head i reads kv head i // groups
-            k = k.repeat_interleave(groups, dim=1)  # (B, nh, T, hd)
-            v = v.repeat_interleave(groups, dim=1)  # (B, nh, T, hd)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = attend(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = merge_heads(y)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 

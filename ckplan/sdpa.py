@@ -1,0 +1,153 @@
+"""Which kernel ``F.scaled_dot_product_attention`` runs on the target device, replayed on meta.
+
+SDPA picks a kernel per call, and the kernels keep very different tensors for the backward: the
+fused ones (CPU flash; CUDA flash and memory-efficient) keep the output and a (B, H, T) logsumexp,
+the math path keeps the (B, H, T, T) attention matrix (and, with dropout, its mask and the dropped
+copy). On meta tensors SDPA always takes the math path, so a meta profile must make the choice
+the target device would make and run that kernel's meta implementation, or its sizes are wrong
+(BERT with attention dropout on CPU: the math path; without this, meta assumed fused).
+
+``SdpaOnMeta`` is that replay. The choice follows torch's own rules:
+
+* CPU target: torch's CPU selector itself (``torch._fused_sdp_choice``) asked about CPU stand-ins
+  of the same shapes, dtypes, strides of the last dimension, mask, dropout and GQA flag (the
+  stand-ins are expanded views of one row, so asking costs nothing). Today that is: flash
+  unless dropout > 0, a mask of an unsupported shape or one that requires grad, 3-D inputs,
+  mismatched head dims or a non-float dtype; otherwise math. ``torch.backends.cuda.sdp_kernel``
+  / ``sdpa_kernel`` settings are honoured because the selector reads them.
+* CUDA target: the selector on CUDA stand-ins when this machine has a GPU; without one, the rules of
+  ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` for an sm80+ GPU, in its priority
+  order (:func:`cuda_choice`): flash (fp16/bf16, no mask, head dim <= 256 and a multiple of 8),
+  then memory-efficient (fp16/bf16/fp32, masks allowed, no GQA), then math.
+
+Known limitations: nested tensors and cuDNN attention are not modelled; on CUDA without a GPU
+the rules are a transcription (sm80+ assumed) and may lag torch's.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+from torch.overrides import TorchFunctionMode
+
+TARGETS = ("cpu", "cuda")
+
+_ARG_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_DEFAULTS = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False)
+_PATH_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
+               SDPBackend.EFFICIENT_ATTENTION: "memory-efficient"}
+
+
+def default_target() -> str:
+    """The device a meta profile stands for when none is named: CUDA when this machine has one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bind(args, kwargs) -> dict:
+    call = dict(_DEFAULTS)
+    call.update(zip(_ARG_NAMES, args))
+    call.update(kwargs)
+    return call
+
+
+def _standin(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
+    """A tensor on ``device`` with ``t``'s shape, dtype, last-dim stride and requires_grad (some
+    rules read it), backed by one row."""
+    if t is None:
+        return None
+    last_stride = t.stride(-1) if t.dim() else 1
+    row = torch.empty(max(1, t.shape[-1] if t.dim() else 1) * max(1, last_stride), dtype=t.dtype,
+                      device=device)
+    if t.dim() == 0:
+        return row[0]
+    strides = [0] * (t.dim() - 1) + [last_stride]
+    return row.as_strided(t.shape, strides).detach().requires_grad_(t.requires_grad)
+
+
+def cuda_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, dropout_p: float,
+                is_causal: bool, enable_gqa: bool) -> SDPBackend:
+    """torch's CUDA selection rules (sdp_utils.cpp) for an sm80+ GPU, without asking a GPU."""
+    dims_ok = q.dim() == k.dim() == v.dim() == 4
+    head = q.shape[-1]
+    same_head = head == k.shape[-1] == v.shape[-1]
+    same_heads = q.shape[-3] == k.shape[-3] == v.shape[-3] if dims_ok else False
+    gqa_ok = dims_ok and enable_gqa and k.shape[-3] == v.shape[-3] and q.shape[-3] % k.shape[-3] == 0
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if dims_ok and same_head and len(dtypes) == 1 and attn_mask is None \
+            and q.dtype in (torch.float16, torch.bfloat16) and head <= 256 and head % 8 == 0 \
+            and (same_heads or gqa_ok):
+        return SDPBackend.FLASH_ATTENTION
+    alignment = 4 if q.dtype == torch.float32 else 8
+    mask_ok = attn_mask is None or not attn_mask.requires_grad
+    if dims_ok and same_head and len(dtypes) == 1 and same_heads and mask_ok \
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and head % alignment == 0:
+        return SDPBackend.EFFICIENT_ATTENTION
+    return SDPBackend.MATH
+
+
+def choose(target: str, call: dict) -> SDPBackend:
+    """The kernel SDPA would run for this call on ``target`` ("cpu" or "cuda")."""
+    q, k, v, mask = call["query"], call["key"], call["value"], call["attn_mask"]
+    if target == "cuda" and not torch.cuda.is_available():
+        return cuda_choice(q, k, v, mask, call["dropout_p"], call["is_causal"], call["enable_gqa"])
+    dev = "cuda" if target == "cuda" else "cpu"
+    choice = torch._fused_sdp_choice(
+        _standin(q, dev), _standin(k, dev), _standin(v, dev), _standin(mask, dev),
+        call["dropout_p"], call["is_causal"], scale=call["scale"], enable_gqa=call["enable_gqa"])
+    return SDPBackend(choice)
+
+
+def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask as the additive one the fused kernels take (what SDPA does before calling them)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    zero = torch.scalar_tensor(0.0, dtype=dtype, device=mask.device)
+    neg_inf = torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, neg_inf)
+
+
+class SdpaOnMeta(TorchFunctionMode):
+    """On meta, run ``F.scaled_dot_product_attention`` with the kernel ``target`` would choose.
+
+    ``paths`` counts the kernels chosen ({"flash": 12}, ...), for the profile's notes.
+    """
+
+    def __init__(self, target: str):
+        super().__init__()
+        if target not in TARGETS:
+            raise ValueError(f"meta target {target!r} is not one of {', '.join(TARGETS)}")
+        self.target = target
+        self.paths: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        call = _bind(args, kwargs)
+        backend = choose(self.target, call)
+        name = _PATH_NAMES.get(backend, "math")
+        self.paths[name] = self.paths.get(name, 0) + 1
+        q, k, v = call["query"], call["key"], call["value"]
+        p, causal, scale = call["dropout_p"], call["is_causal"], call["scale"]
+        if backend == SDPBackend.FLASH_ATTENTION and self.target == "cpu":
+            mask = _float_mask(call["attn_mask"], q.dtype)
+            out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, p, causal, attn_mask=mask, scale=scale)
+            return out
+        if backend == SDPBackend.FLASH_ATTENTION:  # CUDA flash reads GQA's kv heads in place
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, p, causal, scale=scale)[0]
+        if backend == SDPBackend.EFFICIENT_ATTENTION:
+            mask = _float_mask(call["attn_mask"], q.dtype)
+            need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, mask, need_lse, p, causal, scale=scale)[0]
+        return func(*args, **kwargs)  # math: what SDPA on meta tensors runs anyway
+
+    def note(self) -> str:
+        if not self.paths:
+            return f"meta device: attention as on {self.target} (no scaled_dot_product_attention call seen)"
+        counts = ", ".join(f"{name} x{n}" for name, n in sorted(self.paths.items()))
+        return (f"meta device: attention modelled as {self.target}'s scaled_dot_product_attention "
+                f"would run it ({counts} calls per step); pass meta_target='cpu'|'cuda' to change")
