@@ -70,13 +70,16 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     dev = resolve_device(device)
     if dev.type not in ("cpu", "cuda"):
         return None
+    from .preflight import cpu_attention_paths
     _tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
     try:
         model = build_model(spec, "meta")
         args, kwargs = make_batch(spec, "meta")
-        meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
-                             device="meta", optimizer=spec.train.optimizer, precision=spec.train.precision,
-                             accum=spec.train.accum, lr=spec.train.lr, repeats=1, warmup=0)
+        with cpu_attention_paths(dev.type == "cpu"):
+            meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
+                                 chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
+                                 precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
+                                 repeats=1, warmup=0)
     except (SpecError, UsageError, DependencyError):
         raise  # the same mistake would stop the real run: say it now
     except Exception as e:  # the model cannot run on fake tensors; the real run may still work
