@@ -83,8 +83,10 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     except (SpecError, UsageError, DependencyError):
         raise  # the same mistake would stop the real run: say it now
     except Exception as e:  # the model cannot run on fake tensors; the real run may still work
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _note(note, f"preflight skipped: the meta pass failed ({type(e).__name__}: {first[:200]}), so "
+        text = str(getattr(e, "message", e)).strip()
+        first = text.splitlines()[0] if text else ""
+        first = first if len(first) <= 240 else first[:240] + "..."
+        _note(note, f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
                     f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
         return None
     verdict = decide(meta.totals.predicted_peak_bytes, available_memory(dev), dev.type)
@@ -399,8 +401,8 @@ def _profile_for_plan(spec, profile_path, device, overrides, force, progress, no
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if profile_path is not None:
         ignored = (["SPEC (spec)"] if spec is not None else []) + \
-                  [f"{k}={str(v)!r}" for k, v in given.items()] + \
-                  ([f"device={str(device)!r}"] if device is not None else [])
+                  [f"{k}={getattr(v, 'value', v)!r}" for k, v in given.items()] + \
+                  ([f"device={getattr(device, 'value', device)!r}"] if device is not None else [])
         if ignored:
             raise UsageError(f"a saved profile ({profile_path}) fixes the model, batch and device; "
                              f"{', '.join(ignored)} would be ignored",
