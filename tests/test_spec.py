@@ -21,10 +21,7 @@ def test_hf_field_typo_is_refused_with_did_you_mean():
         build_model(hf({"model_type": "gpt2", "n_layers": 2, "n_embd": 32, "n_head": 2}), "meta")
     assert e.value.exit_code == 2
     assert "model.hf.n_layers" in str(e.value) and "did you mean 'n_layer'" in str(e.value)
-
-
-def test_hf_known_fields_and_aliases_build():
-    # hidden_size / num_hidden_layers are GPT2Config aliases (attribute_map), not typos.
+    # ... while real fields and their aliases (hidden_size, num_hidden_layers: attribute_map) build.
     m = build_model(hf({"model_type": "gpt2", "num_hidden_layers": 2, "hidden_size": 32, "n_head": 2,
                         "vocab_size": 50, "use_cache": False}), "meta")
     assert len(m.transformer.h) == 2
@@ -78,15 +75,11 @@ def test_overrides_are_named_as_arguments(tmp_path, kw, needle):
     assert needle in str(e.value) and "--" not in str(e.value)
 
 
-def test_overrides_apply(tmp_path):
+def test_overrides_apply_and_unknown_keywords_are_named(tmp_path):
     path = write_spec(tmp_path, "model: {builtin: gpt}\ninput: {batch_size: 2, shape: [16], dtype: int64, "
                                 "high: 97, labels: {shape: [16], dtype: int64, high: 97}}")
     s = api.load(path, batch_size=3, seq_len=8, precision="bf16", optimizer="adam", accum=2)
     assert (s.input.batch_size, s.input.shape, s.input.labels.shape) == (3, [8], [8])
     assert (s.train.precision, s.train.optimizer, s.train.accum) == ("bf16", "adamw", 2)
-
-
-def test_unknown_override_keyword(tmp_path):
-    path = write_spec(tmp_path, "model: {builtin: mlp}\ninput: {batch_size: 2, shape: [4]}")
     with pytest.raises(UsageError, match="batchsize"):
         api.load(path, batchsize=4)
