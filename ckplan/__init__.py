@@ -22,9 +22,15 @@ def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain:
     """
     import torch
 
-    from .api import profile_model, resolve_budget
+    from .api import check_budget, check_positive, check_train_args, profile_model, resolve_budget
+    from .options import Strategy
     from .planner import chain_from_profile, plan_chain
 
+    # Every argument is checked before the (possibly long) profile.
+    strategy = str(Strategy.parse(strategy, what="strategy"))
+    check_positive("k", k)
+    check_budget(budget)
+    check_train_args(optimizer=optimizer, precision=precision, accum=accum)
     args, kwargs = _as_batch(sample_batch)
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")

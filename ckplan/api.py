@@ -4,43 +4,133 @@ Each returns frozen records (ckplan.records, ckplan.planner, ckplan.bench); noth
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
-from .errors import SpecError, UsageError
-from .records import Profile, Totals
-from .spec import Spec, batch_bytes, build_model, load_spec, make_batch, to_loss
+from .errors import DependencyError, SpecError, UsageError
+from .options import DEVICES, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS, STRATEGIES, Device, Strategy
+from .records import CHAIN, POST, PRE, Profile, StageRecord, Totals
+from .spec import Spec, batch_bytes, build_model, check_overrides, load_spec, make_batch, to_loss
 
-DEVICES = ("auto", "cpu", "cuda", "meta")
+Progress = Callable[[str], None]  # told what a long step is doing now (a spinner, a bar)
+Note = Callable[[str], None]  # told something the user should read (a line on stderr)
 
 
-def resolve_device(device: str):
+def resolve_device(device: str | Device | None):
     import torch
+    device = "auto" if device is None else str(getattr(device, "value", device))
     if device not in DEVICES:
-        raise UsageError(f"--device {device!r} is not one of {', '.join(DEVICES)}")
+        raise UsageError(f"device={device!r} is not one of {', '.join(DEVICES)}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but PyTorch sees no CUDA GPU on this machine",
-                         tip="use --device cpu, or --device meta to profile without allocating")
+        raise UsageError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU on this machine",
+                         tip="use device cpu, or meta to profile without allocating")
     return torch.device(device)
 
 
 def load(spec_or_path: Spec | str | Path, **overrides) -> Spec:
-    spec = spec_or_path if isinstance(spec_or_path, Spec) else load_spec(spec_or_path)
+    """A spec from a YAML file (or a Spec), with overrides: batch_size, seq_len, precision, optimizer, accum."""
+    unknown = sorted(set(overrides) - {"batch_size", "seq_len", "precision", "optimizer", "accum"})
+    if unknown:
+        raise UsageError(f"load() got unknown override {unknown[0]!r}",
+                         tip="overrides are batch_size, seq_len, precision, optimizer, accum")
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    check_overrides(**overrides)  # before reading the file: the argument is named, not the spec field
+    spec = spec_or_path if isinstance(spec_or_path, Spec) else load_spec(spec_or_path)
     return spec.with_overrides(**overrides) if overrides else spec
 
 
-def profile(spec: Spec, *, device: str = "auto", repeats: int = 3, warmup: int = 1) -> Profile:
-    """Build the spec's model and batch on ``device`` and profile one training step."""
+def _note(note: Note | None, message: str) -> None:
+    if note is not None:
+        note(message)
+    else:
+        warnings.warn(message, stacklevel=3)
+
+
+def _tick(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool = False,
+              progress: Progress | None = None, note: Note | None = None):
+    """Predict the step's peak with a meta pass and refuse a real-device run that cannot fit.
+
+    Returns the :class:`ckplan.preflight.Verdict`, or None when nothing was checked (meta device;
+    a model the meta pass cannot run, e.g. one that reads tensor values). Raises
+    :class:`UsageError` naming the predicted peak, the available memory and the fixes, unless
+    ``force``.
+    """
+    from .preflight import available_memory, decide
     dev = resolve_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        return None
+    from .preflight import cpu_attention_paths
+    _tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
+    try:
+        model = build_model(spec, "meta")
+        args, kwargs = make_batch(spec, "meta")
+        with cpu_attention_paths(dev.type == "cpu"):
+            meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
+                                 chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
+                                 precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
+                                 repeats=1, warmup=0)
+    except (SpecError, UsageError, DependencyError):
+        raise  # the same mistake would stop the real run: say it now
+    except Exception as e:  # the model cannot run on fake tensors; the real run may still work
+        text = str(getattr(e, "message", e)).strip()
+        first = text.splitlines()[0] if text else ""
+        first = first if len(first) <= 240 else first[:240] + "..."
+        _note(note, f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
+                    f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
+        return None
+    verdict = decide(meta.totals.predicted_peak_bytes, available_memory(dev), dev.type)
+    if not verdict.fits:
+        if not force:
+            raise UsageError(verdict.message(), tip=verdict.tip())
+        _note(note, f"running anyway (force): {verdict.message()}")
+    return verdict
+
+
+def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
+            force: bool = False, progress: Progress | None = None, note: Note | None = None) -> Profile:
+    """Build the spec's model and batch on ``device`` and profile one training step.
+
+    On cpu/cuda a meta pass first checks that the step fits (:func:`preflight`); ``force=True``
+    runs anyway.
+    """
+    check_positive("repeats", repeats)
+    check_positive("warmup", warmup, minimum=0)
+    dev = resolve_device(device)
+    preflight(spec, dev.type, force=force, progress=progress, note=note)
+    _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
+    _tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
+                    + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)"))
     return profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
                          spec=spec.model_dump(mode="json"))
+
+
+def check_positive(name: str, value, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UsageError(f"{name}={value!r} must be a whole number of at least {minimum}")
+
+
+def check_train_args(*, optimizer: str, precision: str, accum: int) -> None:
+    """The training settings a Python caller passes, named as the caller wrote them."""
+    if str(precision) not in PRECISIONS:
+        raise UsageError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer)) not in OPTIMIZERS:
+        raise UsageError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    check_positive("accum", accum)
 
 
 def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, optimizer: str = "adamw",
@@ -53,7 +143,10 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     from .profiler import measure_step
     from .training import optimizer_memory
 
-    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    check_train_args(optimizer=optimizer, precision=precision, accum=accum)
+    optimizer = OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer))
+    precision = str(precision)
+    dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
                      repeats=repeats, warmup=warmup, accum=accum)
     params = list(dict.fromkeys(model.parameters()))
@@ -109,45 +202,128 @@ def load_profile(path: str | Path) -> Profile:
     if not p.is_file():
         raise SpecError(f"profile file {str(p)!r} does not exist",
                         tip="save one with: ckplan profile SPEC --format json -o profile.json")
+    tip = "save one with: ckplan profile SPEC --format json -o profile.json"
     try:
-        return Profile.from_dict(json.loads(p.read_text()))
+        data = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecError(f"{p}: not JSON ({e})", tip=tip) from None
+    problem = profile_problem(data)
+    if problem is not None:
+        raise SpecError(f"{p}: not a valid ckplan profile: {problem}", tip=tip)
+    try:
+        return Profile.from_dict(data)
     except (ValueError, KeyError, TypeError) as e:
-        raise SpecError(f"{p}: not a ckplan profile ({type(e).__name__}: {e})",
-                        tip="save one with: ckplan profile SPEC --format json -o profile.json") from None
+        raise SpecError(f"{p}: not a ckplan profile ({type(e).__name__}: {e})", tip=tip) from None
+
+
+def _number_problem(where: str, value: Any, kind: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{where} is {value!r}, not a whole number"
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{where} is {value!r}, not a finite number"
+    if value < 0:
+        return f"{where} is {value!r}, a negative {'size' if 'bytes' in where else 'value'}"
+    return None
+
+
+def profile_problem(data: Any) -> str | None:
+    """What is wrong with a profile document (one field named), or None when the planner can trust it.
+
+    Rows must be pre (index -1), chain layers 0..n-1 in order, post (index n); sizes, FLOPs and
+    times finite and not negative.
+    """
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    for key in ("layers", "totals"):
+        if key not in data:
+            return f"field {key!r} is missing"
+    layers, totals = data["layers"], data["totals"]
+    if not isinstance(layers, list) or len(layers) < 3:
+        return "layers must list the pre row, at least one chain layer and the post row"
+    kinds = {f.name: str(f.type) for f in fields(StageRecord)}
+    n = len(layers) - 2
+    for i, row in enumerate(layers):
+        if not isinstance(row, dict):
+            return f"layers[{i}] is not an object"
+        missing = [k for k in kinds if k not in row]
+        if missing:
+            return f"layers[{i}].{missing[0]} is missing"
+        want_index = i - 1
+        want_role = PRE if i == 0 else POST if i == n + 1 else CHAIN
+        if row["index"] != want_index or isinstance(row["index"], bool):
+            return (f"layers[{i}].index is {row['index']!r}, expected {want_index} (rows must be pre -1, "
+                    f"chain layers 0..{n - 1} in order, post {n}: duplicated or missing rows?)")
+        if row["role"] != want_role:
+            return f"layers[{i}].role is {row['role']!r}, expected {want_role!r}"
+        for key, kind in kinds.items():
+            if kind in ("int", "float") and key != "index":
+                problem = _number_problem(f"layers[{i}].{key}", row[key], kind)
+                if problem:
+                    return problem
+    if not isinstance(totals, dict):
+        return "totals is not an object"
+    for f in fields(Totals):
+        if f.name not in totals:
+            return f"totals.{f.name} is missing"
+        problem = _number_problem(f"totals.{f.name}", totals[f.name], "int", optional="None" in str(f.type))
+        if problem:
+            return problem
+    for key in ("batch_size", "accum"):
+        if key in data and (_number_problem(key, data[key], "int") or data[key] < 1):
+            return f"{key} is {data[key]!r}, not a whole number of at least 1"
+    if data.get("precision", "fp32") not in PRECISIONS:
+        return f"precision is {data.get('precision')!r}, not one of {', '.join(PRECISIONS)}"
+    if data.get("optimizer", "adamw") not in OPTIMIZERS:
+        return f"optimizer is {data.get('optimizer')!r}, not one of {', '.join(OPTIMIZERS)}"
+    return None
 
 
 def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
-          steps: int = 5, warmup: int = 1, device: str = "auto", plan_path: str | Path | None = None,
-          memory_limit: str | int | None = None, progress=None):
-    """Profile the spec's model, plan every strategy, and run measured training steps."""
+          steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
+          plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
+          force: bool = False, note: Note | None = None):
+    """Profile the spec's model, plan every strategy, and run measured training steps.
+
+    Every argument is checked before anything runs; on cpu/cuda a meta pass first checks that the
+    step fits (:func:`preflight`; ``force=True`` runs anyway).
+    """
     from .bench import run_bench
     from .execute import load_plan
 
+    strategies = [str(Strategy.parse(s, what="strategy")) for s in strategies]
+    check_positive("k", k)
+    check_positive("steps", steps)
+    check_positive("warmup", warmup, minimum=0)
+    check_budget(budget)
+    limit = None
+    if memory_limit is not None:
+        from .units import parse_size
+        limit = parse_size(memory_limit, what="memory_limit")
     dev = resolve_device(device)
     if dev.type == "meta":
-        raise UsageError("bench runs real training steps; --device meta cannot run them",
-                         tip="use --device cpu or cuda (meta is for profile and plan)")
+        raise UsageError("bench runs real training steps; device 'meta' cannot run them",
+                         tip="use device cpu or cuda (meta is for profile and plan)")
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)
         extra[f"plan:{p.strategy}"] = p
+    preflight(spec, dev.type, force=force, note=note)  # no progress ticks: the caller's bar counts steps
     model = build_model(spec, str(dev))
     batch = make_batch(spec, str(dev))
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
     budget_bytes = resolve_budget(budget, prof) if budget is not None else None
-    limit = None
-    if memory_limit is not None:
-        from .units import parse_size
-        limit = parse_size(memory_limit, what="--memory-limit")
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
                      extra_plans=extra, memory_limit_bytes=limit, progress=progress)
 
 
-def resolve_budget(budget: str | int, prof: Profile) -> int:
-    """``12GB``, ``12GiB``, plain bytes, or ``40%`` of the predicted peak without checkpointing."""
+def _parse_budget(budget: str | int) -> tuple[str, float]:
+    """("bytes", n) or ("fraction", f): the budget's syntax, checked before anything runs."""
     from .units import ACCEPTED_SIZES, parse_size
     text = str(budget).strip()
     if text.endswith("%"):
@@ -155,28 +331,50 @@ def resolve_budget(budget: str | int, prof: Profile) -> int:
             frac = float(text[:-1]) / 100
         except ValueError:
             frac = -1
-        if not 0 < frac <= 10:
-            raise UsageError(f"--budget {text!r} is not a percentage above 0%",
+        if not 0 < frac <= 10:  # NaN and inf fail this too
+            raise UsageError(f"budget {text!r} is not a percentage above 0% (and at most 1000%)",
                              tip=f"use {ACCEPTED_SIZES}, or a share of the no-checkpoint peak like 40%")
-        return int(prof.totals.predicted_peak_bytes * frac)
-    return parse_size(text, what="--budget")
+        return "fraction", frac
+    return "bytes", parse_size(budget, what="budget")
 
 
-def plan(spec: Spec | None = None, *, profile_path: str | Path | None = None, budget: str | int | None = None,
-         strategy: str = "dp", k: int = 2, device: str = "auto"):
-    """Profile (or load a saved profile), then plan one strategy or all of them at one budget."""
+def check_budget(budget: str | int | None) -> None:
+    """Raise :class:`UsageError` now for a budget that could never be resolved (``12 parsecs``, ``1e400``)."""
+    if budget is not None:
+        _parse_budget(budget)
+
+
+def resolve_budget(budget: str | int, prof: Profile) -> int:
+    """``12GB``, ``12GiB``, plain bytes, or ``40%`` of the predicted peak without checkpointing."""
+    kind, value = _parse_budget(budget)
+    if kind == "fraction":
+        return int(prof.totals.predicted_peak_bytes * value)
+    return int(value)
+
+
+def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
+         budget: str | int | None = None, strategy: str = "dp", k: int = 2,
+         device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
+         progress: Progress | None = None, note: Note | None = None):
+    """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
+
+    ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
+    which fixes the model and batch (giving both, or overrides with it, is an error).
+    """
     from .plan_report import PlanReport
-    from .planner import STRATEGIES, chain_from_profile, compare, plan_chain
+    from .planner import chain_from_profile, compare, plan_chain
 
-    prof = _profile_for_plan(spec, profile_path, device)
+    strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
+    check_positive("k", k)
+    check_budget(budget)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
     budget_bytes, source = _budget_for_plan(budget, prof)
+    _tick(progress, f"planning {strategy} for {prof.model}")
     chain = chain_from_profile(prof)
     if strategy == "all":
         results = compare(chain, list(STRATEGIES), budget_bytes, k)
         chosen = next(r for r in results if r.strategy == "dp")
     else:
-        if strategy not in STRATEGIES:
-            raise UsageError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}, all")
         chosen = plan_chain(chain, strategy, budget_bytes, k)
         results = (chosen,)
     none = plan_chain(chain, "none")
@@ -185,21 +383,37 @@ def plan(spec: Spec | None = None, *, profile_path: str | Path | None = None, bu
                       none_step_ms=none.score.step_ms)
 
 
-def sweep(spec: Spec | None = None, *, profile_path: str | Path | None = None, device: str = "auto",
-          points: int = 20, strategies: tuple[str, ...] | None = None):
-    from .planner import STRATEGIES, chain_from_profile
+def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
+          device: str | Device | None = None, points: int = 20, strategies: tuple[str, ...] | None = None,
+          overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
+          note: Note | None = None):
+    """Every strategy's memory/recompute frontier: (profile, frontier points)."""
+    from .planner import chain_from_profile
     from .planner import sweep as _sweep
-    prof = _profile_for_plan(spec, profile_path, device)
-    return prof, _sweep(chain_from_profile(prof), list(strategies or STRATEGIES), points)
+    check_positive("points", points, minimum=2)
+    names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
+    _tick(progress, f"sweeping {points} budgets for {prof.model}")
+    return prof, _sweep(chain_from_profile(prof), names, points)
 
 
-def _profile_for_plan(spec, profile_path, device) -> Profile:
+def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note) -> Profile:
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if profile_path is not None:
+        ignored = (["SPEC (spec)"] if spec is not None else []) + \
+                  [f"{k}={getattr(v, 'value', v)!r}" for k, v in given.items()] + \
+                  ([f"device={getattr(device, 'value', device)!r}"] if device is not None else [])
+        if ignored:
+            raise UsageError(f"a saved profile ({profile_path}) fixes the model, batch and device; "
+                             f"{', '.join(ignored)} would be ignored",
+                             tip="drop --profile to profile the spec with these settings, or drop them "
+                                 "to plan from the saved profile")
         return load_profile(profile_path)
     if spec is None:
         raise UsageError("plan needs a SPEC or --profile saved.json",
                          tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
-    return profile(spec, device=device)
+    spec = load(spec, **given)
+    return profile(spec, device=device, force=force, progress=progress, note=note)
 
 
 def _budget_for_plan(budget, prof: Profile) -> tuple[int | None, str]:
@@ -212,3 +426,54 @@ def _budget_for_plan(budget, prof: Profile) -> tuple[int | None, str]:
             # The model's own resident memory is already counted in the plan's peak.
             return info.free_bytes, "free GPU memory reported by NVML"
     return None, "none given: planned for the smallest feasible peak"
+
+
+# ---- output files, checked before the run ----------------------------------------------------
+
+def check_output_file(path: str | Path) -> None:
+    """Refuse, before a long run, an output file ckplan could not write (or must not replace)."""
+    from . import report
+    if hasattr(report, "check_output_file"):
+        report.check_output_file(path)
+        return
+    _check_output_file_local(Path(path))
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Refuse, before a long run, an output folder ckplan could not create or write into."""
+    from . import report
+    if hasattr(report, "check_output_dir"):
+        report.check_output_dir(path)
+        return
+    _check_output_dir_local(Path(path))
+
+
+# TODO(merge): the two fallbacks below stand in for report.check_output_file / check_output_dir,
+# which another track adds; once report.py has them, delete these and the hasattr checks above.
+def _check_output_file_local(path: Path) -> None:
+    import os
+    if path.exists() and not path.is_file():
+        raise UsageError(f"-o {path}: exists and is not a regular file; ckplan will not replace it",
+                         tip="give a new file name")
+    if path.is_dir():
+        raise UsageError(f"-o {path}: is a folder", tip="give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"-o {path}: the file is not writable")
+    _check_can_create(path.parent, f"-o {path}")
+
+
+def _check_output_dir_local(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out-dir {path}: exists and is not a folder", tip="give a folder name")
+    _check_can_create(path, f"--out-dir {path}")
+
+
+def _check_can_create(folder: Path, what: str) -> None:
+    import os
+    probe = folder.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{what}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{what}: folder {str(probe)!r} is not writable", tip="choose another place")

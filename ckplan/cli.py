@@ -1,34 +1,69 @@
 """ckplan's command line: each command parses options, calls one api function, renders.
 
-Errors become one ``Error: ...`` line on stderr and the exit code of their class (ckplan.errors).
+Errors become one ``Error: ...`` line on stderr and the exit code of their class (ckplan.errors);
+typer/click usage errors (an unknown option, a missing SPEC, ``--k 0``) too, with exit code 2.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer 0.2x vendors click as typer._click; older typer uses click itself
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover
+    from click import exceptions as _cx
 
 from .errors import CkplanError, UsageError
+from .options import Device, Fmt, Optimizer, Precision, Strategy, StrategyOrAll
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+__all__ = ["Fmt", "app", "main"]
+
+
+def _error_line(message: str) -> None:
+    from .render import stderr
+    stderr.print("Error:", style="bold red", end=" ", highlight=False)
+    stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+class _OneLineErrors(TyperGroup):
+    """Click's usage errors as one ``Error: ...`` line and a tip (exit 2), like ckplan's own errors."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _cx.NoArgsIsHelpError as e:
+            typer.echo(e.ctx.get_help())
+            sys.exit(2)
+        except _cx.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "ckplan"
+            message = e.format_message().replace("Value error, ", "").rstrip(".")
+            _error_line(f"{message}. Tip: see `{where} --help`")
+            sys.exit(e.exit_code)
+        except _cx.ClickException as e:
+            _error_line(e.format_message())
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            _error_line("aborted")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
                   help="Profile, plan and benchmark activation checkpointing for PyTorch models.")
 
 
-class Fmt(str, Enum):
-    table = "table"
-    json = "json"
-    csv = "csv"
-
-
 def _fail(message: str, code: int) -> None:
-    from rich.markup import escape
-
-    from .render import stderr
-    stderr.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    _error_line(message)
     raise typer.Exit(code)
 
 
@@ -54,6 +89,22 @@ def guarded(fn):
     return wrapper
 
 
+@contextlib.contextmanager
+def _working(text: str):
+    """A spinner on stderr while a long step runs; yields (progress, note) callbacks for the api."""
+    from . import render
+    with render.stderr.status(text) as status:
+        def progress(msg: str) -> None:
+            status.update(msg)
+        yield progress, render.info
+
+
+def _wide_kw(fn, wide: bool) -> dict:
+    # TODO(merge): render.profile_table / plan_tables / sweep_table gain `wide=` on another track;
+    # pass it only where the function already takes it, then call them with wide= directly.
+    return {"wide": wide} if "wide" in inspect.signature(fn).parameters else {}
+
+
 def _write_out(path: Path, doc: dict, frame=None) -> None:
     from .report import to_json, write_csv, write_text
     if path.suffix.lower() == ".csv":
@@ -64,106 +115,134 @@ def _write_out(path: Path, doc: dict, frame=None) -> None:
         write_text(path, to_json(doc))
 
 
-SPEC_ARG = typer.Argument(..., help="Model spec (YAML), e.g. configs/gpt2-small.yaml.")
-DEVICE_OPT = typer.Option("auto", "--device", help="auto, cpu, cuda or meta (fake tensors: nothing allocated).")
+SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Model spec (YAML), e.g. configs/gpt2-small.yaml. A spec is code: "
+                          "`target:` imports and calls any callable; run only specs you trust.")
+DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: nothing allocated).")
 FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout: table, json or csv.")
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
+FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
+                         "that one step does not fit in the memory available.")
+WIDE_OPT = typer.Option(False, "--wide", help="Every column of the tables, however wide the terminal.")
+DEBUG_OPT = typer.Option(False, "--debug", help="Show tracebacks.")
+
+# The overrides every command that builds a model takes, declared once: `with_overrides` adds them
+# to a command's options and hands them over as **overrides (names as in api.load).
 BATCH_OPT = typer.Option(None, "--batch-size", "-b", min=1, help="Override input.batch_size.")
 SEQ_OPT = typer.Option(None, "--seq-len", min=1, help="Override the first input dimension (sequence length).")
-PREC_OPT = typer.Option(None, "--precision", help="Override train.precision: fp32, bf16 or fp16.")
-OPTIM_OPT = typer.Option(None, "--optimizer", help="Override train.optimizer: adamw, sgd-momentum or sgd.")
+PREC_OPT = typer.Option(None, "--precision", help="Override train.precision.")
+OPTIM_OPT = typer.Option(None, "--optimizer", help="Override train.optimizer.")
 ACCUM_OPT = typer.Option(None, "--accum", min=1, help="Override train.accum (gradient-accumulation steps).")
-DEBUG_OPT = typer.Option(False, "--debug", help="Show tracebacks.")
+OVERRIDES = (("batch_size", Optional[int], BATCH_OPT), ("seq_len", Optional[int], SEQ_OPT),
+             ("precision", Optional[Precision], PREC_OPT), ("optimizer", Optional[Optimizer], OPTIM_OPT),
+             ("accum", Optional[int], ACCUM_OPT))
+
+
+STRATEGY_NAMES = Strategy.names()
+
+
+def with_overrides(fn):
+    """Give a command ``def cmd(..., **overrides)`` the options --batch-size, --seq-len, --precision,
+    --optimizer and --accum (typer reads ``__signature__``)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
+               for name, ann, opt in OVERRIDES]
+    fn.__signature__ = sig.replace(parameters=params)
+    return fn
+
+
+def _given(overrides: dict) -> dict:
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in overrides.items() if v is not None}
 
 
 @app.command()
 @guarded
+@with_overrides
 def profile(
     spec: Path = SPEC_ARG,
-    device: str = DEVICE_OPT,
+    device: Device = DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = OUT_OPT,
-    batch_size: Optional[int] = BATCH_OPT,
-    seq_len: Optional[int] = SEQ_OPT,
-    precision: Optional[str] = PREC_OPT,
-    optimizer: Optional[str] = OPTIM_OPT,
-    accum: Optional[int] = ACCUM_OPT,
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats (the median is reported)."),
+    force: bool = FORCE_OPT,
+    wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
+    **overrides,
 ):
     """Per-layer parameter, output and saved-for-backward bytes, times, FLOPs and the predicted peak."""
     from . import api, render, report
-    s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                 optimizer=optimizer, accum=accum)
-    prof = api.profile(s, device=device, repeats=repeats)
+    if output is not None:
+        api.check_output_file(output)
+    s = api.load(spec, **_given(overrides))
+    with _working(f"profiling {s.name}") as (progress, note):
+        prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note)
     doc = report.profile_doc(prof)
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
         render.info(f"wrote {output}")
-    _emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof))
-
-
-STRATEGY_NAMES = ("none", "every-k", "sqrtn", "chen", "dp")
+    _emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof, **_wide_kw(render.profile_table,
+                                                                                                wide)))
 
 
 @app.command()
 @guarded
+@with_overrides
 def plan(
-    spec: Optional[Path] = typer.Argument(None, help="Model spec (YAML); or give --profile instead."),
+    spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile instead."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
                                          "500MB, plain bytes, or 40% of the no-checkpoint peak."),
-    strategy: str = typer.Option("dp", "--strategy", "-s", help="dp, chen, sqrtn, every-k, none or all."),
+    strategy: StrategyOrAll = typer.Option(StrategyOrAll.dp, "--strategy", "-s",
+                                           help="One strategy, or all to compare them."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
     profile_file: Optional[Path] = typer.Option(None, "--profile", help="A saved `ckplan profile -f json` "
-                                                "result, instead of profiling SPEC again."),
+                                                "result, instead of profiling SPEC again (no SPEC, "
+                                                "overrides or --device with it)."),
     sweep: bool = typer.Option(False, "--sweep", help="Every strategy's memory/overhead frontier: CSV and "
                                "PNG under --out-dir."),
     points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
-    device: str = DEVICE_OPT,
+    device: Optional[Device] = typer.Option(None, "--device", help="auto (the default), cpu, cuda or meta "
+                                            "(fake tensors: nothing allocated)."),
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
-    batch_size: Optional[int] = BATCH_OPT,
-    seq_len: Optional[int] = SEQ_OPT,
-    precision: Optional[str] = PREC_OPT,
-    optimizer: Optional[str] = OPTIM_OPT,
-    accum: Optional[int] = ACCUM_OPT,
+    force: bool = FORCE_OPT,
+    wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
+    **overrides,
 ):
     """Pick checkpoint boundaries under a memory budget (optimal dp, or a baseline), or sweep budgets."""
     from . import api, render, report
-    if strategy not in (*STRATEGY_NAMES, "all"):
-        raise UsageError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGY_NAMES)}, all")
-    s = None
-    if spec is not None:
-        s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                     optimizer=optimizer, accum=accum)
-    elif profile_file is None:
-        raise UsageError("plan needs a SPEC or --profile saved.json",
-                         tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
+    from .plan_report import sweep_doc
     if sweep:
-        prof, pts = api.sweep(s, profile_path=profile_file, device=device, points=points)
+        api.check_output_dir(out_dir)
+        with _working("sweeping") as (progress, note):
+            prof, pts = api.sweep(spec, profile_path=profile_file, device=device, points=points,
+                                  overrides=_given(overrides), force=force, progress=progress, note=note)
         files = report.write_sweep(out_dir, prof.model, pts)
-        doc = report.envelope("plan-sweep", {"model": prof.model, "device": prof.device,
-                                             "files": [str(f) for f in files],
-                                             "points": [p.to_dict() for p in pts]})
         render.info("wrote " + ", ".join(str(f) for f in files))
-        _emit(fmt, doc, report.sweep_frame(pts), lambda: render.sweep_table(pts))
+        _emit(fmt, sweep_doc(prof, pts, files), report.sweep_frame(pts),
+              lambda: render.sweep_table(pts, **_wide_kw(render.sweep_table, wide)))
         return
-    rep = api.plan(s, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device)
-    if rep.budget_bytes is not None:
-        from .units import format_bytes
-        render.info(f"budget {budget or ''} = {rep.budget_bytes} bytes = {format_bytes(rep.budget_bytes)} "
-                    f"({rep.budget_source})")
-    else:
-        render.info(f"budget: {rep.budget_source}")
+    if output is not None:
+        api.check_output_file(output)
+    with _working("planning") as (progress, note):
+        rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
+                       overrides=_given(overrides), force=force, progress=progress, note=note)
+    render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
     if output is not None:
         _write_out(output, doc)
         render.info(f"wrote {output}")
-    import pandas as pd
-    _emit(fmt, doc, pd.DataFrame(rep.summary_rows()), lambda: render.plan_tables(rep))
+    _emit(fmt, doc, rep.to_frame(), lambda: render.plan_tables(rep, **_wide_kw(render.plan_tables, wide)))
+
+
+def _budget_line(budget, rep) -> str:
+    from .units import format_bytes
+    if rep.budget_bytes is None:
+        return f"budget: {rep.budget_source}"
+    return (f"budget {budget or ''} = {rep.budget_bytes} bytes = {format_bytes(rep.budget_bytes)} "
+            f"({rep.budget_source})")
 
 
 @app.command()
@@ -181,13 +260,14 @@ def bench(
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="CPU only: treat a step whose "
                                                "live tensors pass this size as out of memory."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
-    device: str = DEVICE_OPT,
+    device: Device = DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
     batch_size: Optional[int] = BATCH_OPT,
     seq_len: Optional[int] = SEQ_OPT,
-    precision: Optional[str] = PREC_OPT,
-    optimizer: Optional[str] = OPTIM_OPT,
+    precision: Optional[Precision] = PREC_OPT,
+    optimizer: Optional[Optimizer] = OPTIM_OPT,
     accum: Optional[int] = ACCUM_OPT,
+    force: bool = FORCE_OPT,
     debug: bool = DEBUG_OPT,
 ):
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
@@ -202,7 +282,8 @@ def bench(
     n_plans = len(strategies) + (plan_file is not None)
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
-                        device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar)
+                        device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
+                        force=force)
     files = report.write_bench(out_dir, res)
     render.info("wrote " + ", ".join(str(f) for f in files))
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res))

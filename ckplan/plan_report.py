@@ -33,6 +33,11 @@ class PlanReport:
                 plan=r.plan.describe()))
         return rows
 
+    def to_frame(self):
+        """One row per strategy (the CSV of ``ckplan plan``)."""
+        import pandas as pd
+        return pd.DataFrame(self.summary_rows())
+
     def to_doc(self) -> dict[str, Any]:
         c = self.chosen
         prof = self.profile
@@ -52,3 +57,10 @@ class PlanReport:
             "plan": c.plan.to_dict(),
             "strategies": self.summary_rows(),
         })
+
+
+def sweep_doc(prof: Profile, points, files) -> dict[str, Any]:
+    """The JSON document of ``ckplan plan --sweep``."""
+    return envelope("plan-sweep", {"model": prof.model, "device": prof.device,
+                                   "files": [str(f) for f in files],
+                                   "points": [p.to_dict() for p in points]})

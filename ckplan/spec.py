@@ -3,11 +3,16 @@
 A spec names the model in exactly one of three ways (``builtin`` from ckplan's zoo, ``hf`` a
 Hugging Face config built offline with random weights, ``target`` the user's own factory), the
 inputs, the chain of checkpointable layers and the training settings. See README "Spec format".
+
+A spec is code. ``target: "package.module:callable"`` imports that module (running whatever it
+runs on import) and calls the callable with ``args:``, before ckplan can look at the result:
+``target: "os:system"`` would run a shell command. Run only specs you trust, as you would a
+Python script.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
-import math
 import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -15,12 +20,10 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import DependencyError, ModelRunError, SpecError
+from .errors import DependencyError, ModelRunError, SpecError, UsageError
+from .options import OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
-OPTIMIZERS = ("adamw", "sgd-momentum", "sgd")
-PRECISIONS = ("fp32", "bf16", "fp16")
-_OPT_ALIASES = {"sgd_momentum": "sgd-momentum", "momentum": "sgd-momentum", "adam": "adamw"}
 
 
 class _Strict(BaseModel):
@@ -86,7 +89,7 @@ class TrainSpec(_Strict):
     @field_validator("optimizer")
     @classmethod
     def _opt(cls, v):
-        v = _OPT_ALIASES.get(v, v)
+        v = OPTIMIZER_ALIASES.get(v, v)
         if v not in OPTIMIZERS:
             raise ValueError(f"optimizer {v!r} is not one of {', '.join(OPTIMIZERS)}")
         return v
@@ -103,7 +106,13 @@ class Spec(_Strict):
     def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,
                        precision: str | None = None, optimizer: str | None = None,
                        accum: int | None = None) -> Spec:
-        """The spec with command-line overrides applied (and validated again)."""
+        """The spec with overrides applied (the CLI's --batch-size etc., the API's keywords), validated.
+
+        Each override is checked on its own first, so a bad one is named as the argument it came
+        from (``precision='int8'``), not as the spec field it would have replaced.
+        """
+        check_overrides(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                        accum=accum)
         d = self.model_dump()
         if batch_size is not None:
             d["input"]["batch_size"] = batch_size
@@ -113,8 +122,24 @@ class Spec(_Strict):
                 d["input"]["labels"]["shape"] = [seq_len, *d["input"]["labels"]["shape"][1:]]
         for key, val in (("precision", precision), ("optimizer", optimizer), ("accum", accum)):
             if val is not None:
-                d["train"][key] = val
-        return validate(d, source="command-line overrides")
+                d["train"][key] = str(val) if key != "accum" else val
+        return validate(d, source="overrides")
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name}={value!r} must be a whole number of at least 1")
+
+
+def check_overrides(*, batch_size=None, seq_len=None, precision=None, optimizer=None, accum=None) -> None:
+    """Reject a bad override by its argument name (``accum=0``, ``precision='int8'``)."""
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("accum", accum)):
+        if value is not None:
+            _positive_int(name, value)
+    if precision is not None and str(precision) not in PRECISIONS:
+        raise UsageError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if optimizer is not None and OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer)) not in OPTIMIZERS:
+        raise UsageError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
 
 
 def _loc(err: dict) -> str:
@@ -176,8 +201,10 @@ def build_model(spec: Spec, device: str = "cpu"):
         else:
             model = _build_target(spec.model.target, spec.model.args)
     if not isinstance(model, torch.nn.Module):
-        raise SpecError(f"model.{'target' if spec.model.target else 'builtin'} returned "
-                        f"{type(model).__name__}, not a torch.nn.Module")
+        where = f"model.target {spec.model.target!r}" if spec.model.target else "model.builtin"
+        raise SpecError(f"{where} returned {type(model).__name__}, not a torch.nn.Module",
+                        tip="a target is any importable callable and ckplan has already run it: "
+                            "run only specs you trust" if spec.model.target else None)
     return model.train()
 
 
@@ -210,17 +237,63 @@ def _build_hf(fields: dict, task: str | None):
                               tip="pip install 'ckplan[hf]'") from None
     fields = dict(fields)
     model_type = fields.pop("model_type")
+    config_cls = _hf_config_class(transformers, model_type)
+    _check_hf_fields(config_cls, model_type, fields)
     try:
-        config = transformers.AutoConfig.for_model(model_type, **fields)
-    except ValueError as e:
-        raise SpecError(f"model.hf.model_type {model_type!r}: {e}".split("\n")[0],
-                        tip="use a model_type transformers knows, e.g. gpt2, bert, llama") from None
+        config = config_cls(**fields)
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"model.hf for model_type {model_type!r}: {e}".split("\n")[0]) from None
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
     auto = getattr(transformers, _HF_TASKS[task])
     try:
         return auto.from_config(config, attn_implementation="sdpa")
     except (ValueError, ImportError):
         return auto.from_config(config)
+
+
+def _hf_config_class(transformers, model_type):
+    mapping = transformers.CONFIG_MAPPING
+    try:
+        return mapping[model_type]
+    except KeyError:
+        close = difflib.get_close_matches(str(model_type), list(mapping.keys()), n=3)
+        hint = f"did you mean {' or '.join(map(repr, close))}?" if close else \
+            "use a model_type transformers knows, e.g. gpt2, bert, llama"
+        raise SpecError(f"model.hf.model_type {model_type!r} is not a model type transformers "
+                        f"{transformers.__version__} knows", tip=hint) from None
+
+
+def hf_config_fields(config_cls) -> set[str]:
+    """Every field name a Hugging Face config class takes: its signature, its defaults, its aliases."""
+    import dataclasses
+    import inspect
+    known = set(getattr(config_cls, "attribute_map", {}) or {})
+    for cls in config_cls.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            known |= {p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+    if dataclasses.is_dataclass(config_cls):
+        known |= {f.name for f in dataclasses.fields(config_cls)}
+    try:
+        default = config_cls()
+        known |= set(default.to_dict())
+        known |= {a for a in vars(default) if not a.startswith("_")}
+    except Exception:  # a config that needs arguments: the signature above is what we have
+        pass
+    return known
+
+
+def _check_hf_fields(config_cls, model_type: str, fields: dict) -> None:
+    # transformers keeps unknown keywords as attributes without a word, so `n_layers: 2` (a typo
+    # for n_layer) would silently build the default 12 layers.
+    known = hf_config_fields(config_cls)
+    for name in fields:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise SpecError(f"model.hf.{name}: {config_cls.__name__} ({model_type}) has no field {name!r}",
+                            tip=f"did you mean {close[0]!r}?" if close else
+                            f"see the fields of transformers.{config_cls.__name__}")
 
 
 def _build_target(target: str, args: dict):
@@ -301,7 +374,3 @@ def to_loss(out):
         return to_loss(first)
     raise ModelRunError(f"cannot make a loss from the model's output of type {type(out).__name__}",
                         tip="return a tensor or an object with a `.loss`")
-
-
-def numel(shape) -> int:
-    return math.prod(shape)

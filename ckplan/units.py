@@ -13,9 +13,10 @@ from .errors import UsageError
 _DECIMAL = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
 _BINARY = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
 _UNITS = {**_DECIMAL, **_BINARY, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
 
 ACCEPTED_SIZES = "a size like 12GB (10^9 bytes), 12GiB (2^30 bytes), 500MB, 2048 (bytes)"
+MAX_SIZE = 2**63 - 1  # int64 bytes (8 EiB): beyond any machine, and what torch and NVML can count
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
@@ -29,8 +30,16 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         unit = m.group(3).lower() if m else None
         if not m or unit not in _UNITS:
             raise UsageError(f"{what} {str(text)!r} is not a size", tip=f"use {ACCEPTED_SIZES}")
-        number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
-        value = int(round(number * _UNITS[unit]))
+        # Exact decimal arithmetic: 1e400 is a (huge) size to reject, not a float overflow.
+        from decimal import Decimal
+        exp = int(m.group(2)) if m.group(2) else 0
+        if exp > 40:  # beyond MAX_SIZE whatever the unit; checked before building a 10**exp number
+            raise UsageError(f"{what} {str(text)!r} is larger than any machine's memory",
+                             tip=f"use {ACCEPTED_SIZES}")
+        value = int((Decimal(m.group(1)).scaleb(exp) * _UNITS[unit]).to_integral_value())
+    if value > MAX_SIZE:
+        raise UsageError(f"{what} {str(text)!r} is larger than any machine's memory (over 8 EiB)",
+                         tip=f"use {ACCEPTED_SIZES}")
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be more than 0 bytes", tip=f"use {ACCEPTED_SIZES}")
     return value
@@ -66,7 +75,3 @@ def format_flops(f: int | float | None) -> str:
         if f >= scale:
             return f"{f / scale:.3g} {unit}"
     return f"{int(f)} FLOP"
-
-
-def format_pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"

@@ -2,9 +2,13 @@
 import re
 from pathlib import Path
 
+import pytest
 import torch
+from conftest import tiny_gpt_spec
 
 import ckplan
+from ckplan import api
+from ckplan.errors import UsageError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -34,3 +38,44 @@ def test_ci_runs_the_readme_test_command():
     cmd = re.search(r"# 2\. install and run the tests\n(.+)\n", readme).group(1).strip()
     ci = (README.parent / ".ci" / "run").read_text()
     assert cmd in ci
+
+
+# ---- the Python API validates like the CLI, naming its own arguments ---------------------------
+
+def _mlp_and_batch():
+    from ckplan.zoo import build_builtin
+    return build_builtin("mlp", dict(in_features=8, depth=3, width=8, activation="relu")), torch.randn(4, 8)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"precision": "int8"}, "precision='int8'"), ({"accum": 0}, "accum=0"),
+    ({"optimizer": "lion"}, "optimizer='lion'"), ({"strategy": "fastest"}, "strategy='fastest'"),
+    ({"k": 0}, "k=0"), ({"budget": "1e400"}, "larger than any machine"), ({"budget": "lots"}, "'lots'"),
+])
+def test_plan_model_rejects_bad_arguments_by_their_api_names(kw, needle):
+    model, x = _mlp_and_batch()
+    with pytest.raises(UsageError) as e:
+        ckplan.plan_model(model, x, **kw)
+    assert needle in str(e.value) and "--" not in e.value.message
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda s: api.profile(s, device="gpu"), "device='gpu'"),
+    (lambda s: api.plan(s, strategy="fastest", device="meta"), "strategy='fastest'"),
+    (lambda s: api.plan(s, budget="12 parsecs", device="meta"), "budget '12 parsecs'"),
+    (lambda s: api.bench(s, strategies=["dp", "fastest"], device="cpu"), "strategy='fastest'"),
+    (lambda s: api.bench(s, strategies=["none"], device="cpu", memory_limit="-1"), "memory_limit"),
+    (lambda s: api.bench(s, strategies=["none"], device="cpu", steps=0), "steps=0"),
+    (lambda s: api.profile_model(torch.nn.Linear(2, 2), (torch.randn(1, 2),), {}, name="m", chain=None,
+                                 device="cpu", precision="int8"), "precision='int8'"),
+])
+def test_api_functions_reject_bad_arguments(tmp_path, call, needle):
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    with pytest.raises(UsageError) as e:
+        call(spec)
+    assert needle in str(e.value) and "--" not in e.value.message  # API names, not CLI flags
+
+
+def test_api_load_overrides_are_validated(tmp_path):
+    with pytest.raises(UsageError, match="precision='int8'"):
+        api.load(tiny_gpt_spec(tmp_path), precision="int8")

@@ -1,5 +1,6 @@
 """The command line: JSON envelopes (key sets pinned), exit codes, one-line errors."""
 import json
+from pathlib import Path
 
 import pytest
 from conftest import CONFIGS, tiny_gpt_spec, write_spec
@@ -141,3 +142,127 @@ def test_bad_plan_file_exit_2(tmp_path):
     bad.write_text('{"n_layers": 3, "checkpoints": [[0, 2], [1, 3]]}')
     r = run("bench", tiny_gpt_spec(tmp_path), "--device", "cpu", "--compare", "none", "--plan", bad)
     assert r.exit_code == 2 and "overlap" in r.output
+
+
+# ---- usage errors: one line, exit 2, before anything runs -------------------------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "x.yaml", "--k", "0"], "--k"),
+    (["profile"], "Missing argument 'SPEC'"),
+    (["profile", "x.yaml", "--bogus"], "No such option: --bogus"),
+    (["plan", "x.yaml", "--strategy", "fastest"], "'fastest' is not one of"),
+    (["profile", "x.yaml", "--precision", "int8"], "'int8' is not one of"),
+    (["bench", "x.yaml", "--device", "tpu"], "'tpu' is not one of"),
+    (["frobnicate"], "No such command"),
+])
+def test_typer_usage_errors_are_one_error_line(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
+    assert needle in lines[0] and "Tip: see `" in lines[0] and "--help`" in lines[0]
+    assert "╭" not in r.output and "Traceback" not in r.output
+
+
+def _model_that_must_not_run(tmp_path, monkeypatch):
+    (tmp_path / "never_built.py").write_text("def make():\n    raise SystemExit('the model was built')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return write_spec(tmp_path, "model: {target: 'never_built:make'}\ninput: {batch_size: 2, shape: [4]}")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--budget", "12 parsecs"], "budget '12 parsecs'"),
+    (["plan", "--budget", "1e400"], "larger than any machine"),
+    (["plan", "--budget", "nan%"], "not a percentage"),
+    (["bench", "--budget", "1e400GB"], "larger than any machine"),
+    (["bench", "--memory-limit", "lots"], "memory_limit 'lots'"),
+])
+def test_options_checked_before_the_model_is_built(tmp_path, monkeypatch, args, needle):
+    spec = _model_that_must_not_run(tmp_path, monkeypatch)
+    r = run(args[0], spec, "--device", "cpu", *args[1:], "--out-dir", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "the model was built" not in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["SPEC"], "SPEC (spec)"),
+    (["--batch-size", "4"], "batch_size=4"),
+    (["--precision", "bf16"], "precision='bf16'"),
+    (["--device", "cpu"], "device='cpu'"),
+])
+def test_plan_profile_with_what_it_would_ignore_is_an_error(tmp_path, extra, needle):
+    spec = tiny_gpt_spec(tmp_path)
+    saved = tmp_path / "p.json"
+    assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
+    extra = [spec if x == "SPEC" else x for x in extra]
+    r = run("plan", *extra, "--profile", saved)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "would be ignored" in r.output
+
+
+def _saved_profile(tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    saved = tmp_path / "p.json"
+    assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
+    return json.loads(saved.read_text())
+
+
+def _dup(doc):
+    doc["layers"].insert(2, dict(doc["layers"][1]))
+
+
+def _drop(doc):
+    del doc["layers"][2]
+
+
+def _swap(doc):
+    doc["layers"][1], doc["layers"][2] = doc["layers"][2], doc["layers"][1]
+
+
+@pytest.mark.parametrize("breakit,needle", [
+    (lambda d: d["layers"][2].update(fwd_ms=float("nan")), "layers[2].fwd_ms"),
+    (lambda d: d["layers"][1].update(bwd_ms=-1.0), "layers[1].bwd_ms"),
+    (lambda d: d["layers"][3].update(saved_bytes=-5), "layers[3].saved_bytes"),
+    (lambda d: d["layers"][1].update(output_bytes=1.5), "layers[1].output_bytes"),
+    (lambda d: d["totals"].update(optimizer_bytes=-1), "totals.optimizer_bytes"),
+    (lambda d: d["totals"].pop("param_bytes"), "totals.param_bytes is missing"),
+    (lambda d: d["layers"][2].pop("fwd_flops"), "layers[2].fwd_flops is missing"),
+    (_dup, "layers[2].index"),
+    (_drop, "layers[2].index"),
+    (_swap, "layers[1].index"),
+    (lambda d: d.update(batch_size=0), "batch_size"),
+])
+def test_bad_profile_json_is_rejected_with_the_field_named(tmp_path, breakit, needle):
+    doc = _saved_profile(tmp_path)
+    breakit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))  # NaN is written as the NaN literal, as json.dumps does
+    r = run("plan", "--profile", bad)
+    assert r.exit_code == 2, r.output
+    assert needle in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
+def test_output_checked_before_running(tmp_path, monkeypatch):
+    spec = _model_that_must_not_run(tmp_path, monkeypatch)
+    (tmp_path / "adir").mkdir()
+    r = run("profile", spec, "--device", "cpu", "-o", tmp_path / "adir")
+    assert r.exit_code == 2 and "the model was built" not in r.output
+    (tmp_path / "afile").write_text("x")
+    r = run("plan", spec, "--device", "cpu", "--sweep", "--out-dir", tmp_path / "afile")
+    assert r.exit_code == 2 and "the model was built" not in r.output
+
+
+def test_wide_flag_is_accepted(tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    assert run("profile", spec, "--device", "meta", "--wide").exit_code == 0
+    assert run("plan", spec, "--device", "meta", "--wide", "--strategy", "all").exit_code == 0
+
+
+def test_cli_has_no_rich_or_pandas_imports():
+    import ast
+
+    import ckplan.cli as cli
+    tree = ast.parse(Path(cli.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not names & {"rich", "pandas"}

@@ -1,0 +1,85 @@
+"""The names users choose from (strategies, devices, precisions, optimizers), defined once.
+
+Pure Python, no torch and no typer: the CLI (typer validates these enums), the Python API and the
+spec all read them from here. Each enum's members are ``str`` subclasses, so ``Precision.bf16 ==
+"bf16"`` and a member can go wherever a plain name went (``enum.StrEnum`` semantics; written as
+``str, Enum`` with ``__str__`` so it also runs on Python 3.10, which the package still supports).
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+from .errors import UsageError
+
+
+class _Names(str, Enum):
+    def __str__(self) -> str:  # "bf16", not "Precision.bf16", in messages and f-strings
+        return self.value
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(m.value for m in cls)
+
+    @classmethod
+    def parse(cls, value, *, what: str):
+        """The member named ``value``, or a :class:`UsageError` naming ``what`` and the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise UsageError(f"{what}={value!r} is not one of {', '.join(cls.names())}") from None
+
+
+class Strategy(_Names):
+    none = "none"
+    every_k = "every-k"
+    sqrtn = "sqrtn"
+    chen = "chen"
+    dp = "dp"
+
+
+class StrategyOrAll(_Names):
+    """What ``plan --strategy`` accepts: one strategy, or ``all`` to compare them."""
+
+    none = "none"
+    every_k = "every-k"
+    sqrtn = "sqrtn"
+    chen = "chen"
+    dp = "dp"
+    all = "all"
+
+
+class Device(_Names):
+    auto = "auto"  # cuda when PyTorch sees a GPU, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+    meta = "meta"  # fake tensors: sizes and FLOPs, nothing allocated
+
+
+class Precision(_Names):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Optimizer(_Names):
+    adamw = "adamw"
+    sgd_momentum = "sgd-momentum"
+    sgd = "sgd"
+
+
+# Spellings accepted in specs and the API besides the canonical names above.
+OPTIMIZER_ALIASES = {"sgd_momentum": "sgd-momentum", "momentum": "sgd-momentum", "adam": "adamw"}
+
+
+class Fmt(_Names):
+    """What a command writes to stdout."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+STRATEGIES = Strategy.names()
+DEVICES = Device.names()
+PRECISIONS = Precision.names()
+OPTIMIZERS = Optimizer.names()
