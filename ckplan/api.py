@@ -70,16 +70,15 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     dev = resolve_device(device)
     if dev.type not in ("cpu", "cuda"):
         return None
-    from .preflight import cpu_attention_paths
     _tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
     try:
         model = build_model(spec, "meta")
         args, kwargs = make_batch(spec, "meta")
-        with cpu_attention_paths(dev.type == "cpu"):
-            meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
-                                 chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
-                                 precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
-                                 repeats=1, warmup=0)
+        # The meta pass follows the attention kernels of the device the run will use.
+        meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
+                             chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
+                             precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
+                             repeats=1, warmup=0, meta_target=dev.type)
     except (SpecError, UsageError, DependencyError):
         raise  # the same mistake would stop the real run: say it now
     except Exception as e:  # the model cannot run on fake tensors; the real run may still work
@@ -135,8 +134,13 @@ def check_train_args(*, optimizer: str, precision: str, accum: int) -> None:
 
 def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, optimizer: str = "adamw",
                   precision: str = "fp32", accum: int = 1, lr: float = 1e-4, repeats: int = 3,
-                  warmup: int = 1, spec: dict | None = None, loss_fn=to_loss) -> Profile:
-    """Profile any model on a sample batch; the model is not changed."""
+                  warmup: int = 1, spec: dict | None = None, loss_fn=to_loss,
+                  meta_target: str | None = None) -> Profile:
+    """Profile any model on a sample batch; the model is not changed.
+
+    On ``device="meta"``, ``meta_target`` ('cpu' or 'cuda'; default: cuda when this machine has
+    one, else cpu) is the device whose attention kernels the fake pass follows.
+    """
     import torch
 
     from .measure import device_info
@@ -148,7 +152,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     precision = str(precision)
     dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
-                     repeats=repeats, warmup=warmup, accum=accum)
+                     repeats=repeats, warmup=warmup, accum=accum, meta_target=meta_target)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     opt_state, opt_tmp = optimizer_memory(trainable, optimizer, lr, dev.type)
@@ -156,7 +160,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
     buffer_bytes = sum(b.untyped_storage().nbytes() for b in dict.fromkeys(model.buffers()))
     inputs = batch_bytes(args, kwargs)
-    notes = []
+    notes = list(m.notes)
     if dev.type == "meta":
         notes.append("meta device: sizes and FLOPs are exact; times are estimated from FLOPs "
                      "at an assumed 100 TFLOP/s, not measured")

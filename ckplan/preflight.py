@@ -19,8 +19,6 @@ Margins, and why:
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,58 +71,6 @@ def decide(predicted_peak_bytes: int, available: Available, device: str) -> Verd
     return Verdict(device=device, predicted_peak_bytes=predicted_peak_bytes, needed_bytes=needed,
                    available_bytes=available.bytes, source=available.source, fits=fits)
 
-
-@contextlib.contextmanager
-def cpu_attention_paths(enabled: bool = True):
-    """During a meta pass, run attention with dropout as PyTorch's CPU kernels do: the math path.
-
-    The meta profile assumes fused attention (it keeps no (B, H, T, T) matrix), but on CPU the
-    fused kernel takes no dropout, so training BERT-style models with attention dropout keeps the
-    attention probabilities and the dropout mask per layer: 2.3x the meta prediction for BERT-large
-    at 8 x 512. The preflight must not under-predict, so for a CPU target it models those calls by
-    their math decomposition (scores, softmax, dropout, matmul), which is what the CPU runs.
-    TODO(merge): once the profiler's meta pass follows the target device's attention path
-    (issue 7 item 4), this patch is redundant and can go.
-    """
-    if not enabled:
-        yield
-        return
-    import torch
-    import torch.nn.functional as F
-
-    original = F.scaled_dot_product_attention
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-        if not dropout_p:  # no dropout: whatever the unpatched meta pass does (the fused kernel)
-            F.scaled_dot_product_attention = original
-            try:
-                return original(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal,
-                                scale=scale, **kw)
-            finally:
-                F.scaled_dot_product_attention = sdpa
-        if kw.get("enable_gqa") and key.size(-3) != query.size(-3):
-            rep = query.size(-3) // key.size(-3)
-            key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
-        s = (1 / math.sqrt(query.size(-1))) if scale is None else scale
-        scores = (query * s) @ key.transpose(-2, -1)
-        L, S = query.size(-2), key.size(-2)
-        if is_causal:
-            keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                else scores + attn_mask
-        probs = F.dropout(scores.softmax(-1), dropout_p, training=True)
-        return probs @ value
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-# ---- reading the machine ---------------------------------------------------------------------
 
 def available_memory(device) -> Available:
     """What ``device`` (a torch.device or its type name) has free now."""
