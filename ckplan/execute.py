@@ -88,8 +88,8 @@ class _Call:
     ``leaves`` says which tensor of the previous layer's output went into each slot.
     """
 
-    __slots__ = ("args", "kwargs", "slots", "leaves", "cpu_rng", "device_type", "devices",
-                 "device_rng", "autocast")
+    __slots__ = ("args", "autocast", "cpu_rng", "device_rng", "device_type", "devices", "kwargs",
+                 "leaves", "slots")
 
     def __init__(self, args: tuple, kwargs: dict, links: list[tuple[int | str, int]]):
         a, k = list(args), dict(kwargs)
@@ -130,7 +130,7 @@ class _Call:
 class _Frame:
     """An open checkpoint of the first forward: torch's frame and its saved-tensor hook."""
 
-    __slots__ = ("item", "frame", "hook")
+    __slots__ = ("frame", "hook", "item")
 
     def __init__(self, item: Checkpoint, frame, hook):
         self.item, self.frame, self.hook = item, frame, hook
