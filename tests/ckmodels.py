@@ -17,7 +17,7 @@ class ScaledBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, hidden_states, scale: float = 1.0, gain=None):
-        y = torch.tanh(self.up(hidden_states) * scale)  # (B, 2d)
+        y = torch.tanh(self.up(hidden_states.to(self.up.weight.dtype)) * scale)  # (B, 2d)
         if gain is not None:
             y = y * gain
         return hidden_states + self.down(self.drop(y))
@@ -94,3 +94,14 @@ def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, 
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(model_type, **fields)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+
+
+class MixedPrecisionChain(ScaledChain):
+    """Runs layer 1 with autocast turned off inside the caller's autocast region (per-layer state)."""
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i, layer in enumerate(self.layers):
+            with torch.autocast("cpu", enabled=i != 1):
+                h = layer(h, scale=float(i + 1), gain=self.gains[i])
+        return self.head(h).float().pow(2).mean()

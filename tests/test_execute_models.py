@@ -264,3 +264,49 @@ def test_torch_save_load_round_trip_keeps_the_plan():
         assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6), n
     remove_plan(loaded)
     assert "forward" not in loaded.layers[0].__dict__
+
+
+def test_autocast_state_per_layer_and_second_backward():
+    """bf16 autocast (turned off for one layer by the model) and backward twice on one graph."""
+    torch.manual_seed(0)
+    model = ckmodels.MixedPrecisionChain(d=32, n_layers=4, dropout=0.2)
+    x = torch.randn(4, 32)
+
+    def grads(plan):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        ex = apply_plan(model, plan) if plan else None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x)
+        loss.backward(retain_graph=True)
+        loss.backward()  # recomputes again: same RNG, same autocast state, gradients doubled
+        if ex:
+            ex.remove()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    g0 = grads(None)
+    for ranges in ([(0, 2), (2, 4)], [(0, 4), (1, 3)], [(0, 3), (0, 1), (1, 3)]):
+        g1 = grads(Plan("custom", 4, items_from_ranges(4, ranges)))
+        for n in g0:
+            assert torch.allclose(g1[n], g0[n], rtol=1e-5, atol=1e-6), (ranges, n)
+
+
+def test_no_grad_forward_runs_plain_and_fallback_is_correct(monkeypatch):
+    import ckplan.execute as execute
+    torch.manual_seed(0)
+    model = ckmodels.ScaledChain(d=16, n_layers=4)
+    x = torch.randn(4, 16)
+    plan = Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)]))
+    ref = model(x)
+    with apply_plan(model, plan), torch.no_grad():
+        assert model(x).item() == ref.item()
+    _, g0 = _step(model, (x,), {}, None)
+    # Without torch's checkpoint frames: warn, checkpoint each layer alone, same gradients.
+    monkeypatch.setattr(execute, "_CAN_SPAN", False)
+    with pytest.warns(RuntimeWarning, match="each layer"):
+        ex = apply_plan(model, plan)
+    ex.remove()
+    with pytest.warns(RuntimeWarning):
+        _, g1 = _step(model, (x,), {}, plan)
+    for n in g0:
+        assert torch.allclose(g1[n], g0[n], rtol=1e-5, atol=1e-6), n
