@@ -29,9 +29,17 @@ Known limits:
 * A model that changes the hidden state between two layers of one segment (``x = layer(x) *
   0.5``, or in place) is refused with ModelRunError: spanning it would keep every changed tensor.
   Checkpoints of one layer each always work.
+* A Hugging Face key/value cache passed to a checkpointed layer is refused (ModelRunError):
+  the recompute would append to it twice. Training wants ``use_cache: false``.
+* A checkpoint keeps the tensors its layers receive besides the hidden state (masks, position
+  ids) until its backward, as ``torch.utils.checkpoint`` keeps its arguments. When no op of the
+  plain step saves them they add their bytes to the plan's peak, which the profile does not
+  model (4.5 KiB, a bool sliding-window mask and ``position_ids``, on configs/hf-qwen2-alt.yaml).
 * A layer called with an intermediate activation that is not the previous layer's output (a
   skip connection over several layers) runs correctly, but the record keeps that tensor alive
   until backward, which the planner does not model.
+* Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
+  RNG states when a GPU is in use) until the segment's backward.
 * The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
   on the chain layers themselves run in the first forward only (hooks on their submodules run in
   both, as with torch's checkpoint).
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import types
 import warnings
@@ -181,6 +190,19 @@ def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]]
     return [], []
 
 
+def _refuse_kv_cache(i: int, args: tuple, kwargs: dict) -> None:
+    """A Hugging Face key/value cache would be appended to again by the recompute (a wrong-size
+    error deep inside attention at best), so say what to change before anything runs."""
+    for value in [*args, *kwargs.values()]:
+        if any(c.__name__ == "Cache" and c.__module__.startswith("transformers")
+               for c in type(value).__mro__):
+            raise ModelRunError(
+                f"chain layer {i} got a key/value cache ({type(value).__name__}); a checkpointed layer "
+                "runs twice and would append to it twice",
+                tip="turn the cache off for training: `use_cache: false` in the spec's hf: fields, "
+                    "or model.config.use_cache = False")
+
+
 def _enclosing(items: tuple[Item, ...], outer: tuple[Checkpoint, ...], path: dict[int, tuple]) -> None:
     for it in items:
         if isinstance(it, Store):
@@ -198,6 +220,10 @@ class _PlannedForward:
 
     def __call__(self, *args, **kwargs):
         return self.executor._run(self.index, args, kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what inspect.signature(layer.forward) shows
+        return inspect.signature(self.executor._orig[self.index])
 
     def __repr__(self) -> str:
         return f"<ckplan planned forward of layer {self.index}>"
@@ -248,6 +274,7 @@ class PlanExecutor:
             return orig(*args, **kwargs)
         if not _CAN_SPAN:
             return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        _refuse_kv_cache(i, args, kwargs)
         tls = self._tls
         seg: _Segment | None = getattr(tls, "seg", None)
         if seg is not None and seg.top is path[0] and i > seg.last:

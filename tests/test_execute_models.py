@@ -310,3 +310,16 @@ def test_no_grad_forward_runs_plain_and_fallback_is_correct(monkeypatch):
         _, g1 = _step(model, (x,), {}, plan)
     for n in g0:
         assert torch.allclose(g1[n], g0[n], rtol=1e-5, atol=1e-6), n
+
+
+def test_hf_kv_cache_is_refused_with_the_fix():
+    """With use_cache on, the recompute would append to the cache a second time (today: a size
+    mismatch deep in attention); ckplan says what to change before anything runs."""
+    pytest.importorskip("transformers")
+    model = ckmodels.hf_alternating("qwen2", 4)
+    model.config.use_cache = True
+    args, kwargs = _lm_batch()
+    with apply_plan(model, Plan("custom", 4, items_from_ranges(4, [(0, 2), (2, 4)]))):
+        with pytest.raises(ModelRunError, match="use_cache: false"):
+            model(*args, **kwargs)
+    model(*args, **kwargs).loss.backward()  # without a plan the cache is harmless
