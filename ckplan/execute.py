@@ -322,7 +322,7 @@ class PlanExecutor:
 
     # ---- the recompute (called by torch during backward) ------------------------------------
     def _recompute(self, calls: dict[int, _Call], items: tuple[Item, ...], *inputs: torch.Tensor):
-        recorded = [c for c in calls.values()]
+        recorded = list(calls.values())
         devices = sorted({d for c in recorded for d in c.devices})
         device_type = recorded[0].device_type if recorded else None
         with torch.random.fork_rng(devices=devices, device_type=device_type):
