@@ -18,6 +18,11 @@ def first_tensor(obj):
     return None
 
 
+def tensor_leaves(obj) -> list[torch.Tensor]:
+    """Every tensor in a layer's output, in pytree order (HF layers return tensors or tuples)."""
+    return [leaf for leaf in tree_flatten(obj)[0] if isinstance(leaf, torch.Tensor)]
+
+
 def _containers(model: nn.Module):
     for name, mod in model.named_modules():
         if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) >= 2:

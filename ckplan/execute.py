@@ -1,43 +1,232 @@
-"""Apply any Plan (nested checkpoints included) to a model's chain with torch.utils.checkpoint.
+"""Apply any Plan (nested checkpoints included) to a model's chain with torch's checkpointing.
 
-How: each chain layer's ``forward`` is replaced by an instance attribute (state_dict keys, hooks
-and the module tree stay as they are; ``remove()`` restores the originals).
+How: each chain layer's ``forward`` is replaced by an instance attribute (a small picklable
+object; state_dict keys, hooks and the module tree stay as they are; ``remove()`` restores the
+originals). The model's own forward still calls every layer itself, with its own arguments.
 
 * ``Store(i)`` layers run as before.
-* The first layer of a top-level ``Checkpoint(s, t)`` runs layers s..t-1 itself inside one
-  non-reentrant ``torch.utils.checkpoint.checkpoint`` (RNG state preserved, so dropout masks are
-  the same when recomputed); inner checkpoints nest the same way. The model then calls layers
-  s+1..t-1 as usual; they hand back the segment's output without running again.
-* Every layer of a segment gets the same extra arguments as its first layer (attention masks,
-  position embeddings), and the next layer's hidden state is the first tensor of the previous
-  layer's output, which is what Hugging Face's and ckplan's models do. A model that changes the
-  hidden state between layers is detected and refused for multi-layer segments.
+* A top-level ``Checkpoint(s, t)`` spans the model's calls of layers s..t-1 with one
+  non-reentrant checkpoint frame (torch.utils.checkpoint's ``_CheckpointFrame`` and
+  ``_checkpoint_hook``). Its saved-tensor hook is active only *inside* those layer calls, so the
+  tensors the layers save are dropped and the model's own code between two calls saves as usual.
+  Each call is recorded: its arguments and keywords with the hidden-state tensors left out (so
+  the record keeps no intermediate activation alive; masks, position embeddings and per-layer
+  arguments are kept), the RNG state and the autocast state. During backward the frame's
+  recompute replays the recorded calls from the segment's saved input, each layer with its own
+  arguments, RNG and autocast state, following the checkpoint's ``inner`` plan: nested
+  checkpoints are nested frames in the first forward and nested
+  ``torch.utils.checkpoint.checkpoint`` calls in the recompute, so a saved tensor of an inner
+  checkpoint belongs to the innermost frame and an inner checkpoint's input is saved to its
+  parent (torch's rules for nested checkpoints). Memory is what the planner models: a checkpoint
+  keeps its input and its last output, nothing per layer.
+* The hidden state of layer j+1 is found by identity: the argument (positional or keyword, at
+  the top level of the call) that *is* a tensor layer j returned. Several such tensors (a hidden
+  state and a residual stream) are all carried. For the first layer of a segment it is the first
+  positional tensor, else ``hidden_states=``, else the first tensor argument.
+
+Known limits:
+
+* A model that changes the hidden state between two layers of one segment (``x = layer(x) *
+  0.5``, or in place) is refused with ModelRunError: spanning it would keep every changed tensor.
+  Checkpoints of one layer each always work.
+* A Hugging Face key/value cache passed to a checkpointed layer is refused (ModelRunError):
+  the recompute would append to it twice. Training wants ``use_cache: false``.
+* A checkpoint keeps the tensors its layers receive besides the hidden state (masks, position
+  ids) until its backward, as ``torch.utils.checkpoint`` keeps its arguments. When no op of the
+  plain step saves them they add their bytes to the plan's peak, which the profile does not
+  model (4.5 KiB, a bool sliding-window mask and ``position_ids``, on configs/hf-qwen2-alt.yaml).
+* A layer called with an intermediate activation that is not the previous layer's output (a
+  skip connection over several layers) runs correctly, but the record keeps that tensor alive
+  until backward, which the planner does not model.
+* Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
+  RNG states when a GPU is in use) until the segment's backward.
+* The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
+  on the chain layers themselves run in the first forward only (hooks on their submodules run in
+  both, as with torch's checkpoint).
+* The frame machinery is a private part of torch (present in torch 2.4 to 2.13). Without it the
+  executor warns and checkpoints each layer of a multi-layer segment on its own: the math is the
+  same, the memory is that of one-layer checkpoints.
+* ``copy.deepcopy`` and pickling (``torch.save(model)``) keep the plan: the copy carries its
+  own executor bound to the copy's layers (loading it needs ckplan importable). Call
+  ``remove_plan(model)`` first for a plain copy. ``state_dict`` is unchanged by a plan.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import threading
+import types
+import warnings
+import weakref
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from .chainfind import first_tensor, resolve_chain
+from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
-from .planner.plan import Checkpoint, Plan, Store
+from .planner.plan import Checkpoint, Item, Plan, Store
 
 _ATTR = "_ckplan_executor"
 
+try:  # torch's non-reentrant checkpoint internals (stable in torch 2.4 .. 2.13)
+    from torch.utils import checkpoint as _tc
+    _CheckpointFrame = _tc._CheckpointFrame
+    _checkpoint_hook = _tc._checkpoint_hook
+    _metadata_fn = _tc._allowed_determinism_checks_to_fns[_tc._DEFAULT_DETERMINISM_MODE]
+    _infer_device_type = _tc._infer_device_type
+    _get_device_module = _tc._get_device_module
+    _get_autocast_kwargs = _tc._get_autocast_kwargs
+    _CAN_SPAN = hasattr(_CheckpointFrame, "save_inputs") and hasattr(_CheckpointFrame, "get_inputs")
+except (ImportError, AttributeError, KeyError):  # pragma: no cover - depends on the torch version
+    _CAN_SPAN = False
 
 
-def _split_hidden(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Any]:
-    """The hidden state and a function that puts a new one in its place."""
+def _early_stop() -> bool:
+    flag = getattr(_tc, "_enable_checkpoint_early_stop", None)
+    return True if flag is None else flag
+
+
+class _Call:
+    """One layer call inside a checkpointed segment, as the first forward made it.
+
+    ``slots`` (positions or keyword names) held the tensors carried from the previous layer;
+    they are blanked here so the record never keeps an intermediate activation alive.
+    ``leaves`` says which tensor of the previous layer's output went into each slot.
+    """
+
+    __slots__ = ("args", "autocast", "cpu_rng", "device_rng", "device_type", "devices", "kwargs",
+                 "leaves", "slots")
+
+    def __init__(self, args: tuple, kwargs: dict, links: list[tuple[int | str, int]]):
+        a, k = list(args), dict(kwargs)
+        for slot, _ in links:
+            if isinstance(slot, int):
+                a[slot] = None
+            else:
+                k[slot] = None
+        self.args, self.kwargs = tuple(a), k
+        self.slots = tuple(s for s, _ in links)
+        self.leaves = tuple(li for _, li in links)
+        # RNG and autocast as torch.utils.checkpoint stashes them, but per layer call.
+        self.device_type = _infer_device_type(args, kwargs)
+        self.cpu_rng = torch.get_rng_state()
+        if getattr(_get_device_module(self.device_type), "_initialized", False):
+            self.devices, self.device_rng = _tc.get_device_states(args, kwargs)
+        else:
+            self.devices, self.device_rng = [], []
+        self.autocast = _get_autocast_kwargs(self.device_type)
+
+    def replay(self, forward, inputs: list[torch.Tensor]):
+        a, k = list(self.args), dict(self.kwargs)
+        for slot, value in zip(self.slots, inputs):
+            if isinstance(slot, int):
+                a[slot] = value
+            else:
+                k[slot] = value
+        torch.set_rng_state(self.cpu_rng)
+        if self.devices:
+            _tc.set_device_states(self.devices, self.device_rng, device_type=self.device_type)
+        dev_kw, cpu_kw = self.autocast
+        dev_ctx = (torch.amp.autocast(device_type=self.device_type, **dev_kw)
+                   if dev_kw is not None else contextlib.nullcontext())
+        with dev_ctx, torch.amp.autocast("cpu", **cpu_kw):
+            return forward(*a, **k)
+
+
+class _Frame:
+    """An open checkpoint of the first forward: torch's frame and its saved-tensor hook."""
+
+    __slots__ = ("frame", "hook", "item")
+
+    def __init__(self, item: Checkpoint, frame, hook):
+        self.item, self.frame, self.hook = item, frame, hook
+
+
+class _Segment:
+    """The state of one top-level checkpoint while the model's forward runs through it."""
+
+    def __init__(self, top: Checkpoint):
+        self.top = top
+        self.calls: dict[int, _Call] = {}
+        self.open: list[_Frame] = []  # the frames enclosing the current layer, outermost first
+        self.last = -1  # the last layer called
+        self.prev: list[tuple[weakref.ref, int]] = []  # the last output's tensors (weak) and versions
+
+    def link(self, args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]], list[torch.Tensor]] | None:
+        """Where the previous layer's output went in this call; None if it is not there unchanged."""
+        links, inputs = [], []
+        prev = [(ref(), ver) for ref, ver in self.prev]
+        for slot, value in [*enumerate(args), *kwargs.items()]:
+            if not isinstance(value, torch.Tensor):
+                continue
+            for li, (t, ver) in enumerate(prev):
+                if t is value:
+                    if t._version != ver:  # changed in place between the two layers
+                        return None
+                    links.append((slot, li))
+                    inputs.append(value)
+                    break
+        return (links, inputs) if links else None
+
+    def close(self) -> None:
+        for f in self.open:
+            f.frame.forward_completed = True
+        self.open.clear()
+
+
+def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]], list[torch.Tensor]]:
+    """The hidden state of a segment's first layer: args[0], else ``hidden_states=``, else the
+    first tensor argument. (Any choice gives the same math; it decides what the frame saves.)"""
     if args and isinstance(args[0], torch.Tensor):
-        return args[0], lambda h: ((h, *args[1:]), kwargs)
+        return [(0, 0)], [args[0]]
     if isinstance(kwargs.get("hidden_states"), torch.Tensor):
-        return kwargs["hidden_states"], lambda h: (args, {**kwargs, "hidden_states": h})
-    raise ModelRunError("a chain layer was called without a tensor as its first argument or "
-                        "`hidden_states=`; ckplan cannot tell which argument is the hidden state")
+        return [("hidden_states", 0)], [kwargs["hidden_states"]]
+    for slot, value in [*enumerate(args), *kwargs.items()]:
+        if isinstance(value, torch.Tensor):
+            return [(slot, 0)], [value]
+    return [], []
+
+
+def _refuse_kv_cache(i: int, args: tuple, kwargs: dict) -> None:
+    """A Hugging Face key/value cache would be appended to again by the recompute (a wrong-size
+    error deep inside attention at best), so say what to change before anything runs."""
+    for value in [*args, *kwargs.values()]:
+        if any(c.__name__ == "Cache" and c.__module__.startswith("transformers")
+               for c in type(value).__mro__):
+            raise ModelRunError(
+                f"chain layer {i} got a key/value cache ({type(value).__name__}); a checkpointed layer "
+                "runs twice and would append to it twice",
+                tip="turn the cache off for training: `use_cache: false` in the spec's hf: fields, "
+                    "or model.config.use_cache = False")
+
+
+def _enclosing(items: tuple[Item, ...], outer: tuple[Checkpoint, ...], path: dict[int, tuple]) -> None:
+    for it in items:
+        if isinstance(it, Store):
+            path[it.layer] = outer
+        else:
+            _enclosing(it.inner, (*outer, it), path)
+
+
+class _PlannedForward:
+    """The ``forward`` installed on a chain layer. A plain object (not a closure) so that
+    ``copy.deepcopy`` rebinds it to the copy's executor and ``pickle`` can store it."""
+
+    def __init__(self, executor: PlanExecutor, index: int):
+        self.executor, self.index = executor, index
+
+    def __call__(self, *args, **kwargs):
+        return self.executor._run(self.index, args, kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what inspect.signature(layer.forward) shows
+        return inspect.signature(self.executor._orig[self.index])
+
+    def __repr__(self) -> str:
+        return f"<ckplan planned forward of layer {self.index}>"
 
 
 class PlanExecutor:
@@ -48,69 +237,121 @@ class PlanExecutor:
             raise SpecError(f"the plan is for {plan.n_layers} layers but chain {chain_path!r} has {len(layers)}",
                             tip="make the plan for this model (same spec, same chain)")
         self.model, self.layers, self.plan, self.chain_path = model, layers, plan, chain_path
-        self._tls = threading.local()
         self._had_forward = [("forward" in layer.__dict__, layer.__dict__.get("forward")) for layer in layers]
-        self._orig = [layer.forward for layer in layers]
-        self._role: dict[int, Any] = {}
-        for item in plan.items:
-            if isinstance(item, Store):
-                self._role[item.layer] = "store"
-            else:
-                self._role[item.start] = item
-                for i in range(item.start + 1, item.stop):
-                    self._role[i] = ("pass", item)
+        self._path: dict[int, tuple[Checkpoint, ...]] = {}  # checkpoints enclosing each layer
+        _enclosing(plan.items, (), self._path)
+        self._init_transient()
+        if not _CAN_SPAN and any(c.stop - c.start > 1 for c in self._checkpoints()):
+            warnings.warn("this torch has no non-reentrant checkpoint frames to span several layers; "
+                          "ckplan checkpoints each layer of a multi-layer segment on its own (same "
+                          "gradients, more memory than the plan predicts)", RuntimeWarning, stacklevel=3)
         for i, layer in enumerate(layers):
-            layer.forward = self._make_forward(i)
+            layer.forward = _PlannedForward(self, i)
         setattr(model, _ATTR, self)
 
-    @property
-    def _depth(self) -> int:
-        return getattr(self._tls, "depth", 0)
+    def _init_transient(self) -> None:
+        self._tls = threading.local()
+        self._orig = [fwd if had else types.MethodType(type(layer).forward, layer)
+                      for layer, (had, fwd) in zip(self.layers, self._had_forward)]
 
-    def _make_forward(self, i: int):
-        def forward(*args, **kwargs):
-            role = self._role[i]
-            if self._depth > 0 or role == "store":
-                return self._orig[i](*args, **kwargs)
-            if isinstance(role, Checkpoint):
-                out = checkpoint(self._run_items, role.inner, *args, use_reentrant=False,
-                                 preserve_rng_state=True, **kwargs)
-                if role.stop - role.start > 1:  # the layers after it hand this back
-                    self._tls.last = (role, out, first_tensor(out))
-                return out
-            _, seg = role
-            last = getattr(self._tls, "last", None)
-            hidden, _ = _split_hidden(args, kwargs)
-            if last is None or last[0] is not seg or hidden is not last[2]:
+    def _checkpoints(self):
+        return (it for it, _ in self.plan.walk() if isinstance(it, Checkpoint))
+
+    # ---- copy and pickle: the copy carries its own executor, bound to its own layers --------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_tls"], state["_orig"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_transient()
+
+    # ---- the first forward ----------------------------------------------------------------
+    def _run(self, i: int, args: tuple, kwargs: dict):
+        orig, path = self._orig[i], self._path[i]
+        if not path or not torch.is_grad_enabled():
+            return orig(*args, **kwargs)
+        if not _CAN_SPAN:
+            return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        _refuse_kv_cache(i, args, kwargs)
+        tls = self._tls
+        seg: _Segment | None = getattr(tls, "seg", None)
+        if seg is not None and seg.top is path[0] and i > seg.last:
+            found = seg.link(args, kwargs)
+            if found is None:
+                tls.seg = None
+                seg.close()
                 raise ModelRunError(
-                    f"layer {i} of {self.chain_path!r} did not receive the output of layer {i - 1} "
-                    "unchanged, so a multi-layer checkpoint cannot span it",
+                    f"layer {i} of {self.chain_path!r} did not receive the output of layer {seg.last} "
+                    "unchanged (the model changes the hidden state between layers), so a multi-layer "
+                    "checkpoint cannot span it",
                     tip="use a plan whose checkpoints hold one layer each (--strategy every-k --k 1)")
-            if i == seg.stop - 1:
-                # Drop our reference: holding the segment's output would keep it alive (and
-                # counted) through the whole backward.
-                self._tls.last = None
-            return last[1]
-        return forward
-
-    def _run_items(self, items, *args, **kwargs):
-        self._tls.depth = self._depth + 1
+        else:
+            if seg is not None:
+                seg.close()
+            seg = tls.seg = _Segment(path[0])
+            found = _entry_links(args, kwargs)
+        links, inputs = found
+        # Leave the frames that end before layer i (the model skipped their last layers) and
+        # open the checkpoints that start here; a frame's input is saved to its parent frame.
+        while seg.open and not (seg.open[-1].item.start <= i < seg.open[-1].item.stop):
+            seg.open.pop().frame.forward_completed = True
+        for item in path[len(seg.open):]:
+            frame = _CheckpointFrame(functools.partial(self._recompute, seg.calls, item.inner),
+                                     _early_stop(), None, _metadata_fn)
+            with seg.open[-1].hook if seg.open else contextlib.nullcontext():
+                frame.save_inputs(*inputs)
+            seg.open.append(_Frame(item, frame, _checkpoint_hook(frame)))
+        seg.calls[i] = _Call(args, kwargs, links)
         try:
-            out = None
-            for item in items:
-                if isinstance(item, Store):
-                    out = self.layers[item.layer](*args, **kwargs)
-                else:
-                    out = checkpoint(self._run_items, item.inner, *args, use_reentrant=False,
-                                     preserve_rng_state=True, **kwargs)
-                _, put = _split_hidden(args, kwargs)
-                args, kwargs = put(first_tensor(out))
-            return out
-        finally:
-            self._tls.depth -= 1
+            with seg.open[-1].hook:
+                out = orig(*args, **kwargs)
+        except BaseException:
+            tls.seg = None
+            seg.close()
+            raise
+        seg.last = i
+        while seg.open and seg.open[-1].item.stop == i + 1:
+            seg.open.pop().frame.forward_completed = True
+        if seg.open:
+            seg.prev = [(weakref.ref(t), t._version) for t in tensor_leaves(out)]
+        else:  # the segment is done; keep nothing of it
+            tls.seg = None
+        return out
+
+    # ---- the recompute (called by torch during backward) ------------------------------------
+    def _recompute(self, calls: dict[int, _Call], items: tuple[Item, ...], *inputs: torch.Tensor):
+        recorded = list(calls.values())
+        devices = sorted({d for c in recorded for d in c.devices})
+        device_type = recorded[0].device_type if recorded else None
+        with torch.random.fork_rng(devices=devices, device_type=device_type):
+            return self._replay(calls, items, list(inputs))
+
+    def _replay(self, calls: dict[int, _Call], items: tuple[Item, ...], inputs: list[torch.Tensor]):
+        """Run ``items`` from the recorded calls; ``inputs`` fill the slots of the first call."""
+        out, first = None, True
+        for item in items:
+            lo, hi = (item.layer, item.layer + 1) if isinstance(item, Store) else (item.start, item.stop)
+            j = next((j for j in range(lo, hi) if j in calls), None)
+            if j is None:  # the model did not call these layers in the first forward
+                continue
+            if not first:
+                leaves = tensor_leaves(out)
+                inputs = [leaves[li] for li in calls[j].leaves]
+            first = False
+            if isinstance(item, Store):
+                out = calls[j].replay(self._orig[j], inputs)
+            else:
+                out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,
+                                 use_reentrant=False, preserve_rng_state=False)
+        return out
 
     def remove(self) -> None:
-        self._tls.last = None
+        seg = getattr(self._tls, "seg", None)
+        if seg is not None:
+            seg.close()
+        self._tls.seg = None
         for layer, (had, fwd) in zip(self.layers, self._had_forward):
             if had:
                 layer.forward = fwd

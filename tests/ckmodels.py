@@ -1,0 +1,107 @@
+"""Test models whose layers get different arguments per layer (for the executor's tests).
+
+Importable as a spec ``target:`` (``target: ckmodels:ScaledChain``) because tests/ is on sys.path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class ScaledBlock(nn.Module):
+    """A residual MLP block whose output depends on a per-call ``scale`` (float) and ``gain`` (tensor)."""
+
+    def __init__(self, d: int, dropout: float):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, hidden_states, scale: float = 1.0, gain=None):
+        y = torch.tanh(self.up(hidden_states.to(self.up.weight.dtype)) * scale)  # (B, 2d)
+        if gain is not None:
+            y = y * gain
+        return hidden_states + self.down(self.drop(y))
+
+
+class ScaledChain(nn.Module):
+    """Layer i is called with ``scale=i+1`` and ``gain=self.gains[i]`` (a slice of a parameter);
+    even layers get the hidden state positionally, odd ones as ``hidden_states=``.
+
+    ``probe``: the model's own code between two layer calls saves tensors for backward (it adds
+    ``(h * probe).sum()`` to the loss) without changing the hidden state.
+    """
+
+    def __init__(self, d: int = 32, n_layers: int = 6, dropout: float = 0.0, probe: bool = False):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList(ScaledBlock(d, dropout) for _ in range(n_layers))
+        self.gains = nn.Parameter(torch.linspace(0.5, 1.5, n_layers))
+        self.probe = nn.Parameter(torch.randn(d) * 0.1) if probe else None
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        aux = None
+        for i, layer in enumerate(self.layers):
+            if i % 2 == 0:
+                h = layer(h, scale=float(i + 1), gain=self.gains[i])
+            else:
+                h = layer(hidden_states=h, scale=float(i + 1), gain=self.gains[i])
+            if self.probe is not None:
+                p = (h * self.probe).sum()  # saves h and probe, outside the layers
+                aux = p if aux is None else aux + p
+        loss = self.head(h).pow(2).mean()
+        return loss if aux is None else loss + 1e-3 * aux
+
+
+class TwoStreamBlock(nn.Module):
+    """Takes and returns two tensors (hidden state and a residual stream), like parallel-residual models."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, h, r, scale: float = 1.0):
+        r = r + torch.tanh(self.a(h)) * scale
+        return h + self.b(torch.relu(r)), r
+
+
+class TwoStream(nn.Module):
+    def __init__(self, d: int = 16, n_layers: int = 5):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList(TwoStreamBlock(d) for _ in range(n_layers))
+
+    def forward(self, x):
+        h = self.inp(x)
+        r = torch.zeros_like(h)
+        for i, layer in enumerate(self.layers):
+            h, r = layer(h, r, scale=1.0 / (i + 1))
+        return (h * r).mean()
+
+
+def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
+    """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
+    import transformers
+    fields = dict(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  layer_types=["full_attention", "sliding_attention"] * (n_layers // 2),
+                  sliding_window=4, attention_dropout=dropout, use_cache=False)
+    if model_type == "qwen2":
+        fields.update(use_sliding_window=True, max_window_layers=0)
+    else:  # gemma2 / gemma3_text
+        fields.update(head_dim=16, query_pre_attn_scalar=16)
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+
+
+class MixedPrecisionChain(ScaledChain):
+    """Runs layer 1 with autocast turned off inside the caller's autocast region (per-layer state)."""
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i, layer in enumerate(self.layers):
+            with torch.autocast("cpu", enabled=i != 1):
+                h = layer(h, scale=float(i + 1), gain=self.gains[i])
+        return self.head(h).float().pow(2).mean()

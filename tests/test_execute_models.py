@@ -1,0 +1,325 @@
+"""Plans never change the math on models that pass different arguments to each layer.
+
+Oracle: the loss and every parameter gradient with a plan applied equal those without one
+(fp32, rtol 1e-5), for every strategy, hand-built nested plans, and dropout (same RNG).
+Models: Hugging Face Qwen2 / Gemma2 / Gemma3 with alternating full and sliding-window attention
+(each layer gets its own mask, Gemma3 its own rotary embeddings), and ``target:`` models of
+tests/ckmodels.py whose layers get a per-layer float and tensor keyword.
+"""
+import copy
+import io
+import textwrap
+
+import ckmodels
+import pytest
+import torch
+from conftest import write_spec
+
+from ckplan import api
+from ckplan.errors import ModelRunError
+from ckplan.execute import apply_plan, remove_plan
+from ckplan.measure import LiveTensorTracker
+from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, trace
+from ckplan.planner.plan import Checkpoint, items_from_ranges
+
+NESTED = {  # hand-built plans with inner checkpoints (ranges, outermost first)
+    4: [[[0, 4], [1, 3]], [[0, 3], [0, 1], [1, 3], [2, 3]], [[1, 4], [2, 4]], [[0, 4], [0, 2], [2, 4]]],
+    6: [[[0, 6], [1, 5], [2, 4]], [[0, 3], [0, 2], [3, 6], [4, 6]], [[1, 6], [1, 3], [3, 6], [3, 5]]],
+}
+
+
+def _step(model, args, kwargs, plan):
+    """Loss and gradients of one step, with ``plan`` applied (None: no plan)."""
+    torch.manual_seed(123)  # same dropout masks in every run
+    model.zero_grad(set_to_none=True)
+    ex = apply_plan(model, plan) if plan is not None else None
+    try:
+        out = model(*args, **kwargs)
+        loss = out if isinstance(out, torch.Tensor) else out.loss
+        loss.backward()
+    finally:
+        if ex is not None:
+            ex.remove()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _plans(model, args, kwargs, n):
+    """Every strategy (k=2, 3; chen and dp at a budget halfway down and at the floor) and the nested plans."""
+    prof = api.profile_model(model, args, kwargs, name="t", chain=None, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    chain = chain_from_profile(prof)
+    none_peak = plan_chain(chain, "none").score.peak_bytes
+    mid = (none_peak + min_peak(chain)) // 2
+    plans = [plan_chain(chain, "none").plan, plan_chain(chain, "every-k", k=2).plan,
+             plan_chain(chain, "every-k", k=3).plan, plan_chain(chain, "sqrtn").plan,
+             plan_chain(chain, "chen", mid).plan, plan_chain(chain, "dp", mid).plan,
+             plan_chain(chain, "dp", min_peak(chain)).plan]
+    plans += [Plan("custom", n, items_from_ranges(n, [tuple(r) for r in rs])) for rs in NESTED[n]]
+    return list({p.describe(): p for p in plans}.values())  # each distinct plan once
+
+
+def _assert_same_math(model, args, kwargs, n):
+    loss0, g0 = _step(model, args, kwargs, None)
+    multi = 0
+    for plan in _plans(model, args, kwargs, n):
+        loss1, g1 = _step(model, args, kwargs, plan)
+        assert loss1 == pytest.approx(loss0, rel=1e-6), plan.describe()
+        assert g1.keys() == g0.keys()
+        for name in g0:
+            assert torch.allclose(g1[name], g0[name], rtol=1e-5, atol=1e-6), (plan.describe(), name)
+        multi += any(isinstance(it, Checkpoint) and it.stop - it.start > 1 for it, _ in plan.walk())
+    assert multi >= 5  # the interesting plans were there
+    return loss0
+
+
+def _lm_batch(seq=32, batch=2):
+    ids = torch.randint(0, 101, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return (), {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.parametrize("model_type,n,dropout", [
+    ("qwen2", 4, 0.0), ("gemma3_text", 4, 0.1),
+    pytest.param("qwen2", 6, 0.1, marks=pytest.mark.slow),
+    pytest.param("gemma2", 4, 0.0, marks=pytest.mark.slow)])
+def test_hf_alternating_attention_every_plan_same_gradients(model_type, n, dropout):
+    pytest.importorskip("transformers")
+    model = ckmodels.hf_alternating(model_type, n, dropout=dropout)
+    args, kwargs = _lm_batch()
+    loss0 = _assert_same_math(model, args, kwargs, n)
+    # The oracle can fail: with every layer given the full-attention mask the loss changes.
+    model.config.layer_types = ["full_attention"] * n
+    assert abs(_step(model, args, kwargs, None)[0] - loss0) > 1e-4
+
+
+@pytest.mark.parametrize("dropout,probe", [(0.0, False), (0.3, False), (0.3, True)])
+def test_target_model_with_per_layer_keywords(tmp_path, dropout, probe):
+    spec = api.load(write_spec(tmp_path, textwrap.dedent(f"""
+        model:
+          target: ckmodels:ScaledChain
+          args: {{d: 32, n_layers: 6, dropout: {dropout}, probe: {str(probe).lower()}}}
+        input: {{batch_size: 4, shape: [32], dtype: float32}}
+        chain: layers
+    """)))
+    from ckplan.spec import build_model, make_batch
+    model = build_model(spec)
+    args, kwargs = make_batch(spec)
+    _assert_same_math(model, args, kwargs, 6)
+
+
+def test_two_tensors_carried_between_layers():
+    torch.manual_seed(0)
+    model = ckmodels.TwoStream(n_layers=4)
+    x = torch.randn(3, 16)
+    _assert_same_math(model, (x,), {}, 4)
+
+
+def test_multi_layer_segment_keeps_only_input_and_output():
+    """Bytes live after the forward: exactly the simulator's, and what each segment drops is
+    the sum of what its layers would store minus the boundary it keeps."""
+    torch.manual_seed(0)
+    model = ckmodels.ScaledChain(d=64, n_layers=6)
+    x = torch.randn(8, 64)
+    prof = api.profile_model(model, (x,), {}, name="t", chain="layers", device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    chain = chain_from_profile(prof)
+
+    def live_after_forward(plan):
+        with apply_plan(model, plan), LiveTensorTracker() as tr:
+            loss = model(x)
+            live = tr.live - loss.untyped_storage().nbytes()  # the simulator counts the loss as 0
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        return live, loss.item()
+
+    def predicted(plan):
+        post = next(e for e in trace(chain, plan) if e.op == "F" and e.stage == chain.n_layers)
+        return post.mem_bytes - chain.persistent_bytes
+
+    none = plan_chain(chain, "none").plan
+    base, loss0 = live_after_forward(none)
+    assert base == predicted(none)
+    for plan in (plan_chain(chain, "every-k", k=2).plan, plan_chain(chain, "every-k", k=3).plan,
+                 Plan("custom", 6, items_from_ranges(6, [(0, 6), (1, 5), (2, 4)]))):
+        dropped = sum(sum(chain.layers[k].xbar_bytes for k in range(it.start, it.stop))
+                      - chain.layers[it.stop - 1].x_bytes for it in plan.items if isinstance(it, Checkpoint))
+        live, loss = live_after_forward(plan)
+        assert loss == pytest.approx(loss0, rel=1e-6), plan.describe()  # and the math is right
+        assert live == predicted(plan), plan.describe()
+        assert live == base - dropped, plan.describe()
+
+
+def test_changed_hidden_state_in_place_is_refused():
+    import torch.nn as nn
+
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+                x.mul_(0.5)  # same tensor object, changed between two layers
+            return x
+
+    m = InPlace()
+    with apply_plan(m, Plan("custom", 3, items_from_ranges(3, [(0, 3)]))):
+        with pytest.raises(ModelRunError, match="unchanged"):
+            m(torch.randn(2, 4))
+
+
+def test_thread_local_segments():
+    """Two threads running the same planned model at once each get the right gradients."""
+    import threading
+    torch.manual_seed(0)
+    model = ckmodels.ScaledChain(d=16, n_layers=4)
+    xs = [torch.randn(4, 16) for _ in range(2)]
+    ref = [torch.autograd.grad(model(x), list(model.parameters())) for x in xs]
+    got = [None, None]
+    plan = Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)]))
+    with apply_plan(model, plan):
+        def work(i):
+            for _ in range(5):
+                got[i] = torch.autograd.grad(model(xs[i]), list(model.parameters()))
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    for r, g in zip(ref, got):
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(r, g))
+
+
+# ---- copies and checkpoints of a model with a plan applied (issue 7, item 12b) ---------------
+def _planned_model():
+    torch.manual_seed(0)
+    model = ckmodels.ScaledChain(d=16, n_layers=4, dropout=0.2)
+    apply_plan(model, Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)])))
+    return model
+
+
+def test_deepcopy_runs_its_own_layers():
+    model = _planned_model()
+    x = torch.randn(4, 16)
+    twin = copy.deepcopy(model)
+    assert twin._ckplan_executor is not model._ckplan_executor
+    assert twin._ckplan_executor.layers[0] is twin.layers[0]
+    torch.manual_seed(1)
+    before = model(x).item()
+    with torch.no_grad():
+        twin.layers[2].down.weight.mul_(3.0)  # change the copy only
+    torch.manual_seed(1)
+    assert model(x).item() == before
+    torch.manual_seed(1)
+    assert twin(x).item() != before
+    with torch.no_grad():  # and the other way round
+        model.layers[1].up.bias.add_(1.0)
+    torch.manual_seed(1)
+    twin_out = twin(x).item()
+    remove_plan(twin)
+    torch.manual_seed(1)
+    assert twin(x).item() == pytest.approx(twin_out, rel=1e-6)  # plain twin: same value
+
+
+def test_deepcopy_gradients_are_right():
+    model = _planned_model()
+    x = torch.randn(4, 16)
+    twin = copy.deepcopy(model)
+    torch.manual_seed(2)
+    twin(x).backward()
+    assert all(p.grad is None for p in model.parameters())  # nothing leaked into the original
+    got = {n: p.grad.clone() for n, p in twin.named_parameters()}
+    plain = copy.deepcopy(twin)
+    remove_plan(plain)
+    plain.zero_grad(set_to_none=True)
+    torch.manual_seed(2)
+    plain(x).backward()
+    for n, p in plain.named_parameters():
+        assert torch.allclose(got[n], p.grad, rtol=1e-5, atol=1e-6), n
+    assert "forward" not in plain.layers[0].__dict__
+
+
+def test_torch_save_load_round_trip_keeps_the_plan():
+    model = _planned_model()
+    keys = list(model.state_dict())
+    remove_plan(model)
+    assert list(model.state_dict()) == keys  # a plan adds and removes no state_dict key
+    apply_plan(model, Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)])))
+    x = torch.randn(4, 16)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert list(loaded.state_dict()) == keys
+    ex = loaded._ckplan_executor
+    assert ex.model is loaded and ex.layers[3] is loaded.layers[3] and ex.plan == model._ckplan_executor.plan
+    torch.manual_seed(3)
+    a = model(x)
+    a.backward()
+    torch.manual_seed(3)
+    b = loaded(x)
+    b.backward()
+    assert a.item() == b.item()
+    for (n, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6), n
+    remove_plan(loaded)
+    assert "forward" not in loaded.layers[0].__dict__
+
+
+def test_autocast_state_per_layer_and_second_backward():
+    """bf16 autocast (turned off for one layer by the model) and backward twice on one graph."""
+    torch.manual_seed(0)
+    model = ckmodels.MixedPrecisionChain(d=32, n_layers=4, dropout=0.2)
+    x = torch.randn(4, 32)
+
+    def grads(plan):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        ex = apply_plan(model, plan) if plan else None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x)
+        loss.backward(retain_graph=True)
+        loss.backward()  # recomputes again: same RNG, same autocast state, gradients doubled
+        if ex:
+            ex.remove()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    g0 = grads(None)
+    for ranges in ([(0, 2), (2, 4)], [(0, 4), (1, 3)], [(0, 3), (0, 1), (1, 3)]):
+        g1 = grads(Plan("custom", 4, items_from_ranges(4, ranges)))
+        for n in g0:
+            assert torch.allclose(g1[n], g0[n], rtol=1e-5, atol=1e-6), (ranges, n)
+
+
+def test_no_grad_forward_runs_plain_and_fallback_is_correct(monkeypatch):
+    import ckplan.execute as execute
+    torch.manual_seed(0)
+    model = ckmodels.ScaledChain(d=16, n_layers=4)
+    x = torch.randn(4, 16)
+    plan = Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)]))
+    ref = model(x)
+    with apply_plan(model, plan), torch.no_grad():
+        assert model(x).item() == ref.item()
+    _, g0 = _step(model, (x,), {}, None)
+    # Without torch's checkpoint frames: warn, checkpoint each layer alone, same gradients.
+    monkeypatch.setattr(execute, "_CAN_SPAN", False)
+    with pytest.warns(RuntimeWarning, match="each layer"):
+        ex = apply_plan(model, plan)
+    ex.remove()
+    with pytest.warns(RuntimeWarning):
+        _, g1 = _step(model, (x,), {}, plan)
+    for n in g0:
+        assert torch.allclose(g1[n], g0[n], rtol=1e-5, atol=1e-6), n
+
+
+def test_hf_kv_cache_is_refused_with_the_fix():
+    """With use_cache on, the recompute would append to the cache a second time (today: a size
+    mismatch deep in attention); ckplan says what to change before anything runs."""
+    pytest.importorskip("transformers")
+    model = ckmodels.hf_alternating("qwen2", 4)
+    model.config.use_cache = True
+    args, kwargs = _lm_batch()
+    with apply_plan(model, Plan("custom", 4, items_from_ranges(4, [(0, 2), (2, 4)]))):
+        with pytest.raises(ModelRunError, match="use_cache: false"):
+            model(*args, **kwargs)
+    model(*args, **kwargs).loss.backward()  # without a plan the cache is harmless
