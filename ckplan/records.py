@@ -40,6 +40,7 @@ class StageRecord:
     bwd_tmp_bytes: int  # peak during the backward window above live bytes at its start
     fwd_peak_bytes: int  # peak live bytes during the forward window, relative to the step's start
     bwd_peak_bytes: int  # peak live bytes during the backward window, relative to the step's start
+    cast_bytes: int = 0  # autocast's low-precision weight copies first made in this stage's forward
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -20,7 +20,7 @@ from ckplan.planner import (
     sweep,
 )
 from ckplan.planner.plan import Checkpoint, Store
-from ckplan.planner.strategies import chen_grid, plan_chen_threshold
+from ckplan.planner.baselines import chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain
 
 
