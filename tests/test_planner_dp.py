@@ -27,11 +27,11 @@ from ckplan.planner import (
     plan_sqrtn,
     simulate,
 )
+from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.chain import Chain
 from ckplan.planner.dp import DPSolver, fixed_peak
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of
-from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain
 from ckplan.units import format_bytes
 

@@ -68,7 +68,7 @@ def calibrate(chain: Chain, profile: Profile) -> Chain:
     base = replace(chain, pre=replace(chain.pre, fwd_tmp_bytes=0, bwd_tmp_bytes=0),
                    post=replace(chain.post, fwd_tmp_bytes=0, bwd_tmp_bytes=0),
                    layers=tuple(replace(ly, fwd_tmp_bytes=0, bwd_tmp_bytes=0) for ly in chain.layers))
-    live: dict[tuple[str, int], int] = {}
+    live: dict[tuple[str, int | None], int] = {}
     for ev in trace(base, plan_none(chain.n_layers)):
         if ev.op in ("F", "B"):
             live[(ev.op, ev.stage)] = ev.live_bytes

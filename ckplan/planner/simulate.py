@@ -97,7 +97,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     n = len(L)
     mem = chain.persistent_bytes
     recompute_ms = 0.0
-    peak, where = -1, ("", None, None)
+    peak = -1
+    where: _Where = ("", None, None)
 
     def op(name: str, stage: int | None, ctx: tuple[int, int] | None, again: bool, live: int,
            transient: int, after: int) -> None:

@@ -88,7 +88,9 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     fits with less recompute.
     """
     n = chain.n_layers
-    slot, exact, notes = None, None, ()
+    slot: int | None = None
+    exact: bool | None = None
+    notes: tuple[str, ...] = ()
     if strategy == "none":
         plan = plan_none(n)
     elif strategy == "every-k":
@@ -147,7 +149,7 @@ def compare(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     CLI prints the table, then exits with :class:`ckplan.errors.InfeasibleBudgetError`'s code
     (3); ``infeasible_budget(rows)`` says when.
     """
-    rows = []
+    rows: list[PlanResult] = []
     for s in strategies:
         try:
             rows.append(plan_chain(chain, s, budget_bytes, k, **dp_options))

@@ -105,9 +105,9 @@ class PairCosts:
         # there, x[e-1]'s gradient is gone.
         self.inner_extra = np.zeros((U + 1, U + 1), dtype=np.int64)
         for e in range(1, U + 1):
-            s = np.arange(e)
+            starts = np.arange(e)
             self.store_req[:e, e] = np.maximum(u.fwd_req[:e],
-                                               u.bwd_req[:e] + self.grads[s + 1, e] - xo[e - 1])
+                                               u.bwd_req[:e] + self.grads[starts + 1, e] - xo[e - 1])
             j = np.arange(1, e)
             self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
         # fnone[s, j]: forward-without-saving peak of units s..j-1 (j <= U-1).
@@ -161,10 +161,10 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                 best = (est, j)
         if best is None:
             raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
-        j = best[1]
-        if j is None:
+        pick = best[1]
+        if pick is None:
             return None, mb - int(u.hold[s]), None
-        return j, mb - int(xo[j - 1]), mb - int(pc.inner_extra[j, e])
+        return pick, mb - int(xo[pick - 1]), mb - int(pc.inner_extra[pick, e])
 
     return choose
 
@@ -235,10 +235,10 @@ class CostTable:
                 best = (v, j)
         if best[0] == INF:
             raise RuntimeError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
-        j = best[1]
-        if j is None:
+        pick = best[1]
+        if pick is None:
             return None, m - int(self.hold_slots[s]), None
-        return j, m - int(self.x_slots[j - 1]), min(m - int(self.inner_slots[j, e]), self.M)
+        return pick, m - int(self.x_slots[pick - 1]), min(m - int(self.inner_slots[pick, e]), self.M)
 
     def slot_ranges(self, m: int) -> list[tuple[int, int]]:
         """The table's own optimal plan at slot ``m``: the same arithmetic as the table, in
