@@ -57,13 +57,13 @@ builds the tables for a chain and reads plans from them.
 
 Mixed precision (``Layer.cast_bytes``): autocast's weight copies of a layer inside a top-level
 checkpoint stay live until the forward ends (see ``simulate.py``). The tables do not model them
-(they add memory to the forward only, which the one-budget sub-problems cannot express), so on
-such chains the solver reads its tables at lower budgets until the simulated plan fits: first at
-the budget, then lowered by the overshoot, and at worst at ``budget - sum(cast_bytes)``, where
-every plan of the tables fits. ``min_peak`` is then the smallest simulated peak of a search
-(min-peak reads at several slacks, the baselines), an upper bound on the true minimum; plans
-are never over budget, but ``exact`` is False and a budget in the narrow band between the true
-minimum and that bound is reported infeasible.
+(they add memory to the forward only, which the one-budget sub-problems cannot express). On
+such chains ``casts.py`` handles the top-level sequence with two budgets (forward, backward):
+``min_peak`` and feasibility are exact again, and its plan always fits. The solver keeps the
+cheaper of that plan and of its tables read at lowered budgets until the simulated plan fits
+(first at the budget, then lowered by the overshoot, at worst at ``budget - sum(cast_bytes)``,
+where every plan of the tables fits). Plans never exceed the budget; ``exact`` is False (the
+recompute may exceed the optimum).
 """
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .baselines import baseline_candidates, plan_none
+from .baselines import plan_none
+from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
@@ -82,16 +83,16 @@ from .plan import Plan, items_from_ranges
 from .simulate import simulate
 from .tables import INF, CostTable, FlatTable, PairCosts, PeakTable, base_bytes, fixed_peak
 
-__all__ = ["DPResult", "DPSolver", "base_bytes", "choose_slot", "fixed_peak", "infeasible_error",
-           "layer_tables", "min_peak", "min_peak_plan", "plan_dp"]
+__all__ = ["DPResult", "DPSolver", "base_bytes", "cast_frontier", "choose_slot", "fixed_peak",
+           "infeasible_error", "layer_tables", "min_peak", "min_peak_plan", "plan_dp"]
 
 CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 100 layers
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 DEFAULT_GROUPS = 100
-CAST_READS = 16  # mixed precision: table reads at lowered budgets before the guaranteed one
-CAST_SLACKS = 16  # mixed precision: min-peak reads at this many slacks in the min-peak search
+CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
+SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
 
 
 @dataclass(frozen=True)
@@ -131,47 +132,42 @@ def _units_for(chain: Chain, mode: str, groups: int | None, cuts: str = "cheap")
     return make_units(chain, cheap_cuts(chain, g) if cuts == "cheap" else equal_cuts(n, g))
 
 
-def _table_min_peak(chain: Chain) -> int:
-    """The exact smallest peak when no layer has autocast copies (a lower bound otherwise)."""
+@lru_cache(maxsize=16)
+def cast_frontier(chain: Chain) -> CastFrontier:
+    """The top-level frontiers of a chain with autocast copies (``casts.py``), once per chain."""
     t = layer_tables(chain)
-    return max(fixed_peak(chain), base_bytes(chain) + int(t.peaks.R[0, t.units.size]))
+    top = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    return CastFrontier(chain, t.units, t.pairs, t.peaks, top)
 
 
 @lru_cache(maxsize=16)
 def min_peak(chain: Chain) -> int:
-    """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit).
-
-    With autocast copies (``cast_bytes``): the smallest simulated peak of ``min_peak_plan``'s
-    search, an upper bound on the true minimum (see the module docstring)."""
-    if not chain.has_casts:
-        return _table_min_peak(chain)
-    return simulate(chain, min_peak_plan(chain)).peak_bytes
+    """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit;
+    with autocast copies, the top-level frontiers of ``casts.py``)."""
+    if chain.has_casts:
+        lowest = cast_frontier(chain).min_peak()
+        return simulate(chain, plan_none(chain.n_layers)).peak_bytes if lowest is None else lowest
+    t = layer_tables(chain)
+    return max(fixed_peak(chain), base_bytes(chain) + int(t.peaks.R[0, t.units.size]))
 
 
 def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     """A plan reaching ``min_peak`` (or fitting ``budget_bytes``, which must be at least
     that), storing wherever the slack allows; exact, but not least-recompute."""
+    n = chain.n_layers
+    params = {"budget_bytes": budget_bytes, "min_peak": True}
+    base = base_bytes(chain)
+    if chain.has_casts:
+        cf = cast_frontier(chain)
+        need = cf.need_bytes()
+        ranges = None if need is None else cf.ranges(
+            need if budget_bytes is None else max(need, budget_bytes - base))
+        items = plan_none(n).items if ranges is None else items_from_ranges(n, ranges)
+        return Plan("dp", n, items, params)
     t = layer_tables(chain)
     need = int(t.peaks.R[0, t.units.size])
-    avail = need if budget_bytes is None else max(need, budget_bytes - base_bytes(chain))
-    params = {"budget_bytes": budget_bytes, "min_peak": True}
-    n = chain.n_layers
-    plan = Plan("dp", n, items_from_ranges(n, t.peaks.ranges(avail)), params)
-    if not chain.has_casts:
-        return plan
-    # Autocast copies are not in the table: search reads at more slack (storing more keeps
-    # fewer copies until the end of the forward) and the baselines, by simulated peak.
-    span = max(0, simulate(chain, plan_none(n)).peak_bytes - base_bytes(chain) - need)
-    slacks = sorted({avail} | {need + span * i // CAST_SLACKS for i in range(CAST_SLACKS + 1)})
-    cands = [plan] + [Plan("dp", n, items_from_ranges(n, t.peaks.ranges(a)), params)
-                      for a in slacks if a != avail]
-    cands += [Plan("dp", n, c.items, params) for c in baseline_candidates(chain)]
-    scored = [(simulate(chain, p), p) for p in cands]
-    if budget_bytes is not None:
-        fit = [sp for sp in scored if sp[0].peak_bytes <= budget_bytes]
-        if fit:
-            return min(fit, key=lambda sp: sp[0].recompute_ms)[1]
-    return min(scored, key=lambda sp: (sp[0].peak_bytes, sp[0].recompute_ms))[1]
+    avail = need if budget_bytes is None else max(need, budget_bytes - base)
+    return Plan("dp", n, items_from_ranges(n, t.peaks.ranges(avail)), params)
 
 
 @dataclass(frozen=True)
@@ -227,6 +223,7 @@ class DPSolver:
         q = choose_slot(self.units, self.span, g, slots)
         M = int(self.span // q)
         table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
+        self._estimate = None if self.grouped else table.estimate
         self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.ranges(a, peaks),
                                 q, table.C[0, U], table.slot_ranges)]
         if flat if flat is not None else self.grouped:
@@ -247,21 +244,33 @@ class DPSolver:
         """The best plan the tables give at this budget, or None when none of them reaches
         it (grouped tables can miss budgets near the smallest peak; the caller decides).
 
-        With autocast copies the tables are read again at lower budgets until a plan fits (see
-        the module docstring)."""
+        With autocast copies: the cheaper of the tables read at lowered budgets until a plan
+        fits, and the plan of the exact top-level frontiers (``casts.py``), which fits whenever
+        any plan does (see the module docstring)."""
         best, over = self._best_at(budget_bytes, budget_bytes)
-        if best is not None or over is None or not self.cast_bytes:
+        if not self.cast_bytes:
             return best
-        lowest_read = budget_bytes - self.cast_bytes  # every table plan read here fits
-        read = budget_bytes
-        for _ in range(CAST_READS):
-            read = max(lowest_read, read - over)
-            best, over_here = self._best_at(read, budget_bytes)
-            if best is not None or over_here is None or read == lowest_read:
-                return best
-            over = over_here
-        best, _ = self._best_at(lowest_read, budget_bytes)
-        return best
+        if best is None and over is not None:
+            lowest_read = budget_bytes - self.cast_bytes  # every table plan read here fits
+            read = budget_bytes
+            for _ in range(CAST_READS):
+                read = max(lowest_read, read - over)
+                best, over_here = self._best_at(read, budget_bytes)
+                if best is not None or over_here is None or read == lowest_read:
+                    break
+                over = over_here
+        cands = [] if best is None else [best]
+        if budget_bytes >= fixed_peak(self.chain):
+            n = self.chain.n_layers
+            ranges = cast_frontier(self.chain).ranges(budget_bytes - base_bytes(self.chain),
+                                                      self._estimate)
+            if ranges is not None:
+                cands.append(Plan("dp", n, items_from_ranges(n, ranges), {"budget_bytes": budget_bytes}))
+        scored = [(simulate(self.chain, p), p) for p in cands]
+        fit = [sp for sp in scored if sp[0].peak_bytes <= budget_bytes]
+        if len(fit) < len(scored):
+            raise RuntimeError(f"dp (mixed precision) plan over budget {budget_bytes}: planner bug")
+        return min(fit, key=lambda sp: sp[0].recompute_ms)[1] if fit else None
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
         """The least-recompute plan read at ``read_bytes`` that fits ``budget_bytes``, and the
@@ -293,13 +302,13 @@ class DPSolver:
             raise RuntimeError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}: planner bug")
         return plan
 
-    def _scan(self, r: _Reader, read_bytes: int, budget_bytes: int, max_reads: int = 64) -> Plan | None:
+    def _scan(self, r: _Reader, read_bytes: int, budget_bytes: int) -> Plan | None:
         """The table's own plan at the budget's slot, or at the next lower slots while it
         overshoots (rounding): often better than the exact-bytes read, never needed for
         feasibility."""
         n = self.chain.n_layers
         m = min((read_bytes - base_bytes(self.chain)) // r.slot_bytes, len(r.top) - 1)
-        for _ in range(max_reads):
+        for _ in range(CAST_SCAN_READS if self.cast_bytes else SCAN_READS):
             if m < 0 or r.top[m] == INF:
                 return None
             plan = Plan("dp", n, items_from_ranges(n, r.slot_ranges(m)), {"budget_bytes": budget_bytes})

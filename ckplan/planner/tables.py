@@ -117,13 +117,13 @@ class PairCosts:
             self.fnone[s, s + 1:U] = run
 
 
-def reconstruct(bounds: tuple[tuple[int, int], ...], n_units: int, m0: int,
-                choose: Chooser) -> list[tuple[int, int]]:
-    """The one plan reader: walk ``[0, n_units)`` taking ``choose``'s step at every unit, and the
-    inner plan of every checkpoint the same way; return the checkpointed *layer* ranges.
+def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
+                start: int = 0) -> list[tuple[int, int]]:
+    """The one plan reader: walk units ``[start, stop)`` taking ``choose``'s step at every unit,
+    and the inner plan of every checkpoint the same way; return the checkpointed *layer* ranges.
     Iterative: plans can nest deeper than Python's recursion limit."""
     out: list[tuple[int, int]] = []
-    todo = [(0, n_units, m0)]
+    todo = [(start, stop, m0)]
     while todo:
         s, e, m = todo.pop()
         while s < e:
