@@ -14,6 +14,7 @@ Modules, imports flowing one way (each imports only those above it):
 * ``groups``: merged costs of runs of layers (the DP's units).
 * ``floor``: what the smallest peak is made of; the infeasible-budget error.
 * ``tables``: the DP's tables and the one plan reader.
+* ``casts``: mixed precision, the top-level frontiers that make min peak and feasibility exact.
 * ``dp``: the solver and its entry points (plan_dp, min_peak, min_peak_plan).
 * ``strategies``: plan_chain, compare, sweep.
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
