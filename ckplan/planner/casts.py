@@ -15,12 +15,11 @@ plan runs during backward, so it needs ``inner_extra[j, U] + R(s, j)`` from the 
 table). A budget is feasible iff a point of the frontier of ``[0, U)`` fits: exact, checked
 against brute force over every plan. Frontiers keep only points under the no-checkpoint span.
 
-``ranges`` reads a plan that fits any feasible budget: at each top-level unit it takes, among the
-options whose rest can still fit (frontier lookups), the one with the least estimated recompute
-(the caller's cost estimate, by default the min-peak table's); inner plans come from the exact
-min-peak table. So the plan always fits; its recompute may exceed the optimum (the estimates
-ignore the copies), which is why ``dp.py`` also keeps the cheaper plans of its lowered-budget
-reads when they fit.
+``ranges`` reads the least-recompute plan that fits any feasible budget: a forward DP over the
+top-level sequence whose states are the prefixes' (held bytes, copies, recompute), each step
+taken only when the rest can still fit (frontier lookups); inner plans and their recompute come
+from the cast-free tables (exact with gcd-sized slots, estimates otherwise). So the plan always
+fits, and with exact tables it is the optimum (checked against brute force).
 """
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ from .groups import Units
 from .tables import PairCosts, PeakTable, base_bytes, exact_chooser, fixed_peak, reconstruct
 
 Estimate = Callable[[int, int, int, float], float]
+MAX_STATES = 32  # top-level states kept per unit by ``CastFrontier.ranges`` (a beam: cheapest first)
 
 
 def _pareto(fwd: np.ndarray, bwd: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,47 +110,82 @@ class CastFrontier:
         i = int(np.searchsorted(F, f_avail, side="right")) - 1  # the last point with F <= f_avail
         return i >= 0 and int(B[i]) <= b_avail
 
-    def ranges(self, avail: int, estimate: Estimate | None = None) -> list[tuple[int, int]] | None:
-        """Checkpointed layer ranges of a plan needing at most ``avail`` bytes above the chain's
-        start, or None when there is none."""
+    def ranges(self, avail: int, estimate: Estimate | None = None,
+               max_states: int = MAX_STATES) -> list[tuple[int, int]] | None:
+        """Checkpointed layer ranges of the least-recompute plan needing at most ``avail`` bytes
+        above the chain's start, or None when there is none.
+
+        A forward DP over the top-level sequence: the states at unit ``s`` are the prefixes'
+        ``(held bytes, copies, recompute)``, Pareto-pruned; a step is taken only if the rest can
+        still fit (frontier lookup), so every state completes and the plan always fits. A
+        checkpoint ``[s, j)`` costs its forward again plus its inner plan's recompute,
+        ``estimate(s, j, bytes, K)`` (default: the min-peak table's ``K``); with the exact cost
+        table's estimate this is the optimum. Above ``max_states`` states per unit the cheapest
+        are kept (still feasible, maybe not optimal)."""
         u, pc, pt = self.u, self.pc, self.pt
         U = u.size
         P = pc.fwd_prefix_ms
         est: Estimate = estimate if estimate is not None else (lambda s, e, mb, k: k)
         if not self._fits(0, avail, avail):
             return None
-        inner_choose = exact_chooser(u, pc, pt.R, pt.K, est)
-        out: list[tuple[int, int]] = []
-        s, mb, casts = 0, avail, 0
-        while s < U - 1:
-            mf = mb - casts
-            best: tuple[float, int | None] | None = None
+        # A state: (held, copies, recompute, previous unit, index of the state there, step end).
+        states: list[list[tuple[int, int, float, int, int, int | None]]] = [[] for _ in range(U)]
+        states[0] = [(0, 0, 0.0, -1, -1, None)]
+        for s in range(U - 1):
+            states[s] = _prune(states[s], max_states)
             hold = int(u.hold[s])
-            if (u.fwd_req[s] <= mf and self.bwd_store[s] <= mb
-                    and self._fits(s + 1, mf - hold, mb - hold)):
-                best = (est(s + 1, U, mf - hold, float(pt.K[s + 1, U])), None)
-            for j in range(s + 1, U):
-                cs = int(self.cum[j] - self.cum[s])
-                xj = int(u.x_out[j - 1])
-                inner = int(pc.inner_extra[j, U] + pt.R[s, j])
-                if (self.fwd_none[s][j - s - 1] > mf or inner > mb
-                        or not self._fits(j, mf - xj - cs, mb - xj)):
-                    continue
-                v = ((P[j] - P[s]) + est(s, j, mb - int(pc.inner_extra[j, U]), float(pt.K[s, j]))
-                     + est(j, U, mf - xj - cs, float(pt.K[j, U])))
-                if best is None or v < best[0]:
-                    best = (v, j)
-            if best is None:
-                raise RuntimeError(f"cast frontier reconstruction: no feasible option at ({s}, {mb})")
-            stop = best[1]
-            if stop is None:
-                mb -= hold
-                s += 1
-                continue
-            out.append((u.bounds[s][0], u.bounds[stop - 1][1]))
-            out.extend(reconstruct(u.bounds, stop, mb - int(pc.inner_extra[stop, U]), inner_choose,
-                                   start=s))
-            mb -= int(u.x_out[stop - 1])
-            casts += int(self.cum[stop] - self.cum[s])
-            s = stop
+            for idx, (h, c, cost, _, _, _) in enumerate(states[s]):
+                mb = avail - h
+                mf = mb - c
+                if (u.fwd_req[s] <= mf and self.bwd_store[s] <= mb
+                        and self._fits(s + 1, mf - hold, mb - hold)):
+                    states[s + 1].append((h + hold, c, cost, s, idx, None))
+                for j in range(s + 1, U):
+                    if self.fwd_none[s][j - s - 1] > mf:
+                        break  # the no-saving forward only grows with j
+                    extra = int(pc.inner_extra[j, U])
+                    cs = int(self.cum[j] - self.cum[s])
+                    xj = int(u.x_out[j - 1])
+                    if extra + int(pt.R[s, j]) > mb or not self._fits(j, mf - xj - cs, mb - xj):
+                        continue
+                    step = (P[j] - P[s]) + est(s, j, mb - extra, float(pt.K[s, j]))
+                    states[j].append((h + xj, c + cs, cost + step, s, idx, j))
+        last = states[U - 1] = _prune(states[U - 1], max_states)
+        ends = [i for i, (h, c, _, _, _, _) in enumerate(last)
+                if u.fwd_req[U - 1] <= avail - h - c and self.bwd_store[U - 1] <= avail - h]
+        if not ends:
+            raise RuntimeError(f"cast frontier: no plan completes within {avail} bytes: planner bug")
+        i = min(ends, key=lambda k: last[k][2])
+        out: list[tuple[int, int]] = []
+        inner_choose = exact_chooser(u, pc, pt.R, pt.K, est)
+        s = U - 1
+        while s > 0:
+            h, _, _, prev, idx, stop = states[s][i]
+            if stop is not None:  # a checkpoint [prev, stop) and its inner plan
+                h0 = states[prev][idx][0]
+                mb = avail - h0 - int(pc.inner_extra[stop, U])
+                out.append((u.bounds[prev][0], u.bounds[stop - 1][1]))
+                out.extend(reconstruct(u.bounds, stop, mb, inner_choose, start=prev))
+            s, i = prev, idx
         return out
+
+
+def _prune(states: list[tuple[int, int, float, int, int, int | None]],
+           max_states: int) -> list[tuple[int, int, float, int, int, int | None]]:
+    """Drop states another beats on held bytes, copies and recompute at once; keep the
+    ``max_states`` cheapest."""
+    if len(states) <= 1:
+        return states
+    states = sorted(states, key=lambda t: (t[2], t[0], t[1]))
+    h = np.array([t[0] for t in states], dtype=np.int64)
+    c = np.array([t[1] for t in states], dtype=np.int64)
+    keep: list[int] = []
+    for i in range(len(states)):  # sorted by recompute: only earlier states can dominate
+        if keep:
+            k = np.asarray(keep)
+            if bool(np.any((h[k] <= h[i]) & (c[k] <= c[i]))):
+                continue
+        keep.append(i)
+        if len(keep) >= max_states:
+            break
+    return [states[i] for i in keep]
