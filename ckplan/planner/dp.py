@@ -56,14 +56,14 @@ The tables live in ``tables.py`` (with a legend of the short names); this module
 builds the tables for a chain and reads plans from them.
 
 Mixed precision (``Layer.cast_bytes``): autocast's weight copies of a layer inside a top-level
-checkpoint stay live until the forward ends (see ``simulate.py``). The tables do not model them
-(they add memory to the forward only, which the one-budget sub-problems cannot express). On
+checkpoint stay live until the forward ends (see ``simulate.py``). The tables above do not model
+them (they add memory to the forward only, which the one-budget sub-problems cannot express). On
 such chains ``casts.py`` handles the top-level sequence with two budgets (forward, backward):
-``min_peak`` and feasibility are exact again, and its plan always fits. The solver keeps the
+``min_peak`` and feasibility are exact, and its least-recompute top-level DP uses the cost
+table for the inner plans (optimal against brute force with gcd slots). The solver keeps the
 cheaper of that plan and of its tables read at lowered budgets until the simulated plan fits
 (first at the budget, then lowered by the overshoot, at worst at ``budget - sum(cast_bytes)``,
-where every plan of the tables fits). Plans never exceed the budget; ``exact`` is False (the
-recompute may exceed the optimum).
+where every plan of the tables fits). Plans never exceed the budget; ``exact`` is reported False.
 """
 from __future__ import annotations
 
@@ -368,9 +368,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append(f"long chain: best of nested plans on {solver.units.size - 1} groups of "
                      f"layers and single-level plans on all {chain.n_layers} layers (near-optimal)")
     elif chain.has_casts:
-        notes.append("mixed precision: autocast weight copies are not in the DP tables; the plan "
-                     "was read at a lowered budget until its simulated peak fit (may recompute more "
-                     "than the optimum)")
+        notes.append("mixed precision: autocast weight copies kept until the end of the forward are "
+                     "planned at the top level (casts.py); the plan fits exactly")
     elif not solver.exact:
         notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
                      "exactly but may recompute slightly more than the optimum")
