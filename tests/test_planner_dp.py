@@ -26,6 +26,7 @@ from ckplan.planner import (
     plan_none,
     plan_sqrtn,
     simulate,
+    sweep,
 )
 from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.chain import Chain
@@ -376,3 +377,25 @@ def test_compare_runs_every_strategy():
         if r.fits:
             assert dp_row.score.recompute_ms <= r.score.recompute_ms + 1e-9
     assert isinstance(dp_row.plan, Plan) and dp_row.to_dict()["plan"]["n_layers"] == 9
+
+
+def test_peak_tables_are_built_once_per_chain(monkeypatch):
+    from ckplan.planner import dp, tables
+
+    dp.layer_tables.cache_clear()
+    dp.min_peak.cache_clear()
+    built = []
+    real = tables.PeakTable.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tables.PeakTable, "__init__", counting)
+    ch = random_chain(30, 12345, scale=1_000_003)
+    lo = min_peak(ch)
+    plan_chain(ch, "dp", lo)
+    plan_chain(ch, "dp")
+    min_peak_plan(ch, lo + 10**6)
+    sweep_points = sweep(ch, ("dp",), n_points=3)
+    assert sweep_points and len(built) == 1
