@@ -2,6 +2,7 @@
 
     python scripts/bench_planner.py                 # timings at 100 and 1000 layers
     python scripts/bench_planner.py --gap 200       # grouped / rounded DP vs the exact optimum
+    python scripts/bench_planner.py --casts         # timings with autocast copies (mixed precision)
 
 Timings: ``plan_chain(chain, "dp", budget)`` end to end (tables, reconstruction, simulation,
 the baselines' safety net), at budgets 0%, 10%, 50% and 90% of the way from the smallest
@@ -24,7 +25,7 @@ import numpy as np
 
 from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate
 from ckplan.planner.dp import DPSolver
-from ckplan.planner.synthetic import random_chain, uniform_chain
+from ckplan.planner.synthetic import random_chain, uniform_chain, with_casts
 
 
 def timed(fn):
@@ -33,13 +34,16 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def bench_speed(sizes: list[int], seeds: int) -> None:
-    print(f"# dp timings ({platform.processor() or platform.machine()}, "
+def bench_speed(sizes: list[int], seeds: int, casts: bool = False) -> None:
+    print(f"# dp timings{' with autocast copies' if casts else ''} "
+          f"({platform.processor() or platform.machine()}, "
           f"{platform.python_version()}, numpy {np.__version__})")
     print("layers seed  min_peak_s  budget  plan_chain_s  fits  exact  overhead  slot_bytes")
     for n in sizes:
         for seed in range(seeds):
             ch = random_chain(n, seed, scale=1_000_003)  # sizes not multiples of a round slot
+            if casts:
+                ch = with_casts(ch, seed)
             lo, t_lo = timed(lambda: min_peak(ch))
             hi = simulate(ch, plan_none(n)).peak_bytes
             for f in (0.0, 0.1, 0.5, 0.9):
@@ -101,9 +105,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--gap", type=int, nargs="*", default=[], help="chain lengths for the gap study")
     ap.add_argument("--max-size", type=int, default=6, help="largest output size in the gap study")
+    ap.add_argument("--casts", action="store_true", help="add autocast copies to the timed chains")
     args = ap.parse_args()
     if args.layers:
-        bench_speed(args.layers, args.seeds)
+        bench_speed(args.layers, args.seeds, args.casts)
     for n in args.gap:
         bench_gap(n, args.seeds, args.max_size)
 

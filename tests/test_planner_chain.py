@@ -96,3 +96,14 @@ def test_profile_without_chain_layers():
     prof = dataclasses.replace(prof, layers=(prof.layers[0], prof.layers[3]))
     with pytest.raises(SpecError, match="no chain layers"):
         chain_from_profile(prof)
+
+
+def test_chain_carries_casts_optimizer_and_accumulation():
+    prof = make_profile()
+    rows = tuple(dataclasses.replace(r, cast_bytes=3 if r.role == CHAIN else 7) for r in prof.layers)
+    ch = chain_from_profile(dataclasses.replace(prof, layers=rows))
+    assert [ly.cast_bytes for ly in ch.layers] == [3, 3] and ch.has_casts
+    assert ch.optimizer == "adamw" and not ch.grads_in_persistent
+    assert chain_from_profile(make_profile(accum=4)).grads_in_persistent
+    # Stored layers hold their copies inside xbar: the calibrated no-checkpoint peak is unchanged.
+    assert predicted_peak_none(dataclasses.replace(prof, layers=rows)) == predicted_peak_none(prof)

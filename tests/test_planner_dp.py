@@ -17,6 +17,7 @@ from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import (
     Plan,
     compare,
+    infeasible_budget,
     min_peak,
     min_peak_plan,
     plan_chain,
@@ -25,12 +26,13 @@ from ckplan.planner import (
     plan_none,
     plan_sqrtn,
     simulate,
+    sweep,
 )
+from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.chain import Chain
 from ckplan.planner.dp import DPSolver, fixed_peak
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of
-from ckplan.planner.strategies import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain
 from ckplan.units import format_bytes
 
@@ -241,12 +243,12 @@ def depth1_plans(n: int):
 @given(st.builds(lambda n, seed: random_chain(n, seed), st.integers(1, 7), st.integers(0, 2**32)))
 def test_flat_table_is_optimal_among_depth_one_plans(chain):
     """The long-chain helper DP against brute force over single-level plans."""
-    from ckplan.planner.dp import _FlatTable, _Matrices, base_bytes
     from ckplan.planner.groups import make_units
+    from ckplan.planner.tables import FlatTable, PairCosts, base_bytes
 
     scores = [(*peak_of(chain, items), items) for items in depth1_plans(chain.n_layers)]
     u = make_units(chain)
-    ft = _FlatTable(u, _Matrices(u), 1, max(p for p, _, _ in scores), "up")
+    ft = FlatTable(u, PairCosts(u), 1, max(p for p, _, _ in scores), "up")
     for budget in sorted({p for p, _, _ in scores}):
         want = brute_best(scores, budget)
         m = budget - base_bytes(chain)
@@ -260,22 +262,73 @@ def test_flat_table_is_optimal_among_depth_one_plans(chain):
             assert sc.peak_bytes <= budget and sc.recompute_ms == pytest.approx(want)
 
 
-def test_infeasible_message_names_the_fixed_memory():
+def test_infeasible_message_names_the_floor_and_only_fixes_that_move_it():
     gib = 2**30
     ch = uniform_chain(8, x_bytes=gib // 4, persistent_bytes=0)
-    ch = Chain(ch.layers, ch.pre, ch.post, ch.x_in_bytes, 0, persistent_bytes=int(4.8 * gib),
-               opt_step_peak_bytes=5 * gib, param_bytes=int(1.2 * gib),
-               total_grad_bytes=int(1.2 * gib), optimizer_bytes=int(2.4 * gib))
+    # Gradient accumulation: the gradients are part of the fixed memory.
+    params, grads, state = int(1.2 * gib), int(1.2 * gib), int(2.4 * gib)
+    fixed = params + grads + state
+    ch = Chain(ch.layers, ch.pre, ch.post, ch.x_in_bytes, 0, persistent_bytes=fixed,
+               opt_step_peak_bytes=5 * gib, param_bytes=params, total_grad_bytes=grads,
+               optimizer_bytes=state, optimizer="adamw", grads_in_persistent=True)
     lo = min_peak(ch)
+    assert lo == fixed + 4 * (gib // 4)  # recompute everything: x_in + 2 live outputs + 1 gradient
     with pytest.raises(InfeasibleBudgetError) as err:
         plan_chain(ch, "dp", 5 * gib)
     msg = str(err.value)
-    assert msg.startswith(f"budget 5 GiB is below the smallest feasible peak {format_bytes(lo)} "
-                          "(recompute everything, nested)")
-    assert "parameters 1.2 GiB, gradients 1.2 GiB and optimizer state 2.4 GiB alone take 4.8 GiB" in msg
-    assert msg.endswith("Tip: try a smaller --batch-size, --precision bf16, or --optimizer sgd")
-    assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == int(4.8 * gib)
+    assert msg.startswith(f"budget 5 GiB is below the smallest feasible peak {format_bytes(lo)}, "
+                          "reached in forward/backward, recomputing everything: parameters 1.2 GiB, "
+                          "gradients 1.2 GiB, optimizer state 2.4 GiB and activations and gradients "
+                          "(the least any plan holds) 1 GiB. Tip: ")
+    assert ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller optimizer "
+            "(--optimizer sgd keeps no state), a smaller --batch-size or --seq-len (activations are "
+            "1 GiB of the floor) and a budget of at least 5.8 GiB") in msg
+    assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == fixed
     assert err.value.exit_code == 3
+
+
+def test_infeasible_tips_fit_the_case():
+    gib = 2**30
+    base = uniform_chain(4, x_bytes=gib // 64)
+    # SGD, the optimizer step sets the floor and the weights alone exceed the budget.
+    ch = Chain(base.layers, base.pre, base.post, base.x_in_bytes, 0, persistent_bytes=3 * gib,
+               opt_step_peak_bytes=6 * gib, param_bytes=3 * gib, total_grad_bytes=3 * gib,
+               optimizer_bytes=0, optimizer="sgd")
+    assert min_peak(ch) == 6 * gib
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(ch, "dp", 2 * gib)
+    msg, tip = err.value.message, err.value.tip
+    assert msg == ("budget 2 GiB is below the smallest feasible peak 6 GiB, reached in the optimizer "
+                   "step: parameters 3 GiB and gradients 3 GiB")
+    assert tip == ("the parameters alone (3 GiB) exceed the budget: shard them across devices (FSDP) "
+                   "or offload them and a budget of at least 6 GiB")
+    assert "--optimizer sgd" not in str(err.value) and "--batch-size" not in str(err.value)
+    # AdamW at the step: its state and the step's transient are named; no batch-size tip.
+    ch2 = Chain(base.layers, base.pre, base.post, base.x_in_bytes, 0, persistent_bytes=3 * gib,
+                opt_step_peak_bytes=5 * gib, param_bytes=gib, total_grad_bytes=gib,
+                optimizer_bytes=2 * gib, optimizer="adamw")
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(ch2, "chen", 4 * gib)
+    assert err.value.message.endswith("reached in the optimizer step: parameters 1 GiB, gradients "
+                                      "1 GiB, optimizer state 2 GiB and optimizer-step transient 1 GiB")
+    assert err.value.tip == ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller "
+                             "optimizer (--optimizer sgd keeps no state) and a budget of at least 5 GiB")
+
+
+def test_chen_and_dp_agree_on_infeasible_budgets_and_compare_never_raises():
+    for seed in range(20):
+        ch = random_chain(6, seed)
+        lo = min_peak(ch)
+        for s in ("dp", "chen"):
+            with pytest.raises(InfeasibleBudgetError):
+                plan_chain(ch, s, lo - 1)
+        rows = compare(ch, budget_bytes=lo - 1)
+        assert [r.strategy for r in rows] == ["none", "every-k", "sqrtn", "chen", "dp"]
+        assert all(r.fits is False for r in rows)
+        assert simulate(ch, rows[-1].plan).peak_bytes == lo  # dp's row: the smallest-peak plan
+        assert infeasible_budget(rows) is not None and "below the smallest feasible peak" in infeasible_budget(rows)
+        ok = compare(ch, budget_bytes=lo)
+        assert infeasible_budget(ok) is None and ok[-1].fits
 
 
 @settings(max_examples=30, deadline=None)
@@ -324,3 +377,25 @@ def test_compare_runs_every_strategy():
         if r.fits:
             assert dp_row.score.recompute_ms <= r.score.recompute_ms + 1e-9
     assert isinstance(dp_row.plan, Plan) and dp_row.to_dict()["plan"]["n_layers"] == 9
+
+
+def test_peak_tables_are_built_once_per_chain(monkeypatch):
+    from ckplan.planner import dp, tables
+
+    dp.layer_tables.cache_clear()
+    dp.min_peak.cache_clear()
+    built = []
+    real = tables.PeakTable.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tables.PeakTable, "__init__", counting)
+    ch = random_chain(30, 12345, scale=1_000_003)
+    lo = min_peak(ch)
+    plan_chain(ch, "dp", lo)
+    plan_chain(ch, "dp")
+    min_peak_plan(ch, lo + 10**6)
+    sweep_points = sweep(ch, ("dp",), n_points=3)
+    assert sweep_points and len(built) == 1

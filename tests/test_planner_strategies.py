@@ -19,8 +19,8 @@ from ckplan.planner import (
     simulate,
     sweep,
 )
+from ckplan.planner.baselines import chen_grid, plan_chen_threshold
 from ckplan.planner.plan import Checkpoint, Store
-from ckplan.planner.strategies import chen_grid, plan_chen_threshold
 from ckplan.planner.synthetic import random_chain, uniform_chain
 
 

@@ -14,6 +14,11 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
 * ``Checkpoint[s, t)`` forward: its input belongs to the item before. For k = s..t-1: live
   ``mem + x[k]``, transient ``fwd_tmp[k]``; then ``x[k-1]`` is freed when k > s. What stays is the
   boundary ``x[t-1]``.
+* mixed precision: a layer inside a *top-level* checkpoint also adds its ``cast[k]`` (autocast's
+  weight copies) to ``mem`` in its forward; autocast's cache holds them until the forward ends,
+  so they are freed right after the post forward, before any backward. A stored layer's copies
+  are saved for backward and already in its ``xbar``; a recompute clears its cache when it ends,
+  so there they are part of the layer's transient, as measured.
 * post forward: live ``mem + post.xbar``, transient ``post.fwd_tmp``; post backward: transient
   ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain output's gradient.
 * ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``
@@ -30,13 +35,12 @@ the CUDA context are outside the model; ``xbar >= x`` assumes a stored layer kee
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from ..errors import SpecError
+from .chain import Chain
 from .plan import Item, Plan, Store
-
-if TYPE_CHECKING:
-    from .chain import Chain
 
 PRE, OPT = -1, None
 
@@ -56,8 +60,7 @@ class Score:
     def activation_peak_bytes(self) -> int:
         return self.peak_bytes - self.persistent_bytes
 
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -77,19 +80,40 @@ class TraceEvent:
 
 # op callback: (op, stage, ctx, recompute, live, transient, mem_after)
 _OnOp = Callable[[str, "int | None", "tuple[int, int] | None", bool, int, int, int], None]
+_Where = tuple[str, "int | None", "tuple[int, int] | None"]  # (op, stage, ctx) for _label
 
 
-def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp) -> float:
-    """Run the plan's ops in order, calling ``on_op`` for each; return the recompute time."""
+@dataclass(frozen=True)
+class _Replay:
+    peak_bytes: int
+    peak_where: _Where
+    recompute_ms: float
+
+
+def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -> _Replay:
+    """Run the plan's ops in order, tracking the largest op peak (and calling ``on_op`` for
+    each op when given, for traces)."""
     L = chain.layers
     n = len(L)
     mem = chain.persistent_bytes
     recompute_ms = 0.0
+    peak = -1
+    where: _Where = ("", None, None)
+
+    def op(name: str, stage: int | None, ctx: tuple[int, int] | None, again: bool, live: int,
+           transient: int, after: int) -> None:
+        nonlocal peak, where
+        p = max(live + transient, after)
+        if p > peak:
+            peak, where = p, (name, stage, ctx)
+        if on_op is not None:
+            on_op(name, stage, ctx, again, live, transient, after)
 
     pre, post = chain.pre, chain.post
     live = mem + pre.retained_bytes
-    on_op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
+    op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
     mem = live
+    casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
     stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
@@ -104,16 +128,18 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp) -> float:
                 if isinstance(it, Store):
                     ly = L[it.layer]
                     live = mem + ly.xbar_bytes
-                    on_op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
+                    op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
                     mem = live
                     if again:
                         recompute_ms += ly.fwd_ms
                 else:
                     for k in range(it.start, it.stop):
                         ly = L[k]
-                        live = mem + ly.x_bytes
+                        cast = 0 if again else ly.cast_bytes
+                        casts += cast
+                        live = mem + ly.x_bytes + cast
                         after = live - L[k - 1].x_bytes if k > it.start else live
-                        on_op("Fn", k, ctx, again, live, ly.fwd_tmp_bytes, after)
+                        op("Fn", k, ctx, again, live, ly.fwd_tmp_bytes, after)
                         mem = after
                         if again:
                             recompute_ms += ly.fwd_ms
@@ -127,39 +153,44 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp) -> float:
                 ly = L[i]
                 d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
                 after = mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
-                on_op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
+                op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
                 mem = after
             else:
                 inner_ctx = (it.start, it.stop)
                 mem -= L[it.stop - 1].x_bytes
-                on_op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
+                op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
                 stack.append(("bwd", it.inner, inner_ctx))
                 stack.append(("fwd", it.inner, inner_ctx))
         elif kind == "postF":
             live = mem + post.xbar_bytes
-            on_op("F", n, None, False, live, post.fwd_tmp_bytes, live)
+            op("F", n, None, False, live, post.fwd_tmp_bytes, live)
             mem = live
+            if casts:  # the autocast region ends with the loss: its cache is cleared
+                mem -= casts
+                op("uncast", None, None, False, mem, 0, mem)
         elif kind == "postB":
             after = mem + L[-1].x_bytes + post.grad_bytes - post.xbar_bytes
-            on_op("B", n, None, False, mem, post.bwd_tmp_bytes, after)
+            op("B", n, None, False, mem, post.bwd_tmp_bytes, after)
             mem = after
         elif kind == "preB":
             after = mem + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
-            on_op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
+            op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
             mem = after
         else:  # the optimizer step: its peak is absolute, measured by the profiler
-            on_op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
-    return recompute_ms
+            op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
+    return _Replay(peak, where, recompute_ms)
 
 
 def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> str:
     if op == "opt":
         return "optimizer step"
+    if op == "uncast":
+        return "end of forward: autocast copies of checkpointed layers freed"
     if stage == PRE:
         return "pre forward" if op == "F" else "pre backward"
     if stage == n:
         return "post forward (loss)" if op == "F" else "post backward"
-    if op == "drop":
+    if op == "drop" and ctx is not None:
         return f"free boundary x[{stage}] of [{ctx[0]},{ctx[1]})"
     name = {"F": "F", "Fn": "F", "B": "B"}[op]
     text = f"{name}(layer {stage})"
@@ -178,41 +209,22 @@ def simulate(chain: Chain, plan: Plan) -> Score:
 
 def simulate_items(chain: Chain, items: tuple[Item, ...]) -> Score:
     """``simulate`` for items already known to be a valid plan (brute force uses this)."""
-    best = [-1, None]
-
-    def on_op(op, stage, ctx, again, live, transient, after):
-        p = live + transient
-        if after > p:
-            p = after
-        if p > best[0]:
-            best[0] = p
-            best[1] = (op, stage, ctx)
-
-    recompute_ms = _replay(chain, items, on_op)
+    r = _replay(chain, items)
     base = chain.base_step_ms
     return Score(
-        peak_bytes=best[0],
-        peak_at=_label(*best[1], chain.n_layers),
-        recompute_ms=recompute_ms,
-        step_ms=base + recompute_ms,
-        overhead=recompute_ms / base if base > 0 else 0.0,
+        peak_bytes=r.peak_bytes,
+        peak_at=_label(*r.peak_where, chain.n_layers),
+        recompute_ms=r.recompute_ms,
+        step_ms=base + r.recompute_ms,
+        overhead=r.recompute_ms / base if base > 0 else 0.0,
         persistent_bytes=chain.persistent_bytes,
     )
 
 
 def peak_of(chain: Chain, items: tuple[Item, ...]) -> tuple[int, float]:
     """(peak bytes, recompute ms) with no labels: the fast path for enumerations."""
-    best = [-1]
-
-    def on_op(op, stage, ctx, again, live, transient, after):
-        p = live + transient
-        if after > p:
-            p = after
-        if p > best[0]:
-            best[0] = p
-
-    r = _replay(chain, items, on_op)
-    return best[0], r
+    r = _replay(chain, items)
+    return r.peak_bytes, r.recompute_ms
 
 
 def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
@@ -221,7 +233,8 @@ def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
     events: list[TraceEvent] = []
     n = chain.n_layers
 
-    def on_op(op, stage, ctx, again, live, transient, after):
+    def on_op(op: str, stage: int | None, ctx: tuple[int, int] | None, again: bool, live: int,
+              transient: int, after: int) -> None:
         events.append(TraceEvent(_label(op, stage, ctx, n), op, stage, again, live, transient,
                                  max(live + transient, after), after))
 
@@ -231,6 +244,5 @@ def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
 
 def _check(chain: Chain, plan: Plan) -> None:
     if plan.n_layers != chain.n_layers:
-        from ..errors import SpecError
         raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",
                         tip="re-plan for this model, or pass the profile the plan was made from")

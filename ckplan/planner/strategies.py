@@ -1,31 +1,39 @@
 """Every strategy returns a :class:`Plan`, and only the simulator scores them.
 
-* ``none``: store everything.
-* ``every-k``: checkpoint consecutive segments of k layers (k = 1 is Hugging Face's
-  ``gradient_checkpointing_enable``).
-* ``sqrtn``: ``torch.utils.checkpoint.checkpoint_sequential`` with ceil(sqrt(n)) segments; its
-  last segment is not checkpointed.
-* ``chen``: Chen, Xu, Zhang, Guestrin 2016, "Training Deep Nets with Sublinear Memory Cost",
-  budgeted greedy: walk the layers adding up output sizes and close a segment when the running
-  total passes a threshold B; B is searched on a grid around sqrt(x * y), with x the bytes the
-  sqrt(n) plan keeps at its boundaries and y its largest segment. B bounds segment size, not the
-  peak, so under a budget we pick the grid point with least recompute that fits (else the
-  lowest peak).
-* ``dp``: the optimal nested plan under a budget (``dp.py``, rotor).
+The baselines (``none``, ``every-k``, ``sqrtn``, ``chen``) are in ``baselines.py``; ``dp``, the
+optimal nested plan under a budget (rotor), is in ``dp.py``. ``plan_chain`` is the public entry
+point; ``compare`` runs several strategies at one budget and ``sweep`` draws each strategy's
+memory/time frontier.
 
-``plan_chain`` is the public entry point; ``compare`` runs several strategies at one budget and
-``sweep`` draws each strategy's memory/time frontier.
+Budgets below the smallest feasible peak: ``plan_chain`` raises
+:class:`ckplan.errors.InfeasibleBudgetError` for ``dp`` and ``chen`` alike (the strategies that
+plan for a budget); ``compare`` never raises it, it returns every row with ``fits=False`` so a
+caller can show the whole table and then exit with the error's code (see ``compare``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import InfeasibleBudgetError, UsageError
+from . import dp
+from .baselines import (
+    baseline_candidates,
+    chen_grid,
+    plan_chen,
+    plan_chen_threshold,
+    plan_every_k,
+    plan_none,
+    plan_sqrtn,
+)
 from .chain import Chain
-from .plan import Checkpoint, Item, Plan, Store
+from .floor import infeasible_error
+from .plan import Plan
 from .simulate import Score, simulate
+
+__all__ = ["STRATEGIES", "FrontierPoint", "PlanResult", "baseline_candidates", "chen_grid",
+           "compare", "plan_chain", "plan_chen", "plan_chen_threshold", "plan_every_k", "plan_none",
+           "plan_sqrtn", "sweep"]
 
 STRATEGIES = ("none", "every-k", "sqrtn", "chen", "dp")
 
@@ -65,81 +73,6 @@ class FrontierPoint:
         return asdict(self)
 
 
-# ---- the baselines -------------------------------------------------------------------------
-def _segment(start: int, stop: int) -> Checkpoint:
-    return Checkpoint(start, stop, tuple(Store(i) for i in range(start, stop)))
-
-
-def plan_none(n_layers: int) -> Plan:
-    return Plan("none", n_layers, tuple(Store(i) for i in range(n_layers)))
-
-
-def plan_every_k(n_layers: int, k: int = 2) -> Plan:
-    if not isinstance(k, int) or k < 1:
-        raise UsageError(f"every-k needs k >= 1, got {k!r}", tip="use --k 2 (every two layers)")
-    items = tuple(_segment(s, min(s + k, n_layers)) for s in range(0, n_layers, k))
-    return Plan("every-k", n_layers, items, {"k": k})
-
-
-def plan_sqrtn(n_layers: int) -> Plan:
-    """checkpoint_sequential(functions, segments=ceil(sqrt(n))): equal segments of
-    n // segments layers, every one checkpointed except the last, which runs stored."""
-    segments = math.ceil(math.sqrt(n_layers))
-    size = n_layers // segments
-    items: list[Item] = []
-    end = -1
-    for start in range(0, size * (segments - 1), size):
-        end = start + size - 1
-        items.append(_segment(start, end + 1))
-    items.extend(Store(i) for i in range(end + 1, n_layers))
-    return Plan("sqrtn", n_layers, tuple(items), {"segments": segments, "k": size})
-
-
-def plan_chen_threshold(chain: Chain, threshold_bytes: int) -> Plan:
-    """Chen et al.'s greedy for one threshold: close a segment once its outputs pass it."""
-    items: list[Item] = []
-    start, total = 0, 0
-    for i, ly in enumerate(chain.layers):
-        total += ly.x_bytes
-        if total > threshold_bytes:
-            items.append(_segment(start, i + 1))
-            start, total = i + 1, 0
-    if start < chain.n_layers:
-        items.append(_segment(start, chain.n_layers))
-    return Plan("chen", chain.n_layers, tuple(items), {"threshold_bytes": int(threshold_bytes)})
-
-
-def chen_grid(chain: Chain) -> tuple[int, ...]:
-    """Thresholds around sqrt(x * y) of the sqrt(n) plan, a factor 2^(1/4) apart."""
-    sq = plan_sqrtn(chain.n_layers)
-    segs = [it for it in sq.items if isinstance(it, Checkpoint)] or [_segment(0, chain.n_layers)]
-    x = sum(chain.layers[c.stop - 1].x_bytes for c in segs)
-    y = max(sum(chain.layers[i].x_bytes for i in range(c.start, c.stop)) for c in segs)
-    b0 = math.sqrt(max(x, 1) * max(y, 1))
-    return tuple(sorted({max(0, int(b0 * 2 ** (k / 4))) for k in range(-8, 9)}))
-
-
-def plan_chen(chain: Chain, budget_bytes: int | None = None) -> Plan:
-    """Without a budget: the paper's B = sqrt(x * y). With one: least recompute that fits,
-    else the lowest peak on the grid."""
-    grid = chen_grid(chain)
-    if budget_bytes is None:
-        return plan_chen_threshold(chain, grid[len(grid) // 2])
-    scored = [(p, simulate(chain, p)) for p in (plan_chen_threshold(chain, b) for b in grid)]
-    fit = [ps for ps in scored if ps[1].peak_bytes <= budget_bytes]
-    if fit:
-        return min(fit, key=lambda ps: (ps[1].recompute_ms, ps[1].peak_bytes))[0]
-    return min(scored, key=lambda ps: (ps[1].peak_bytes, ps[1].recompute_ms))[0]
-
-
-def baseline_candidates(chain: Chain, k: int = 2) -> list[Plan]:
-    """The baselines' plans, for the dp safety net and tests."""
-    n = chain.n_layers
-    ks = sorted({k, *range(1, min(n, 16) + 1), math.ceil(math.sqrt(n)), n})
-    plans = [plan_none(n), plan_sqrtn(n)] + [plan_every_k(n, kk) for kk in ks if kk <= n]
-    return plans + [plan_chen_threshold(chain, b) for b in chen_grid(chain)]
-
-
 # ---- public entry points ------------------------------------------------------------------
 def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: int = 2, *,
                max_slots: int | None = None, mode: str = "auto",
@@ -147,13 +80,17 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     """Plan ``chain`` with one strategy and score it.
 
     Only ``chen`` and ``dp`` look at the budget; for the others ``fits`` says whether they
-    happen to fit. ``dp`` without a budget plans for the smallest feasible peak. ``dp`` raises
-    :class:`ckplan.errors.InfeasibleBudgetError` when no plan fits.
+    happen to fit. ``dp`` without a budget plans for the smallest feasible peak. ``dp`` and
+    ``chen`` raise :class:`ckplan.errors.InfeasibleBudgetError` when the budget is below the
+    smallest feasible peak (``chen`` returns ``fits=False`` when only its threshold grid misses a
+    feasible budget). ``dp`` never returns a plan over its budget, mixed precision included
+    (``dp.py``); when its tables are not exact, ``_safety_net`` swaps in a baseline plan that
+    fits with less recompute.
     """
-    from . import dp
-
     n = chain.n_layers
-    slot, exact, notes = None, None, ()
+    slot: int | None = None
+    exact: bool | None = None
+    notes: tuple[str, ...] = ()
     if strategy == "none":
         plan = plan_none(n)
     elif strategy == "every-k":
@@ -162,6 +99,10 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
         plan = plan_sqrtn(n)
     elif strategy == "chen":
         plan = plan_chen(chain, budget_bytes)
+        if budget_bytes is not None and simulate(chain, plan).peak_bytes > budget_bytes:
+            lowest = dp.min_peak(chain)
+            if budget_bytes < lowest:
+                raise infeasible_error(chain, budget_bytes, lowest)
     elif strategy == "dp":
         target = dp.min_peak(chain) if budget_bytes is None else budget_bytes
         res = dp.plan_dp(chain, target, max_slots=max_slots, mode=mode,
@@ -195,10 +136,37 @@ def _safety_net(chain: Chain, plan: Plan, budget: int, k: int) -> tuple[Plan, tu
     return won, (f"the {label} plan beat the rounded DP at this budget and is returned",)
 
 
+INFEASIBLE_NOTE = "infeasible: "
+
+
 def compare(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
-            budget_bytes: int | None = None, k: int = 2, **dp_options) -> tuple[PlanResult, ...]:
-    """``plan_chain`` for each strategy at one budget."""
-    return tuple(plan_chain(chain, s, budget_bytes, k, **dp_options) for s in strategies)
+            budget_bytes: int | None = None, k: int = 2, **dp_options: Any) -> tuple[PlanResult, ...]:
+    """``plan_chain`` for each strategy at one budget.
+
+    Contract for a budget below the smallest feasible peak: no exception; every row has
+    ``fits=False`` (``dp``'s row holds the smallest-peak plan, ``chen``'s its lowest-peak grid
+    point) and the ``dp``/``chen`` rows carry the infeasibility message as their last note. A
+    CLI prints the table, then exits with :class:`ckplan.errors.InfeasibleBudgetError`'s code
+    (3); ``infeasible_budget(rows)`` says when.
+    """
+    rows: list[PlanResult] = []
+    for s in strategies:
+        try:
+            rows.append(plan_chain(chain, s, budget_bytes, k, **dp_options))
+        except InfeasibleBudgetError as err:
+            plan = dp.min_peak_plan(chain) if s == "dp" else plan_chen(chain, budget_bytes)
+            rows.append(PlanResult(s, plan, simulate(chain, plan), budget_bytes, False,
+                                   notes=(INFEASIBLE_NOTE + err.message,)))
+    return tuple(rows)
+
+
+def infeasible_budget(rows: tuple[PlanResult, ...] | list[PlanResult]) -> str | None:
+    """The infeasibility message when ``compare``'s budget is below the smallest feasible peak
+    (the caller should exit 3 after showing the rows), else None."""
+    for r in rows:
+        if r.fits is False and r.notes and r.notes[-1].startswith(INFEASIBLE_NOTE):
+            return r.notes[-1][len(INFEASIBLE_NOTE):]
+    return None
 
 
 def _point(strategy: str, chain: Chain, plan: Plan, budget: int | None = None,
@@ -246,8 +214,6 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     """dp at ``n_points`` even budgets plus at every baseline point's own peak, so the frontier
     is evaluated exactly where it is compared; a plan that fits a lower budget (or a baseline
     plan that fits) is kept when the rounded tables find nothing better."""
-    from . import dp
-
     lo = dp.min_peak(chain)
     solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
                          mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))

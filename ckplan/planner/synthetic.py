@@ -1,6 +1,8 @@
 """Synthetic chains for tests, benchmarks and README examples (no profile needed)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .chain import Chain, Layer, Post, Pre
@@ -40,3 +42,12 @@ def random_chain(n: int, seed: int | np.random.Generator = 0, *, scale: int = 1,
     delta_in = x_in if rng.random() < 0.5 else 0
     return Chain(tuple(layers), pre, post, x_in_bytes=x_in, delta_in_bytes=delta_in,
                  persistent_bytes=persistent, opt_step_peak_bytes=persistent + r(0, 3 * max_size))
+
+
+def with_casts(chain: Chain, seed: int | np.random.Generator = 0, *, share: float = 0.8) -> Chain:
+    """``chain`` with autocast copies on about ``share`` of its layers, each at most what the
+    layer keeps besides its output (a stored layer's copies are inside its ``xbar``)."""
+    rng = np.random.default_rng(seed)
+    layers = tuple(replace(ly, cast_bytes=int(rng.integers(0, ly.xbar_bytes - ly.x_bytes + 1))
+                           if rng.random() < share else 0) for ly in chain.layers)
+    return replace(chain, layers=layers)

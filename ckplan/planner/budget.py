@@ -1,0 +1,145 @@
+"""Every budget rule in one place: what a ``--budget`` text means, what to plan for when none is
+given, and why no plan can lower a step's peak.
+
+Budget forms (``parse_budget``):
+
+* a size: ``12GB`` (10^9), ``12GiB`` (2^30), ``500MB``, plain bytes ``4096`` (``units.parse_size``);
+* ``40%``: that share of the peak without checkpointing (above 0%, up to 1000%);
+* ``50%act``: the persistent memory (parameters, buffers, batch, optimizer state) plus that share
+  of the *activation memory*, what the plan without checkpointing holds for backward when the
+  forward ends (above 0%, up to 100%).
+
+Shares are exact: the bytes are ``floor(total * pct / 100)`` computed on the decimal text.
+
+Defaults (``default_budget``): ``plan`` plans for the free device memory when the device reports
+it, else for the smallest feasible peak (None); ``bench`` plans halfway between the smallest
+feasible peak and the peak without checkpointing, so the planners have a trade-off to make.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ..errors import UsageError
+from ..units import ACCEPTED_SIZES, parse_size
+from ..units import format_bytes as fb
+from .baselines import plan_none
+from .chain import Chain
+from .dp import min_peak
+from .floor import floor_of
+from .simulate import simulate, trace
+
+ACCEPTED_BUDGETS = (f"{ACCEPTED_SIZES}, a share of the peak without checkpointing like 40%, or "
+                    "the persistent memory plus a share of the activations like 50%act")
+MAX_PEAK_PCT = 1000
+MAX_ACT_PCT = 100
+_PCT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*(act)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A resolved budget: the bytes, what was written, which rule made it, and a sentence."""
+
+    bytes: int
+    text: str  # what the user wrote ("" for a default)
+    kind: str  # "size" | "peak-share" | "act-share" | "device-free" | "halfway"
+    description: str  # e.g. "50% of the activations 1.20 GiB above the persistent 3.00 GiB"
+
+
+def activation_bytes(chain: Chain) -> int:
+    """What the plan without checkpointing holds for backward when the forward ends, persistent
+    memory excluded (the live bytes after the post forward, from the simulator's trace)."""
+    n = chain.n_layers
+    after_forward = next(ev.mem_bytes for ev in trace(chain, plan_none(n))
+                         if ev.op == "F" and ev.stage == n)
+    return after_forward - chain.persistent_bytes
+
+
+def none_peak(chain: Chain) -> int:
+    """The simulated peak of the plan without checkpointing."""
+    return simulate(chain, plan_none(chain.n_layers)).peak_bytes
+
+
+def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Budget:
+    """Resolve a budget text (see the module docstring) against ``chain``.
+
+    Raises :class:`ckplan.errors.UsageError` naming the value and the accepted forms for
+    anything else: 0%, negative, NaN, overflowing numbers, shares above the limits.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    if isinstance(text, int):
+        b = parse_size(text, what=what)
+        return Budget(b, str(text), "size", fb(b))
+    raw = text.strip()
+    if "%" in raw:
+        return _parse_share(raw, chain, what)
+    try:
+        b = parse_size(raw, what=what)
+    except OverflowError:
+        raise UsageError(f"{what} {raw!r} is too large a number", tip=f"use {ACCEPTED_BUDGETS}") from None
+    except UsageError as err:
+        raise UsageError(err.message, tip=f"use {ACCEPTED_BUDGETS}") from None
+    return Budget(b, raw, "size", fb(b))
+
+
+def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
+    m = _PCT_RE.match(raw)
+    if not m:
+        raise UsageError(f"{what} {raw!r} is not a percentage", tip=f"use {ACCEPTED_BUDGETS}")
+    pct = Fraction(m.group(1))
+    of_act = m.group(2) is not None
+    limit = MAX_ACT_PCT if of_act else MAX_PEAK_PCT
+    if not 0 < pct <= limit:
+        share = "of the activations" if of_act else "of the peak without checkpointing"
+        raise UsageError(f"{what} {raw!r}: a share {share} must be above 0% and at most {limit}%",
+                         tip=f"use {ACCEPTED_BUDGETS}")
+    if of_act:
+        act, persistent = activation_bytes(chain), chain.persistent_bytes
+        b = persistent + int(act * pct / 100)
+        desc = (f"persistent {fb(persistent)} + {m.group(1)}% of the activations {fb(act)} "
+                f"= {fb(b)}")
+        if b <= 0:
+            raise UsageError(f"{what} {raw!r} gives {b} bytes", tip=f"use {ACCEPTED_BUDGETS}")
+        return Budget(b, raw, "act-share", desc)
+    peak = none_peak(chain)
+    b = int(peak * pct / 100)
+    if b <= 0:
+        raise UsageError(f"{what} {raw!r} gives {b} bytes", tip=f"use {ACCEPTED_BUDGETS}")
+    return Budget(b, raw, "peak-share",
+                  f"{m.group(1)}% of the peak without checkpointing {fb(peak)} = {fb(b)}")
+
+
+def default_budget(chain: Chain, *, mode: str, free_device_bytes: int | None) -> Budget | None:
+    """The budget when none is given.
+
+    ``mode="plan"``: the free device memory when known (the model's own resident memory is
+    already in the plan's peak), else None: plan for the smallest feasible peak.
+    ``mode="bench"``: halfway between the smallest feasible peak and the peak without
+    checkpointing (always feasible; ``free_device_bytes`` is not used).
+    """
+    if mode == "plan":
+        if free_device_bytes:
+            return Budget(free_device_bytes, "", "device-free",
+                          f"free device memory {fb(free_device_bytes)}")
+        return None
+    if mode == "bench":
+        lo, hi = min_peak(chain), none_peak(chain)
+        b = (lo + hi) // 2
+        return Budget(b, "", "halfway",
+                      f"{fb(b)}, halfway between the smallest feasible peak ({fb(lo)}) and the peak "
+                      f"without checkpointing ({fb(hi)})")
+    raise ValueError(f"default_budget mode must be 'plan' or 'bench', not {mode!r}")
+
+
+def no_gain_reason(chain: Chain) -> str | None:
+    """Why no checkpointing plan can lower this step's peak, or None when one can."""
+    lo, hi = min_peak(chain), none_peak(chain)
+    if lo < hi:
+        return None
+    at = simulate(chain, plan_none(chain.n_layers)).peak_at
+    parts = floor_of(chain, hi).parts()
+    made = ", ".join(f"{k} {fb(v)}" for k, v in parts) if parts else "memory no plan changes"
+    return (f"no checkpointing plan can lower this step's peak ({fb(hi)}, reached at {at}; made of "
+            f"{made}); checkpointing still frees the bytes held for backward")

@@ -1,0 +1,447 @@
+"""The DP's tables: pair costs, least recompute (nested and depth-1) and least peak, and the one
+routine that reads a plan out of any of them. The solver that builds and reads them is ``dp.py``
+(its docstring states the recursion these tables implement).
+
+Legend (the names follow rotor's paper and stay short because the array code is dense):
+
+* ``U``: number of units (groups of layers, ``groups.py``; the post stage is the last unit);
+  ``s``/``j``/``e``: unit indices, a sub-sequence is ``[s, e)`` and a checkpoint ``[s, j)``.
+* ``M``: the top slot (slots ``m = 0..M``); ``slot``: bytes per slot; ``m``/``mb``: memory
+  available above the start of a sub-sequence, in slots / in exact bytes.
+* ``fwd_prefix_ms[j]``: forward time of units ``< j`` (rotor's P), so a checkpoint ``[s, j)``
+  recomputes ``fwd_prefix_ms[j] - fwd_prefix_ms[s]``.
+* Pair costs (:class:`PairCosts`, exact bytes): ``store_req[s, e]`` what ``Store(s)`` needs in a
+  sequence ending at ``e``; ``inner_extra[j, e]`` how much more the inner plan of a checkpoint
+  ending at ``j`` starts with; ``fnone[s, j]`` the peak of the forward of ``[s, j)`` keeping no
+  activations; ``grads[j, e]`` the parameter gradients of units ``j..e-1``.
+* ``*_slots``: the same quantities rounded to slots (``hold_slots``, ``x_slots``,
+  ``store_slots``, ``inner_slots``, ``fnone_slots``, ``thr_slots``).
+* ``C``: least recompute; ``R``: least bytes (min-peak table); ``K``: recompute of the plan
+  reaching ``R`` (a tie-break).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .chain import Chain
+from .groups import Units
+
+INF = np.inf
+BIG = np.int64(2**62)  # bytes nothing satisfies
+SMALL_UNITS = 64  # tables up to this many units use float64
+
+# A reconstruction step: (j, m for the rest, m for the inner plan). ``j`` is None for
+# ``Store(s)``, else the checkpoint is ``[s, j)``; an inner plan of None means "store all".
+Step = tuple["int | None", int, "int | None"]
+Chooser = Callable[[int, int, int], Step]
+
+
+def fixed_peak(chain: Chain) -> int:
+    """The part of the peak no plan changes: pre forward/backward and the optimizer step."""
+    p, pre = chain.persistent_bytes, chain.pre
+    grads = sum(ly.grad_bytes for ly in chain.layers) + chain.post.grad_bytes
+    pre_b = p + pre.retained_bytes + chain.delta_in_bytes + grads
+    pre_after = pre_b + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
+    return max(p + pre.retained_bytes + pre.fwd_tmp_bytes, pre_b + pre.bwd_tmp_bytes, pre_after,
+               chain.opt_step_peak_bytes)
+
+
+def base_bytes(chain: Chain) -> int:
+    """Memory at the start of the chain's forward: persistent + what pre keeps."""
+    return chain.persistent_bytes + chain.pre.retained_bytes
+
+
+def ceil_div(a: Any, q: int) -> Any:
+    return -((-a) // q)
+
+
+def near_div(a: Any, q: int) -> Any:
+    """Nearest slot count, but never 0 for a positive size (a free boundary or a free layer
+    would bias every estimate the same way)."""
+    n = (a + q // 2) // q
+    return np.where((a > 0) & (n < 1), 1, n)
+
+
+def shift(a: np.ndarray, d: int, M: int, dtype: Any, add: np.ndarray | None = None) -> np.ndarray:
+    """``out[..., m] = a[..., min(m - d, M)] (+ add[m])`` along the last axis: infeasible
+    (INF) where ``m - d < 0``; a negative ``d`` reads the top slot ``M`` past the end."""
+    out = np.empty(a.shape, dtype=dtype)
+
+    def put(dst: np.ndarray, src: np.ndarray, extra: np.ndarray | None) -> None:
+        if extra is None:
+            dst[...] = src
+        else:
+            np.add(src, extra, out=dst)
+
+    if d >= 0:
+        d = min(d, M + 1)
+        out[..., :d] = INF
+        put(out[..., d:], a[..., :M + 1 - d], None if add is None else add[d:])
+    else:
+        d = max(d, -(M + 1))
+        k = M + 1 + d
+        put(out[..., :k], a[..., -d:], None if add is None else add[:k])
+        put(out[..., k:], a[..., M:M + 1], None if add is None else add[k:])
+    return out
+
+
+class PairCosts:
+    """Derived pair quantities of a unit chain, in exact bytes (U x (U+1) int64)."""
+
+    def __init__(self, u: Units):
+        U = u.size
+        gp = np.concatenate([[0], np.cumsum(u.grad)])
+        self.grads = gp[None, :] - gp[:, None]  # grads[j, e] = grads of units j..e-1
+        self.fwd_prefix_ms = np.concatenate([[0.0], np.cumsum(u.fwd_ms)])
+        xo = u.x_out
+        # store_req[s, e]: what Store(s) needs (its forward, and its backward once the rest of a
+        # sequence ending at e is done).
+        self.store_req = np.zeros((U, U + 1), dtype=np.int64)
+        # inner_extra[j, e]: how much more the inner plan of a checkpoint ending at j starts with
+        # than the sequence [., e) it belongs to: the rest's gradients and x[j-1]'s gradient are
+        # there, x[e-1]'s gradient is gone.
+        self.inner_extra = np.zeros((U + 1, U + 1), dtype=np.int64)
+        for e in range(1, U + 1):
+            starts = np.arange(e)
+            self.store_req[:e, e] = np.maximum(u.fwd_req[:e],
+                                               u.bwd_req[:e] + self.grads[starts + 1, e] - xo[e - 1])
+            j = np.arange(1, e)
+            self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
+        # fnone[s, j]: forward-without-saving peak of units s..j-1 (j <= U-1).
+        self.fnone = np.full((U, U + 1), BIG, dtype=np.int64)
+        for s in range(U - 1):
+            run = np.maximum.accumulate(np.concatenate([[u.fn_first[s]], u.fn_next[s + 1:U - 1]]))
+            self.fnone[s, s + 1:U] = run
+
+
+def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
+                start: int = 0) -> list[tuple[int, int]]:
+    """The one plan reader: walk units ``[start, stop)`` taking ``choose``'s step at every unit,
+    and the inner plan of every checkpoint the same way; return the checkpointed *layer* ranges.
+    Iterative: plans can nest deeper than Python's recursion limit."""
+    out: list[tuple[int, int]] = []
+    todo = [(start, stop, m0)]
+    while todo:
+        s, e, m = todo.pop()
+        while s < e:
+            j, m_rest, m_inner = choose(s, e, m)
+            if j is None:
+                s += 1
+            else:
+                out.append((bounds[s][0], bounds[j - 1][1]))
+                if m_inner is not None:
+                    todo.append((s, j, m_inner))
+                s = j
+            m = m_rest
+    return out
+
+
+def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
+                  estimate: Callable[[int, int, int, float], float]) -> Chooser:
+    """Steps in exact bytes: an option is taken only if its own needs and its sub-chains'
+    smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks."""
+    P, xo = pc.fwd_prefix_ms, u.x_out
+
+    def choose(s: int, e: int, mb: int) -> Step:
+        best: tuple[float, int | None] | None = None
+        if s + 1 == e:
+            if pc.store_req[s, e] <= mb:
+                best = (0.0, None)
+        elif max(pc.store_req[s, e], u.hold[s] + R[s + 1, e]) <= mb:
+            best = (estimate(s + 1, e, mb - int(u.hold[s]), K[s + 1, e]), None)
+        for j in range(s + 1, e):
+            if max(pc.fnone[s, j], xo[j - 1] + R[j, e], pc.inner_extra[j, e] + R[s, j]) > mb:
+                continue
+            est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
+                   + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
+            if best is None or est < best[0]:
+                best = (est, j)
+        if best is None:
+            raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
+        pick = best[1]
+        if pick is None:
+            return None, mb - int(u.hold[s]), None
+        return pick, mb - int(xo[pick - 1]), mb - int(pc.inner_extra[pick, e])
+
+    return choose
+
+
+class CostTable:
+    """``C[s, e, m]``: least recompute of every sub-sequence, for slots ``m = 0..M``."""
+
+    def __init__(self, u: Units, pc: PairCosts, slot: int, M: int, rounding: str):
+        self.u, self.pc, self.slot, self.M = u, pc, slot, M
+        # float32 halves memory and time on big tables (costs keep ~7 significant digits);
+        # small tables stay float64 so that brute-force comparisons are exact.
+        self.dtype = DTYPE = np.float64 if u.size <= SMALL_UNITS else np.float32
+        U = u.size
+        div = ceil_div if rounding == "up" else near_div
+        # Reading exact bytes: floor for exact or rounded-up tables, nearest slot otherwise.
+        self.half = 0 if rounding == "up" else slot // 2
+        self.hold_slots = div(u.hold, slot)
+        self.x_slots = div(u.x_out, slot)
+        self.store_slots = div(pc.store_req, slot)
+        self.inner_slots = div(pc.inner_extra, slot)
+        self.fnone_slots = np.minimum(div(pc.fnone, slot), M + 1)
+        P = pc.fwd_prefix_ms
+        C = np.empty((U, U + 1, M + 1), dtype=DTYPE)  # every C[s, e] with s < e is written below
+        mgrid = np.arange(M + 1)
+        for e in range(1, U + 1):
+            best = np.full((e, M + 1), INF, dtype=DTYPE)  # min_j C[s,j,m-d] + C[j,e,m-x] + P[j]
+            for j in range(e - 1, -1, -1):
+                # Finish C[j, e]: every checkpoint [j, j') with j' > j has been added to best[j].
+                req = max(0, min(int(self.store_slots[j, e]), M + 1))
+                if j + 1 == e:
+                    store = np.zeros(M + 1, dtype=DTYPE)
+                else:
+                    store = shift(C[j + 1, e], int(self.hold_slots[j]), M, DTYPE)
+                store[:req] = INF
+                np.minimum(store, best[j] - float(P[j]), out=C[j, e])
+                if j == 0:
+                    continue
+                # Checkpoint [s, j) for every s < j, followed by the rest [j, e).
+                rest = shift(C[j, e], int(self.x_slots[j - 1]), M, DTYPE) + float(P[j])
+                val = shift(C[:j, j], int(self.inner_slots[j, e]), M, DTYPE, add=rest)
+                f = self.fnone_slots[:j, j]
+                w = int(f.max())  # the no-saving forward only rules out the first w slots
+                if w > 0:
+                    np.putmask(val[:, :w], mgrid[None, :w] < f[:, None], INF)
+                np.minimum(best[:j], val, out=best[:j])
+        self.C = C
+
+    def _at(self, s: int, e: int, m: int) -> float:
+        return INF if m < 0 else float(self.C[s, e, min(m, self.M)])
+
+    def _slot_choose(self, s: int, e: int, m: int) -> Step:
+        P = self.pc.fwd_prefix_ms
+        best: tuple[float, int | None]
+        if m < self.store_slots[s, e]:
+            best = (INF, None)
+        elif s + 1 == e:
+            best = (0.0, None)
+        else:
+            best = (self._at(s + 1, e, m - int(self.hold_slots[s])), None)
+        for j in range(s + 1, e):
+            if m < self.fnone_slots[s, j]:
+                continue
+            r = self._at(j, e, m - int(self.x_slots[j - 1]))
+            if r == INF:
+                continue
+            v = (self._at(s, j, m - int(self.inner_slots[j, e])) + (r + P[j])) - P[s]
+            if v < best[0]:
+                best = (v, j)
+        if best[0] == INF:
+            raise RuntimeError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
+        pick = best[1]
+        if pick is None:
+            return None, m - int(self.hold_slots[s]), None
+        return pick, m - int(self.x_slots[pick - 1]), min(m - int(self.inner_slots[pick, e]), self.M)
+
+    def slot_ranges(self, m: int) -> list[tuple[int, int]]:
+        """The table's own optimal plan at slot ``m``: the same arithmetic as the table, in
+        scalars (its peak may overshoot the budget by the rounding; the caller checks)."""
+        return reconstruct(self.u.bounds, self.u.size, m, self._slot_choose)
+
+    def estimate(self, s: int, e: int, avail: int, fallback: float) -> float:
+        """The table's recompute for [s, e) with ``avail`` exact bytes."""
+        if avail < 0:
+            return INF
+        v = float(self.C[s, e, min((avail + self.half) // self.slot, self.M)])
+        return v if v < INF else 1e18 + fallback
+
+    def ranges(self, avail: int, pt: PeakTable) -> list[tuple[int, int]]:
+        """Checkpointed layer ranges of a plan for the whole chain with ``avail`` exact bytes.
+
+        Feasibility is decided in exact bytes by the min-peak table (an option is taken only
+        if its own needs and its sub-chains' smallest needs fit), and among feasible options
+        the cost table's estimate picks; so the plan always fits, whatever the rounding, and
+        with gcd-sized slots it is the optimum."""
+        return reconstruct(self.u.bounds, self.u.size, avail,
+                           exact_chooser(self.u, self.pc, pt.R, pt.K, self.estimate))
+
+
+class FlatTable:
+    """Plans of depth 1 at layer granularity (every checkpoint's inner plan stores all):
+    ``C1(s, m)`` for suffixes ``[s, U)`` only, O(U^2 M) instead of O(U^3 M), so long chains
+    keep layer-by-layer choices (which layer to checkpoint matters most on heterogeneous
+    chains). A checkpoint [s, j) is feasible when its no-saving forward fits and its stored
+    recompute fits in what is left once the later layers' gradients exist:
+    ``grads(j..) + x[j-1] + R_store(s, j)``, all exact bytes rounded once."""
+
+    def __init__(self, u: Units, pc: PairCosts, slot: int, M: int, rounding: str,
+                 max_len: int | None = None):
+        self.u, self.pc, self.slot, self.M = u, pc, slot, M
+        U = u.size
+        div = ceil_div if rounding == "up" else near_div
+        hold = u.hold
+        H = np.concatenate([[0], np.cumsum(hold)])
+        # thr[s, j]: bytes the checkpoint [s, j) needs at the start of s (U-1 x U, j > s).
+        thr = np.full((U, U), BIG, dtype=np.int64)
+        for j in range(1, U):  # checkpoint [s, j), j <= U-1 (never the post)
+            a = H[:j] + pc.store_req[:j, j]  # storing k..: H[k] - H[s] + store_req[k, j]
+            r_store = np.maximum.accumulate(a[::-1])[::-1] - H[:j]
+            thr[:j, j] = np.maximum(pc.fnone[:j, j], pc.inner_extra[j, U] + r_store)
+        self.max_len = max_len or U
+        self.half = 0 if rounding == "up" else slot // 2
+        self.thr = thr
+        self.thr_slots = np.minimum(div(thr, slot), M + 1)
+        self.hold_slots = div(hold, slot)
+        self.x_slots = div(u.x_out, slot)
+        self.store_slots = div(pc.store_req[:, U], slot)
+        P = pc.fwd_prefix_ms
+        self.dtype = DTYPE = np.float64 if U <= SMALL_UNITS else np.float32
+        C = np.empty((U, M + 1), dtype=DTYPE)
+        S = np.full((U, M + 1), INF, dtype=DTYPE)  # S[j] = C[j, m - x[j-1]] + P[j]
+        mgrid = np.arange(M + 1)
+        C[U - 1] = 0.0
+        C[U - 1, :max(0, min(int(self.store_slots[U - 1]), M + 1))] = INF
+        if U > 1:
+            S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(P[U - 1])
+        for s in range(U - 2, -1, -1):
+            store = shift(C[s + 1], int(self.hold_slots[s]), M, DTYPE)
+            store[:max(0, min(int(self.store_slots[s]), M + 1))] = INF
+            hi = min(U, s + 1 + self.max_len)
+            t = self.thr_slots[s, s + 1:hi]
+            val = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi])
+            np.minimum(store, val.min(axis=0) - float(P[s]), out=C[s])
+            if s >= 1:
+                S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(P[s])
+        self.C, self.S = C, S
+        # Exact bytes: R1[s] the least a depth-1 plan of [s, U) needs, K1[s] its recompute.
+        R1 = np.full(U, BIG, dtype=np.int64)
+        K1 = np.zeros(U)
+        R1[U - 1] = pc.store_req[U - 1, U]
+        for s in range(U - 2, -1, -1):
+            hi = min(U, s + 1 + self.max_len)
+            r = np.maximum(thr[s, s + 1:hi], u.x_out[s:hi - 1] + R1[s + 1:hi])
+            k = int(np.argmin(r))
+            rs = max(pc.store_req[s, U], hold[s] + R1[s + 1])
+            if rs <= r[k]:
+                R1[s], K1[s] = rs, K1[s + 1]
+            else:
+                R1[s], K1[s] = r[k], (P[s + 1 + k] - P[s]) + K1[s + 1 + k]
+        self.R1, self.K1 = R1, K1
+
+    def _slot_choose(self, s: int, e: int, m: int) -> Step:
+        U, P = self.u.size, self.pc.fwd_prefix_ms
+        if s == U - 1:  # the post: always stored
+            return None, m, None
+        store = INF
+        if m >= self.store_slots[s] and m - self.hold_slots[s] >= 0:
+            store = float(self.C[s + 1, m - int(self.hold_slots[s])])
+        hi = min(U, s + 1 + self.max_len)
+        vals = np.where(self.thr_slots[s, s + 1:hi] <= m, self.S[s + 1:hi, m], INF) - P[s]
+        k = int(np.argmin(vals))
+        if min(store, vals[k]) == INF:
+            raise RuntimeError(f"flat DP reconstruction reached an infeasible state ({s}, {m})")
+        if store <= vals[k]:
+            return None, m - int(self.hold_slots[s]), None
+        j = s + 1 + k
+        return j, m - int(self.x_slots[j - 1]), None
+
+    def slot_ranges(self, m: int) -> list[tuple[int, int]]:
+        """The table's own optimal plan at slot ``m`` (see ``CostTable.slot_ranges``)."""
+        return reconstruct(self.u.bounds, self.u.size, m, self._slot_choose)
+
+    def _exact_choose(self, s: int, e: int, mb: int) -> Step:
+        u, pc, U, slot, M = self.u, self.pc, self.u.size, self.slot, self.M
+        P = pc.fwd_prefix_ms
+        if s == U - 1:  # the post: always stored
+            return None, mb, None
+
+        def est(rows: np.ndarray, left: np.ndarray) -> np.ndarray:
+            idx = np.clip((left + self.half) // slot, 0, M)
+            v = self.C[rows, idx]
+            return np.where(v < INF, v, 1e18 + self.K1[rows])
+
+        store = INF
+        if max(pc.store_req[s, U], u.hold[s] + self.R1[s + 1]) <= mb:
+            store = float(est(np.array([s + 1]), np.array([mb - u.hold[s]]))[0])
+        hi = min(U, s + 1 + self.max_len)
+        js = np.arange(s + 1, hi)
+        left = mb - u.x_out[js - 1]
+        ok = np.maximum(self.thr[s, js], u.x_out[js - 1] + self.R1[js]) <= mb
+        vals = np.where(ok, (P[js] - P[s]) + est(js, left), INF)
+        k = int(np.argmin(vals))
+        if min(store, vals[k]) == INF:
+            raise RuntimeError(f"flat DP reconstruction: no feasible option at ({s}, {mb})")
+        if store <= vals[k]:
+            return None, mb - int(u.hold[s]), None
+        j = int(js[k])
+        return j, mb - int(u.x_out[j - 1]), None
+
+    def ranges(self, avail: int) -> list[tuple[int, int]]:
+        """Like ``CostTable.ranges``: exact feasibility from R1, the table's estimates pick."""
+        return reconstruct(self.u.bounds, self.u.size, avail, self._exact_choose)
+
+
+def _skew(A: np.ndarray, n: int, ns: int) -> np.ndarray:
+    """View V[k-1, s] = A[n-k, s+k] for k = 1..n-1, s < ns (A is (W, W), C-contiguous):
+    the table entry of the sub-chain [s+k, s+n) when A is stored by (length, start)."""
+    W = A.shape[1]
+    it = A.itemsize
+    start = A[n - 1, 1:]
+    return np.lib.stride_tricks.as_strided(start, shape=(n - 1, ns), strides=(-(W - 1) * it, it),
+                                           writeable=False)
+
+
+def _diag(v: np.ndarray, off: int, n: int, ns: int) -> np.ndarray:
+    """View V[k-1, s] = v[s + k - 1 + off] for k = 1..n-1, s < ns."""
+    it = v.itemsize
+    return np.lib.stride_tricks.as_strided(v[off:], shape=(n - 1, ns), strides=(it, it),
+                                           writeable=False)
+
+
+class PeakTable:
+    """``R[s, e]``: the least bytes above the start for which [s, e) has a plan (exact ints),
+    with ``K[s, e]`` the least recompute among the options reaching it (a tie-break only)."""
+
+    def __init__(self, u: Units, pc: PairCosts):
+        # Sub-chains are solved by increasing length n = e - s, all starts at once: every
+        # option of a length-n sub-chain only needs shorter ones. Tables are stored by
+        # (length, start), so "the rest [s+k, s+n)" is a skewed strided view (_skew).
+        U = u.size
+        W = U + 1
+        self.u, self.pc = u, pc
+        ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
+        en = ln + st
+        ok = (en <= U) & (st < U)
+        sc, ec = np.where(ok, st, 0), np.where(ok, en, 0)
+        FN = np.where(ok, pc.fnone[sc, ec], BIG)  # FN[k, s] = fnone(s, s + k)
+        SR = np.where(ok, pc.store_req[sc, ec], BIG)  # SR[n, s] = store_req(s, s + n)
+        # DL[n, j] = inner_extra(j, j + n)
+        DL = np.where(en <= U, pc.inner_extra[st, np.where(en <= U, en, 0)], 0)
+        P = pc.fwd_prefix_ms
+        xo = u.x_out
+        D = np.full((W, W), BIG, dtype=np.int64)  # D[n, s] = R(s, s + n)
+        KD = np.zeros((W, W))  # KD[n, s] = K(s, s + n)
+        for n in range(1, U + 1):
+            ns = U - n + 1
+            if n == 1:
+                D[1, :ns], KD[1, :ns] = SR[1, :ns], 0.0
+                continue
+            sr = np.maximum(SR[n, :ns], u.hold[:ns] + D[n - 1, 1:ns + 1])
+            v = np.maximum(FN[1:n, :ns], _diag(xo, 0, n, ns) + _skew(D, n, ns))
+            np.maximum(v, _skew(DL, n, ns) + D[1:n, :ns], out=v)
+            vmin = v.min(axis=0)
+            sk = KD[n - 1, 1:ns + 1]
+            kc = (_diag(P, 1, n, ns) - P[:ns]) + _skew(KD, n, ns) + KD[1:n, :ns]
+            kmin = np.where(v == vmin, kc, INF).min(axis=0)
+            store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
+            KD[n, :ns] = np.where(store, sk, kmin)
+            D[n, :ns] = np.where(store, sr, vmin)
+        R = np.full((U, W), BIG, dtype=np.int64)
+        K = np.full((U, W), INF)
+        R[sc[ok], ec[ok]] = D[ok]
+        K[sc[ok], ec[ok]] = KD[ok]
+        self.R, self.K = R, K
+
+    def ranges(self, avail: int) -> list[tuple[int, int]]:
+        """Checkpointed layer ranges of a plan fitting ``avail`` exact bytes (at least
+        ``R[0, U]``): like ``CostTable.ranges``, with K, the recompute of the smallest-peak
+        completions, as the estimate. Slack is spent greedily on storing."""
+        return reconstruct(self.u.bounds, self.u.size, avail,
+                           exact_chooser(self.u, self.pc, self.R, self.K, lambda s, e, mb, k: k))
