@@ -36,7 +36,7 @@ def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain:
     device = first.device if first is not None else torch.device("cpu")
     prof = profile_model(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
                          optimizer=optimizer, precision=precision, accum=accum, lr=lr)
-    budget_bytes = None if budget is None else resolve_budget(budget, prof)
+    budget_bytes = None if budget is None else resolve_budget(budget, prof).bytes
     return plan_chain(chain_from_profile(prof), strategy, budget_bytes, k)
 
 

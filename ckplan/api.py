@@ -320,40 +320,25 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
-    budget_bytes = resolve_budget(budget, prof) if budget is not None else None
+    budget_bytes = resolve_budget(budget, prof).bytes if budget is not None else None
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
                      extra_plans=extra, memory_limit_bytes=limit, progress=progress)
 
 
-def _parse_budget(budget: str | int) -> tuple[str, float]:
-    """("bytes", n) or ("fraction", f): the budget's syntax, checked before anything runs."""
-    from .units import ACCEPTED_SIZES, parse_size
-    text = str(budget).strip()
-    if text.endswith("%"):
-        try:
-            frac = float(text[:-1]) / 100
-        except ValueError:
-            frac = -1
-        if not 0 < frac <= 10:  # NaN and inf fail this too
-            raise UsageError(f"budget {text!r} is not a percentage above 0% (and at most 1000%)",
-                             tip=f"use {ACCEPTED_SIZES}, or a share of the no-checkpoint peak like 40%")
-        return "fraction", frac
-    return "bytes", parse_size(budget, what="budget")
-
-
 def check_budget(budget: str | int | None) -> None:
-    """Raise :class:`UsageError` now for a budget that could never be resolved (``12 parsecs``, ``1e400``)."""
+    """Raise :class:`UsageError` now for a budget that could never be resolved (``12 parsecs``,
+    ``1e400``, ``0%``), before any profile runs."""
     if budget is not None:
-        _parse_budget(budget)
+        from .planner import check_budget_text
+        check_budget_text(budget, what="budget")
 
 
-def resolve_budget(budget: str | int, prof: Profile) -> int:
-    """``12GB``, ``12GiB``, plain bytes, or ``40%`` of the predicted peak without checkpointing."""
-    kind, value = _parse_budget(budget)
-    if kind == "fraction":
-        return int(prof.totals.predicted_peak_bytes * value)
-    return int(value)
+def resolve_budget(budget: str | int, prof: Profile):
+    """The :class:`ckplan.planner.Budget` for ``budget`` (``12GB``, ``12GiB``, bytes, ``40%`` of
+    the no-checkpoint peak, ``50%act``: persistent memory plus half the activations)."""
+    from .planner import chain_from_profile, parse_budget
+    return parse_budget(budget, chain_from_profile(prof), what="budget")
 
 
 def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
@@ -366,25 +351,30 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     which fixes the model and batch (giving both, or overrides with it, is an error).
     """
     from .plan_report import PlanReport
-    from .planner import chain_from_profile, compare, plan_chain
+    from .planner import chain_from_profile, compare, infeasible_budget, no_gain_reason, plan_chain
 
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
-    budget_bytes, source = _budget_for_plan(budget, prof)
     _tick(progress, f"planning {strategy} for {prof.model}")
     chain = chain_from_profile(prof)
+    budget_bytes, source = _budget_for_plan(budget, prof, chain)
+    infeasible = None
     if strategy == "all":
+        # compare() never raises for an infeasible budget: every row says fits=False, and the
+        # caller shows the table before exiting 3 (InfeasibleBudgetError, see report_infeasible).
         results = compare(chain, list(STRATEGIES), budget_bytes, k)
         chosen = next(r for r in results if r.strategy == "dp")
+        infeasible = infeasible_budget(results)
     else:
         chosen = plan_chain(chain, strategy, budget_bytes, k)
         results = (chosen,)
     none = plan_chain(chain, "none")
+    notes = tuple(n for n in (no_gain_reason(chain),) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
-                      none_step_ms=none.score.step_ms)
+                      none_step_ms=none.score.step_ms, infeasible=infeasible, notes=notes)
 
 
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
@@ -392,13 +382,30 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
           overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
           note: Note | None = None):
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
-    from .planner import chain_from_profile
+    from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
     check_positive("points", points, minimum=2)
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
     _tick(progress, f"sweeping {points} budgets for {prof.model}")
-    return prof, _sweep(chain_from_profile(prof), names, points)
+    chain = chain_from_profile(prof)
+    reason = no_gain_reason(chain)
+    if reason:
+        _note(note, reason)
+    return prof, _sweep(chain, names, points)
+
+
+def export(rep, target: str):
+    """The snippet that applies ``rep``'s chosen plan in ``target`` (hf, torchtitan, lightning,
+    fsdp), or the closest plan it can express (:func:`ckplan.export.export_plan`)."""
+    from .export import export_plan
+    from .planner import chain_from_profile, simulate
+    prof = rep.profile
+    layer_class = prof.chain_layers[0].type if prof.chain_layers else None
+    ex = export_plan(rep.chosen.plan, str(target), chain_path=prof.chain, layer_class=layer_class,
+                     model_name=prof.model)
+    closest_peak = simulate(chain_from_profile(prof), ex.closest_plan).peak_bytes
+    return ex, closest_peak
 
 
 def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note) -> Profile:
@@ -420,16 +427,21 @@ def _profile_for_plan(spec, profile_path, device, overrides, force, progress, no
     return profile(spec, device=device, force=force, progress=progress, note=note)
 
 
-def _budget_for_plan(budget, prof: Profile) -> tuple[int | None, str]:
+def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:
+    """The budget bytes and where they came from: the user's text, else the one default rule."""
+    from .planner import default_budget, parse_budget
     if budget is not None:
-        return resolve_budget(budget, prof), "--budget"
+        b = parse_budget(budget, chain, what="budget")
+        return b.bytes, f"--budget: {b.description}"
+    free = None
     if prof.device == "cuda":
         from .measure import nvml_memory
         info = nvml_memory(0)
-        if info is not None and info.free_bytes:
-            # The model's own resident memory is already counted in the plan's peak.
-            return info.free_bytes, "free GPU memory reported by NVML"
-    return None, "none given: planned for the smallest feasible peak"
+        free = info.free_bytes if info is not None else None
+    b = default_budget(chain, mode="plan", free_device_bytes=free)
+    if b is None:
+        return None, "none given: planned for the smallest feasible peak"
+    return b.bytes, f"none given: {b.description} (NVML)"
 
 
 # ---- output files, checked before the run ----------------------------------------------------

@@ -20,8 +20,8 @@ try:  # typer 0.2x vendors click as typer._click; older typer uses click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
-from .errors import CkplanError, UsageError
-from .options import Device, Fmt, Optimizer, Precision, Strategy, StrategyOrAll
+from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .options import Device, ExportTarget, Fmt, Optimizer, Precision, Strategy, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -206,6 +206,9 @@ def plan(
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
+    export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also print the snippet that "
+                                                  "applies the plan in hf, torchtitan, lightning or fsdp "
+                                                  "(or the closest plan it can express)."),
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -231,10 +234,18 @@ def plan(
                        overrides=_given(overrides), force=force, progress=progress, note=note)
     render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
-    if output is not None:
+    exported = None
+    if export is not None:
+        exported, closest_peak = api.export(rep, str(export))
+        doc["export"] = {**exported.to_dict(), "closest_predicted_peak_bytes": closest_peak}
+    if output is not None and rep.infeasible is None:
         _write_out(output, doc)
         render.info(f"wrote {output}")
     _emit(fmt, doc, rep.to_frame(), lambda: render.plan_tables(rep, **_wide_kw(render.plan_tables, wide)))
+    if exported is not None and fmt == Fmt.table:
+        render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
+    if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
+        raise InfeasibleBudgetError(rep.infeasible)
 
 
 def _budget_line(budget, rep) -> str:

@@ -71,6 +71,15 @@ class Optimizer(_Names):
 OPTIMIZER_ALIASES = {"sgd_momentum": "sgd-momentum", "momentum": "sgd-momentum", "adam": "adamw"}
 
 
+class ExportTarget(_Names):
+    """Frameworks ``ckplan plan --export`` writes a snippet for (ckplan.export)."""
+
+    hf = "hf"
+    torchtitan = "torchtitan"
+    lightning = "lightning"
+    fsdp = "fsdp"
+
+
 class Fmt(_Names):
     """What a command writes to stdout."""
 

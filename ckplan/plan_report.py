@@ -20,6 +20,8 @@ class PlanReport:
     chosen: PlanResult
     none_peak_bytes: int
     none_step_ms: float
+    infeasible: str | None = None  # --strategy all below the smallest peak: why (the CLI exits 3)
+    notes: tuple[str, ...] = ()  # e.g. why no plan can lower the peak
 
     def summary_rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -50,7 +52,8 @@ class PlanReport:
             "predicted_recompute_ms": c.score.recompute_ms, "predicted_overhead": c.score.overhead,
             "predicted_step_ms": c.score.step_ms, "peak_at": c.score.peak_at,
             "persistent_bytes": c.score.persistent_bytes, "no_checkpoint_peak_bytes": self.none_peak_bytes,
-            "slot_bytes": c.slot_bytes, "exact": c.exact, "notes": list(c.notes),
+            "slot_bytes": c.slot_bytes, "exact": c.exact, "notes": list(self.notes) + list(c.notes),
+            "infeasible": self.infeasible,
             "layers": [dict(index=d.layer, name=prof.chain_layers[d.layer].name, stored=d.stored,
                             checkpoint_depth=d.depth, forward_runs=d.forwards)
                        for d in c.plan.per_layer()],

@@ -21,7 +21,14 @@ Modules, imports flowing one way (each imports only those above it):
 * ``synthetic``: synthetic chains for tests and benchmarks.
 """
 from .baselines import plan_chen, plan_every_k, plan_none, plan_sqrtn
-from .budget import Budget, activation_bytes, default_budget, no_gain_reason, parse_budget
+from .budget import (
+    Budget,
+    activation_bytes,
+    check_budget_text,
+    default_budget,
+    no_gain_reason,
+    parse_budget,
+)
 from .calibrate import calibrate, chain_from_profile, predicted_peak_none
 from .chain import Chain, Layer, Post, Pre
 from .dp import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
@@ -52,6 +59,7 @@ __all__ = [
     "activation_bytes",
     "calibrate",
     "chain_from_profile",
+    "check_budget_text",
     "compare",
     "default_budget",
     "floor_of",

@@ -61,30 +61,29 @@ def none_peak(chain: Chain) -> int:
     return simulate(chain, plan_none(chain.n_layers)).peak_bytes
 
 
-def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Budget:
-    """Resolve a budget text (see the module docstring) against ``chain``.
-
-    Raises :class:`ckplan.errors.UsageError` naming the value and the accepted forms for
-    anything else: 0%, negative, NaN, overflowing numbers, shares above the limits.
-    """
+def check_budget_text(text: str | int, *, what: str = "--budget") -> None:
+    """Check a budget's syntax and limits before anything runs (no chain needed): the same
+    UsageError that :func:`parse_budget` would raise later, raised now."""
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
-    if isinstance(text, int):
-        b = parse_size(text, what=what)
-        return Budget(b, str(text), "size", fb(b))
-    raw = text.strip()
+    raw = str(text).strip()
     if "%" in raw:
-        return _parse_share(raw, chain, what)
+        _share_of(raw, what)
+    else:
+        _size_of(text if isinstance(text, int) else raw, what)
+
+
+def _size_of(text: str | int, what: str) -> int:
     try:
-        b = parse_size(raw, what=what)
+        return parse_size(text, what=what)
     except OverflowError:
-        raise UsageError(f"{what} {raw!r} is too large a number", tip=f"use {ACCEPTED_BUDGETS}") from None
+        raise UsageError(f"{what} {text!r} is too large a number", tip=f"use {ACCEPTED_BUDGETS}") from None
     except UsageError as err:
         raise UsageError(err.message, tip=f"use {ACCEPTED_BUDGETS}") from None
-    return Budget(b, raw, "size", fb(b))
 
 
-def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
+def _share_of(raw: str, what: str) -> tuple[Fraction, bool, str]:
+    """(percentage, of the activations?, the number as written) of a share budget, limits checked."""
     m = _PCT_RE.match(raw)
     if not m:
         raise UsageError(f"{what} {raw!r} is not a percentage", tip=f"use {ACCEPTED_BUDGETS}")
@@ -95,10 +94,33 @@ def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
         share = "of the activations" if of_act else "of the peak without checkpointing"
         raise UsageError(f"{what} {raw!r}: a share {share} must be above 0% and at most {limit}%",
                          tip=f"use {ACCEPTED_BUDGETS}")
+    return pct, of_act, m.group(1)
+
+
+def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Budget:
+    """Resolve a budget text (see the module docstring) against ``chain``.
+
+    Raises :class:`ckplan.errors.UsageError` naming the value and the accepted forms for
+    anything else: 0%, negative, NaN, overflowing numbers, shares above the limits.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    if isinstance(text, int):
+        b = _size_of(text, what)
+        return Budget(b, str(text), "size", fb(b))
+    raw = text.strip()
+    if "%" in raw:
+        return _parse_share(raw, chain, what)
+    b = _size_of(raw, what)
+    return Budget(b, raw, "size", fb(b))
+
+
+def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
+    pct, of_act, number = _share_of(raw, what)
     if of_act:
         act, persistent = activation_bytes(chain), chain.persistent_bytes
         b = persistent + int(act * pct / 100)
-        desc = (f"persistent {fb(persistent)} + {m.group(1)}% of the activations {fb(act)} "
+        desc = (f"persistent {fb(persistent)} + {number}% of the activations {fb(act)} "
                 f"= {fb(b)}")
         if b <= 0:
             raise UsageError(f"{what} {raw!r} gives {b} bytes", tip=f"use {ACCEPTED_BUDGETS}")
@@ -108,7 +130,7 @@ def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
     if b <= 0:
         raise UsageError(f"{what} {raw!r} gives {b} bytes", tip=f"use {ACCEPTED_BUDGETS}")
     return Budget(b, raw, "peak-share",
-                  f"{m.group(1)}% of the peak without checkpointing {fb(peak)} = {fb(b)}")
+                  f"{number}% of the peak without checkpointing {fb(peak)} = {fb(b)}")
 
 
 def default_budget(chain: Chain, *, mode: str, free_device_bytes: int | None) -> Budget | None:
