@@ -197,15 +197,35 @@ def bench(
     if bad or (not strategies and plan_file is None):
         raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
+    report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
     s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
                  optimizer=optimizer, accum=accum)
     n_plans = len(strategies) + (plan_file is not None)
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar)
-    files = report.write_bench(out_dir, res)
-    render.info("wrote " + ", ".join(str(f) for f in files))
+    # The results first, then the files: a failed write must not take the table with it.
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res))
+    write_failed = 0
+    try:
+        files = report.write_bench(out_dir, res)
+        render.info("wrote " + ", ".join(str(f) for f in files))
+    except report.ReportsInterrupted as e:
+        render.error(str(e))
+        raise typer.Exit(130) from None
+    except (CkplanError, OSError) as e:
+        write_failed = getattr(e, "exit_code", 1)
+        why = str(e) if isinstance(e, CkplanError) else f"{e.strerror} ({e.filename or out_dir})"
+        render.error(f"the results above were not written to {out_dir}: {why}")
+    if res.failed_rows:
+        from .errors import WrongResultError
+        bad = "; ".join(f"{r.strategy} ({r.status})" for r in res.failed_rows)
+        raise WrongResultError(f"{len(res.failed_rows)} plan(s) gave wrong results: {bad}",
+                               tip="do not train with them; the table shows why. A layer whose forward "
+                                   "changes between calls (state, counters, RNG outside torch) cannot be "
+                                   "recomputed: make it deterministic or leave it out of the chain")
+    if write_failed:
+        raise typer.Exit(write_failed)
 
 
 def _emit(fmt: Fmt, doc: dict, frame, table) -> None:
