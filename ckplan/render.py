@@ -65,19 +65,36 @@ def _print_table(console: Console, cols: list[_Col], rows: list[list[str]], wide
             if used + full[i] + 3 <= limit:
                 keep.add(i)
                 used += full[i] + 3
-    t = Table(title_justify="left", **table_kw)
     shown = sorted(keep)
+    width = {i: full[i] for i in shown}
+    if limit is not None:
+        # Too wide with every value on one line and every header too: narrow the columns with the
+        # most to give, down to their least (headers wrap at spaces, long names fold), until it fits.
+        excess = 1 + sum(width[i] + 3 for i in shown) - limit
+        for i in sorted(shown, key=lambda i: least[i] - full[i]):
+            if excess <= 0:
+                break
+            cut = min(excess, full[i] - least[i])
+            width[i] -= cut
+            excess -= cut
+    t = Table(title_justify="left", **table_kw)
     for i in shown:
         c = cols[i]
-        t.add_column(c.header, justify="left" if c.left else "right", min_width=least[i],
+        t.add_column(c.header, justify="left" if c.left else "right", width=width[i],
                      overflow="fold" if c.fold else "ellipsis")
     for r in rows:
         t.add_row(*(r[i] for i in shown))
-    if limit is None:
-        natural = 1 + sum(full[i] + 3 for i in shown)
-        console.print(t, width=max(console.width, natural), crop=False)
-    else:
+    if limit is not None:
         console.print(t)
+        return
+    # Every column at full width, wider than the console if need be (print(width=) cannot widen).
+    natural = 1 + sum(width[i] + 3 for i in shown)
+    saved = getattr(console, "_width", None)
+    console.width = max(console.width, natural)
+    try:
+        console.print(t, crop=False)
+    finally:
+        console._width = saved
 
 
 def profile_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
