@@ -200,6 +200,8 @@ def bench(
     report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
     s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
                  optimizer=optimizer, accum=accum)
+    if s.name:
+        report.check_output_dir(out_dir, names=report.bench_filenames(s.name, api.resolve_device(device).type))
     n_plans = len(strategies) + (plan_file is not None)
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,

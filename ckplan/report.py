@@ -70,7 +70,7 @@ def _kind(path: Path) -> str | None:
     """What is at ``path`` if it is not a regular file ('' when absent or regular)."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (creating its folder will say why)
         return ""
     except OSError as e:
         return f"not accessible ({e.strerror})"
@@ -239,11 +239,14 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
             os.replace(tmp, p)
             done.append(p)
     except BaseException:
-        restored = {p for _, p in backups}
-        for bak, p in backups:
-            with contextlib.suppress(OSError):
-                os.replace(bak, p)
-        _unlink_all([p for p in done if p not in restored] + temps)
+        old = dict((p, bak) for bak, p in backups)
+        for p in done:  # put back what was replaced; remove what was new
+            if p in old:
+                with contextlib.suppress(OSError):
+                    os.replace(old[p], p)
+            else:
+                _unlink_all([p])
+        _unlink_all([bak for bak, _ in backups] + temps)
         raise
     _unlink_all([bak for bak, _ in backups])
 
@@ -297,6 +300,12 @@ def sweep_basename(model: str) -> str:
 
 def bench_basename(model: str, device: str) -> str:
     return f"bench-{_slug(model)}-{_slug(device)}"
+
+
+def bench_filenames(model: str, device: str) -> tuple[str, ...]:
+    """The files :func:`write_bench` writes, for :func:`check_output_dir` before the run."""
+    base = bench_basename(model, device)
+    return tuple(f"{base}.{ext}" for ext in ("csv", "json", "png"))
 
 
 def _plot_sweep(frame, model: str, path: Path) -> None:
