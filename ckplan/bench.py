@@ -76,10 +76,12 @@ from .training import forward_loss, make_optimizer
 GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16": (1.6e-2, 1e-6),
                                                    "fp16": (2e-3, 1e-6)}
 
-RSS_NOTE = ("resident: the process's resident-set high-water mark over the memory step (VmHWM) and its growth, "
-            "beside the live-tensor growth; glibc's malloc keeps freed blocks mapped, so RSS can exceed the "
-            "tensor peak and order the plans differently; MALLOC_MMAP_THRESHOLD_=131072 in the environment "
-            "makes it follow the plans")
+RSS_NOTE = ("growth tensors / RSS: live-tensor bytes above those resident when the memory step began, and the "
+            "process's resident-set growth over it (Linux VmHWM); glibc's malloc keeps freed memory mapped, so "
+            "RSS need not follow the plans (RSS growth near 0 means the step ran in memory kept from earlier "
+            "steps; measured_rss_peak_bytes in the JSON is the high-water mark itself); with "
+            "MALLOC_MMAP_THRESHOLD_=131072 in the environment large tensors are returned at once and RSS "
+            "follows the tensor peaks")
 
 
 @dataclass
