@@ -234,8 +234,11 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
             _refuse_non_regular(p, what)  # again: something may have appeared since the check
             if p.exists():
                 bak = p.parent / f".{p.name}.{secrets.token_hex(6)}.old"
-                os.link(p, bak)  # fails rather than overwrite, should the name exist
-                backups.append((bak, p))
+                try:
+                    os.link(p, bak)  # fails rather than overwrite, should the name exist
+                    backups.append((bak, p))
+                except OSError:  # no hard links here (FAT, some network file systems): no way back
+                    pass
             os.replace(tmp, p)
             done.append(p)
     except BaseException:

@@ -189,16 +189,17 @@ def test_cpu_rows_carry_the_resident_high_water_mark(tmp_path):
     from ckplan.measure import ResidentPeak
     with ResidentPeak() as rss:
         import torch
-        x = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched
+        # 64 MiB: above glibc's largest dynamic mmap threshold (32 MiB), so fresh pages, whatever
+        # the heap kept from earlier tests.
+        x = torch.ones(64 * 2**20 // 4)
         del x
     if rss.peak_bytes is None:
         pytest.skip("no /proc/self/clear_refs here")
-    assert rss.growth_bytes >= 15 * 2**20 and rss.peak_bytes >= rss.start_bytes + rss.growth_bytes
+    assert rss.growth_bytes >= 63 * 2**20 and rss.peak_bytes >= rss.start_bytes + rss.growth_bytes
     spec = api.load(tiny_gpt_spec(tmp_path))
     res = api.bench(spec, strategies=["none", "every-k"], device="cpu", steps=1, warmup=0)
     for r in res.rows:
         assert r.measured_rss_peak_bytes > r.measured_rss_growth_bytes >= 0
-        assert r.measured_growth_bytes == r.measured_peak_bytes - (r.measured_peak_bytes - r.measured_growth_bytes)
         assert 0 < r.measured_growth_bytes < r.measured_peak_bytes
     assert any("MALLOC_MMAP_THRESHOLD_" in n for n in res.notes)
 
@@ -211,16 +212,22 @@ def test_out_dir_checked_before_the_run(tmp_path):
     assert r.exit_code == 2 and "not a folder" in r.output and "strategy" not in r.stdout
 
 
-def test_results_printed_even_when_the_reports_cannot_be_written(tmp_path, monkeypatch):
-    def disk_full(result, path):  # the PNG is the last file: the disk fills up while writing it
+@pytest.mark.parametrize("failure", ["disk-full", "ctrl-c"])
+def test_results_printed_even_when_the_reports_cannot_be_written(tmp_path, monkeypatch, failure):
+    def fail(result, path):  # the PNG is the last file: the disk fills up, or Ctrl-C, while writing it
+        if failure == "ctrl-c":
+            raise KeyboardInterrupt
         raise OSError(28, "No space left on device", str(path))
-    monkeypatch.setattr(report, "_plot_bench", disk_full)
+    monkeypatch.setattr(report, "_plot_bench", fail)
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--compare",
                                  "none,every-k", "--steps", "1", "--warmup", "0", "--out-dir", str(out),
                                  "-f", "json"])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == (130 if failure == "ctrl-c" else 1), r.output
     doc = json.loads(r.stdout)  # the whole result, on stdout
     assert [row["strategy"] for row in doc["rows"]] == ["none", "every-k"]
-    assert "Error:" in r.output and "not written" in r.output and "No space left" in r.output
+    if failure == "ctrl-c":
+        assert "Error:" in r.output and "the previous set (if any) is intact" in r.output
+    else:
+        assert "Error:" in r.output and "not written" in r.output and "No space left" in r.output
     assert list(out.iterdir()) == []  # no CSV and JSON without their PNG, no temporary files

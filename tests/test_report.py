@@ -225,3 +225,17 @@ def test_row_status_of_a_hand_built_failed_result():
     res = make_bench()
     assert [r.strategy for r in res.failed_rows] == ["dp"]
     assert isinstance(res.rows[0], BenchRow) and not res.rows[0].failed
+
+
+def test_cli_output_to_a_link_or_device_exits_2(tmp_path):
+    from conftest import tiny_gpt_spec
+    from typer.testing import CliRunner
+
+    from ckplan.cli import app
+    target = tmp_path / "t.json"
+    target.write_text("keep")
+    link = tmp_path / "out.json"
+    link.symlink_to(target)
+    r = CliRunner().invoke(app, ["profile", str(tiny_gpt_spec(tmp_path)), "--device", "meta", "-o", str(link)])
+    assert r.exit_code == 2 and "symbolic link" in r.output and "Traceback" not in r.output
+    assert target.read_text() == "keep" and link.is_symlink()
