@@ -282,7 +282,7 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
         del grads
     run.model.load_state_dict(init)
     if entries and ref is None:
-        notes.append("gradients not checked: no plan without checkpoints ran as the reference "
+        notes.append("gradients not checked: no plan without checkpoints gave a finite reference "
                      "(add none to --compare)")
 
 
