@@ -448,48 +448,12 @@ def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:
 
 def check_output_file(path: str | Path) -> None:
     """Refuse, before a long run, an output file ckplan could not write (or must not replace)."""
-    from . import report
-    if hasattr(report, "check_output_file"):
-        report.check_output_file(path)
-        return
-    _check_output_file_local(Path(path))
+    from .report import check_output_file as _check
+    _check(path, "-o")
 
 
 def check_output_dir(path: str | Path) -> None:
     """Refuse, before a long run, an output folder ckplan could not create or write into."""
-    from . import report
-    if hasattr(report, "check_output_dir"):
-        report.check_output_dir(path)
-        return
-    _check_output_dir_local(Path(path))
+    from .report import check_output_dir as _check
+    _check(path, "--out-dir")
 
-
-# TODO(merge): the two fallbacks below stand in for report.check_output_file / check_output_dir,
-# which another track adds; once report.py has them, delete these and the hasattr checks above.
-def _check_output_file_local(path: Path) -> None:
-    import os
-    if path.exists() and not path.is_file():
-        raise UsageError(f"-o {path}: exists and is not a regular file; ckplan will not replace it",
-                         tip="give a new file name")
-    if path.is_dir():
-        raise UsageError(f"-o {path}: is a folder", tip="give a file name")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"-o {path}: the file is not writable")
-    _check_can_create(path.parent, f"-o {path}")
-
-
-def _check_output_dir_local(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out-dir {path}: exists and is not a folder", tip="give a folder name")
-    _check_can_create(path, f"--out-dir {path}")
-
-
-def _check_can_create(folder: Path, what: str) -> None:
-    import os
-    probe = folder.absolute()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"{what}: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"{what}: folder {str(probe)!r} is not writable", tip="choose another place")

@@ -12,80 +12,76 @@ For each strategy: the plan from the model's own profile, then
 
 All strategies share one model and optimizer in steps 2-3: a plan changes memory and time,
 not the math, so this is one training run seen through different plans.
+
+The gradient check judges, it does not only report. With ``g`` this plan's gradients and
+``g0`` those of the first plan without checkpoints (``none``), over all parameters::
+
+    max |g - g0|  <=  rtol * max |g0| + atol        (and the same for the loss)
+
+=========  =========  =========  ===================================================
+precision  rtol       atol       why
+=========  =========  =========  ===================================================
+fp32       1e-5       1e-8       recompute runs the same kernels on the same inputs:
+                                 equal in practice; 1e-5 leaves room for kernels
+                                 whose reduction order depends on memory layout
+bf16       1.6e-2     1e-6       two units in the last place of bf16 (eps 7.8e-3)
+fp16       2e-3       1e-6       two units in the last place of fp16 (eps 9.8e-4)
+=========  =========  =========  ===================================================
+
+A row outside the bound is ``wrong-gradients`` (a parameter with a gradient in one run and
+none in the other too); a NaN or inf loss or gradient is ``non-finite``. Such rows are not
+measured further, and ``BenchResult.failed_rows`` makes the CLI exit 4 after the table.
+
+On CPU the memory step also reads the process's resident high-water mark
+(:class:`ckplan.measure.ResidentPeak`): live-tensor bytes are exact, but under glibc's malloc
+the resident set does not follow them (freed blocks stay mapped); see the bench note.
 """
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .errors import InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
-from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded, cuda_peak, cuda_reset, nvml_used_bytes
-from .planner import Plan, chain_from_profile, min_peak, plan_chain, simulate, trace
-from .records import Profile
+from .measure import (
+    Clock,
+    LiveTensorTracker,
+    ResidentPeak,
+    TrackerLimitExceeded,
+    cuda_peak,
+    cuda_reset,
+    nvml_used_bytes,
+)
+from .planner import Plan, chain_from_profile, default_budget, no_gain_reason, plan_chain, simulate, trace
+from .records import (
+    ERROR,
+    INFEASIBLE,
+    NON_FINITE,
+    OK,
+    OOM,
+    WRONG_GRADIENTS,
+    BenchResult,
+    BenchRow,
+    Profile,
+)
 from .training import forward_loss, make_optimizer
 
-OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
+# (rtol, atol) of the gradient check per precision; the module docstring says why.
+GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16": (1.6e-2, 1e-6),
+                                                   "fp16": (2e-3, 1e-6)}
 
-
-@dataclass(frozen=True)
-class BenchRow:
-    strategy: str
-    status: str  # ok | OOM | infeasible | error
-    plan: str  # Plan.describe()
-    n_checkpoints: int
-    predicted_peak_bytes: int | None
-    measured_peak_bytes: int | None
-    peak_error: float | None  # |measured - predicted| / measured
-    predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
-    measured_fwd_bwd_peak_bytes: int | None
-    fwd_bwd_peak_error: float | None
-    predicted_activation_bytes: int | None  # held for backward when the forward ends, persistent excluded
-    measured_activation_bytes: int | None
-    reserved_peak_bytes: int | None  # CUDA only
-    alloc_retries: int | None  # CUDA only
-    nvml_used_bytes: int | None  # device memory in use after the memory step (NVML), when available
-    step_ms: float | None  # median of the timed steps
-    step_ms_min: float | None
-    step_ms_max: float | None
-    slowdown: float | None  # step_ms / step_ms of none, measured in the same run
-    predicted_overhead: float | None
-    loss: float | None  # correctness step, from the shared seed
-    final_loss: float | None  # loss of this strategy's last timed step
-    max_grad_diff: float | None  # max |grad - grad(none)| over all parameters
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class BenchResult:
-    model: str
-    device: str
-    device_name: str
-    batch_size: int
-    precision: str
-    optimizer: str
-    accum: int
-    steps: int
-    warmup: int
-    budget_bytes: int | None
-    k: int
-    rows: tuple[BenchRow, ...]
-    profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
-    notes: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["rows"] = [r.to_dict() for r in self.rows]
-        d["notes"] = list(self.notes)
-        return d
+RSS_NOTE = ("growth tensors / RSS: live-tensor bytes above those resident when the memory step began, and the "
+            "process's resident-set growth over it (Linux VmHWM); glibc's malloc keeps freed memory mapped, so "
+            "RSS need not follow the plans (RSS growth near 0 means the step ran in memory kept from earlier "
+            "steps; measured_rss_peak_bytes in the JSON is the high-water mark itself); with "
+            "MALLOC_MMAP_THRESHOLD_=131072 in the environment large tensors are returned at once and RSS "
+            "follows the tensor peaks")
 
 
 @dataclass
@@ -101,6 +97,7 @@ class _Entry:
     loss: float | None = None
     final_loss: float | None = None
     grad_diff: float | None = None
+    grad_tol: float | None = None
     mem: dict = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
 
@@ -163,128 +160,224 @@ class _Stepper:
         return loss
 
 
+@dataclass
+class _Run:
+    """What every step of one bench shares: the model, its batch, the profile, the device."""
+
+    model: Any
+    batch: Any
+    loss_fn: Any
+    profile: Profile
+    device: torch.device
+    memory_limit_bytes: int | None = None
+    opt: Any = None
+    stepper: _Stepper | None = None
+
+    def step(self, e: _Entry, **callbacks) -> float:
+        """One training step with ``e``'s plan applied."""
+        with apply_plan(self.model, e.plan, chain=self.profile.chain):
+            return self.stepper.step(**callbacks)
+
+
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
               k: int, steps: int, warmup: int, device: torch.device, lr: float,
               extra_plans: dict[str, Plan] | None = None, memory_limit_bytes: int | None = None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
     """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring."""
-    tick = progress or (lambda msg: None)
+    tick = progress or _silent
     chain = chain_from_profile(profile)
     notes = list(profile.notes)
-    if budget_bytes is None and {"dp", "chen"} & set(strategies):
-        # Halfway between the smallest feasible peak and the peak without checkpointing: always
-        # feasible, and it leaves the planners a real trade-off to make.
-        lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
-        budget_bytes = (lo + hi) // 2
-        if lo >= hi:
-            notes.append(f"no checkpointing plan can lower this step's peak ({hi} bytes, reached at "
-                         f"{plan_chain(chain, 'none').score.peak_at}): parameters, gradients, optimizer "
-                         "state or the loss head set it; checkpointing still frees the bytes held for "
-                         "backward (see that column)")
-        else:
-            notes.append(f"no --budget: dp and chen planned for {budget_bytes} bytes, halfway between the "
-                         f"smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
+    budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
+    entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    runnable = [e for e in entries if e.plan is not None]
+    run = _Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
+    try:
+        _check_gradients(run, runnable, tick, notes)
+        run.opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
+        run.stepper = _Stepper(model, run.opt, batch, loss_fn, profile.precision, profile.accum, device)
+        _warm_up(run, runnable, warmup, tick)
+        for e in runnable:
+            if e.status == OK:
+                tick(f"memory: {e.name}")
+                _guarded(run, e, _memory_step)
+        _timed_rounds(run, runnable, steps, tick)
+    finally:
+        remove_plan(model)
+    if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
+        notes.append(RSS_NOTE)
+    none_ms = next((statistics.median(e.times) for e in entries if e.name == "none" and e.times), None)
+    return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
+                       batch_size=profile.batch_size, precision=profile.precision,
+                       optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
+                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none_ms) for e in entries),
+                       profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes))
+
+
+def _silent(msg: str) -> None:
+    pass
+
+
+def _default_budget(chain, strategies: list[str], budget_bytes: int | None, notes: list[str]) -> int | None:
+    """dp and chen need a budget; without one, the planner's bench rule (halfway between the
+    smallest feasible and the no-checkpoint peak: always feasible, and a real trade-off)."""
+    if budget_bytes is not None or not {"dp", "chen"} & set(strategies):
+        return budget_bytes
+    reason = no_gain_reason(chain)
+    b = default_budget(chain, mode="bench", free_device_bytes=None)
+    assert b is not None  # the bench rule always gives a budget
+    notes.append(reason if reason else f"no --budget: dp and chen planned for {b.description}")
+    return b.bytes
+
+
+def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
+                  extra_plans: dict[str, Plan]) -> list[_Entry]:
+    """Each strategy planned on the profile's chain (or marked infeasible), then the given plans."""
     entries: list[_Entry] = []
     for s in strategies:
         try:
             res = plan_chain(chain, s, budget_bytes, k)
-            e = _Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
-                       _activation_bytes(chain, res.plan), res.score.overhead)
         except InfeasibleBudgetError as err:
-            e = _Entry(s, None, status=INFEASIBLE, message=err.message)
-        entries.append(e)
-    for name, plan in (extra_plans or {}).items():
+            entries.append(_Entry(s, None, status=INFEASIBLE, message=err.message))
+            continue
+        entries.append(_Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
+                              _activation_bytes(chain, res.plan), res.score.overhead))
+    for name, plan in extra_plans.items():
         sc = simulate(chain, plan)
         entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
                               _activation_bytes(chain, plan), sc.overhead))
-    runnable = [e for e in entries if e.plan is not None]
-    cuda = device.type == "cuda"
-    clock = Clock(device)
-    stepper = None
-    try:
-        # 1. correctness: same initial weights, same RNG, one accumulated backward per strategy.
-        init = {k_: v.detach().to("cpu", copy=True) for k_, v in model.state_dict().items()}
-        ref = None
-        for e in runnable:
-            tick(f"gradients: {e.name}")
-            model.load_state_dict(init)
-            torch.manual_seed(0)
-            with apply_plan(model, e.plan, chain=profile.chain):
-                st = _Stepper(model, None, batch, loss_fn, profile.precision, profile.accum, device)
-                st.scaler = None  # gradients compared unscaled
-                e.loss = st.backward()
-            grads = {n: (p.grad.detach().float().cpu() if p.grad is not None else None)
-                     for n, p in model.named_parameters()}
-            model.zero_grad(set_to_none=True)
-            if ref is None and e.plan.n_checkpoints == 0:
-                ref = grads
-            if ref is not None:
-                e.grad_diff = max(((g - ref[n]).abs().max().item() for n, g in grads.items()
-                                   if g is not None and ref.get(n) is not None), default=0.0)
-            del grads
-        model.load_state_dict(init)
-        del init
-        # 2. warm-up (at least one step) and one memory step per strategy.
-        opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
-        stepper = _Stepper(model, opt, batch, loss_fn, profile.precision, profile.accum, device)
-        # At least one step first: the optimizer creates its state in its first step, and the
-        # prediction is for a steady-state step.
-        for _ in range(max(warmup, 1)):
-            for e in runnable:
-                tick(f"warm-up: {e.name}")
-                _guarded(e, lambda: _with_plan(model, e, profile, stepper.step), device, opt)
-        for e in runnable:
-            if e.status != OK:
-                continue
-            tick(f"memory: {e.name}")
+    return entries
 
-            def mem_step(e=e):
-                resident = _resident_bytes(model, opt, batch)
-                fb: dict[str, int] = {}
-                if cuda:
-                    cuda_reset(device)
-                    _with_plan(model, e, profile, lambda: stepper.step(
-                        after_backward=lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes),
-                        after_forward=lambda: fb.setdefault(
-                            "act", torch.cuda.memory_allocated(device) - resident)))
-                    m = cuda_peak(device)
-                    e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"], act=fb["act"],
-                                 reserved=m.peak_reserved_bytes, retries=m.alloc_retries,
-                                 nvml=nvml_used_bytes(device.index or 0))
-                else:
-                    limit = None if memory_limit_bytes is None else memory_limit_bytes - resident
-                    with LiveTensorTracker(limit_bytes=limit) as tr:
-                        _with_plan(model, e, profile, lambda: stepper.step(
-                            after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
-                            after_forward=lambda: fb.setdefault("act", tr.live)))
-                    e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"], act=fb["act"])
-            _guarded(e, mem_step, device, opt)
-        # 3. one untimed round (the tracked step leaves caches cold), then timed steps, interleaved.
-        for e in runnable:
-            tick(f"settle: {e.name}")
-            _guarded(e, lambda: _with_plan(model, e, profile, stepper.step), device, opt)
-        for _ in range(steps):
-            for e in runnable:
-                if e.status != OK:
-                    continue
+
+def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -> None:
+    """Step 1: same initial weights and RNG, one accumulated backward per plan, judged against none.
+
+    The reference (the first plan without checkpoints) runs first, whatever its place in the list.
+    Rows outside the tolerance become ``wrong-gradients``, NaN/inf ``non-finite`` (module docstring).
+    """
+    init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
+    order = sorted(entries, key=lambda e: e.plan.n_checkpoints != 0)  # stable: the first none first
+    rtol, atol = GRAD_TOLERANCES.get(run.profile.precision, GRAD_TOLERANCES["fp32"])
+    ref: dict[str, torch.Tensor | None] | None = None
+    ref_loss = ref_scale = 0.0
+    for e in order:
+        tick(f"gradients: {e.name}")
+        e.loss, grads = _loss_and_grads(run, e, init)
+        bad = _non_finite(e.loss, grads)
+        if bad:
+            e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
+        elif ref is None and e.plan.n_checkpoints == 0:
+            ref, ref_loss = grads, e.loss
+            ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None), default=0.0)
+            e.grad_diff, e.grad_tol = 0.0, rtol * ref_scale + atol
+        elif ref is not None:
+            _judge(e, grads, ref, ref_loss, ref_scale, rtol, atol)
+        del grads
+    run.model.load_state_dict(init)
+    if entries and ref is None:
+        notes.append("gradients not checked: no plan without checkpoints gave a finite reference "
+                     "(add none to --compare)")
+
+
+def _loss_and_grads(run: _Run, e: _Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
+    run.model.load_state_dict(init)
+    torch.manual_seed(0)
+    with apply_plan(run.model, e.plan, chain=run.profile.chain):
+        st = _Stepper(run.model, None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
+                      run.device)
+        st.scaler = None  # gradients compared unscaled
+        loss = st.backward()
+    grads = {n: (p.grad.detach().float().cpu() if p.grad is not None else None)
+             for n, p in run.model.named_parameters()}
+    run.model.zero_grad(set_to_none=True)
+    return loss, grads
+
+
+def _non_finite(loss: float, grads: dict[str, torch.Tensor | None]) -> str:
+    """What is NaN or inf ('' when all is finite)."""
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    bad = next((n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()), None)
+    return "" if bad is None else f"the gradient of {bad} has NaN or inf"
+
+
+def _judge(e: _Entry, grads: dict, ref: dict, ref_loss: float, ref_scale: float, rtol: float,
+           atol: float) -> None:
+    """Compare one plan's loss and gradients with the reference; mark it wrong outside the bound."""
+    e.grad_tol = rtol * ref_scale + atol
+    missing = sorted(n for n in ref.keys() | grads.keys()
+                     if (ref.get(n) is None) != (grads.get(n) is None))
+    diffs = {n: (g - ref[n]).abs().max().item() for n, g in grads.items()
+             if g is not None and ref.get(n) is not None}
+    e.grad_diff = max(diffs.values(), default=0.0)
+    loss_tol = rtol * abs(ref_loss) + atol
+    if missing:
+        e.status = WRONG_GRADIENTS
+        e.message = (f"{missing[0]} has a gradient in one run and none in the other "
+                     f"({len(missing)} such parameters); this plan changes what is trained")
+    elif e.grad_diff > e.grad_tol or abs(e.loss - ref_loss) > loss_tol:
+        worst = max(diffs, key=diffs.__getitem__) if diffs else "-"
+        e.status = WRONG_GRADIENTS
+        e.message = (f"max |grad - grad(none)| = {e.grad_diff:.3g} (at {worst}) and loss {e.loss:.6g} vs "
+                     f"{ref_loss:.6g}, over the tolerance {e.grad_tol:.3g} (rtol {rtol:g} x max|grad| "
+                     f"{ref_scale:.3g} + atol {atol:g}); this plan changes the math: a layer that behaves "
+                     "differently when recomputed (state, counters, RNG outside torch)")
+
+
+def _warm_up(run: _Run, entries: list[_Entry], warmup: int, tick) -> None:
+    """At least one step first: the optimizer creates its state then, and the prediction is for a
+    steady-state step."""
+    for _ in range(max(warmup, 1)):
+        for e in entries:
+            tick(f"warm-up: {e.name}")
+            _guarded(run, e, _plain_step)
+
+
+def _plain_step(run: _Run, e: _Entry) -> None:
+    run.step(e)
+
+
+def _memory_step(run: _Run, e: _Entry) -> None:
+    """Step 2: one step measured, the allocator's peak on CUDA or the live-tensor tracker on CPU."""
+    resident = _resident_bytes(run.model, run.opt, run.batch)
+    fb: dict[str, int] = {}
+    if run.device.type == "cuda":
+        device = run.device
+        cuda_reset(device)
+        run.step(e, after_backward=lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes),
+                 after_forward=lambda: fb.setdefault("act", torch.cuda.memory_allocated(device) - resident))
+        m = cuda_peak(device)
+        e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"], act=fb["act"],
+                     reserved=m.peak_reserved_bytes, retries=m.alloc_retries,
+                     nvml=nvml_used_bytes(device.index or 0))
+        return
+    limit = None if run.memory_limit_bytes is None else run.memory_limit_bytes - resident
+    gc.collect()  # garbage from earlier steps must not count in this step's resident peak
+    with ResidentPeak() as rss, LiveTensorTracker(limit_bytes=limit) as tr:
+        run.step(e, after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
+                 after_forward=lambda: fb.setdefault("act", tr.live))
+    e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"], act=fb["act"], growth=tr.peak)
+    if rss.peak_bytes is not None:
+        e.mem.update(rss_peak=rss.peak_bytes, rss_growth=rss.growth_bytes)
+
+
+def _timed_rounds(run: _Run, entries: list[_Entry], steps: int, tick) -> None:
+    """Step 3: one untimed round (the tracked step leaves caches cold), then timed steps,
+    strategies interleaved round by round."""
+    clock = Clock(run.device)
+    for e in entries:
+        tick(f"settle: {e.name}")
+        _guarded(run, e, _plain_step)
+    for _ in range(steps):
+        for e in entries:
+            if e.status == OK:
                 tick(f"timing: {e.name}")
+                _guarded(run, e, _timed_step, clock)
 
-                def timed(e=e):
-                    t0 = clock.now_ms()
-                    e.final_loss = _with_plan(model, e, profile, stepper.step)
-                    e.times.append(clock.now_ms() - t0)
-                _guarded(e, timed, device, opt)
-    finally:
-        remove_plan(model)
-    none_ms = next((statistics.median(e.times) for e in entries
-                    if e.name == "none" and e.times), None)
-    rows = tuple(_row(e, none_ms) for e in entries)
-    return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
-                       batch_size=profile.batch_size, precision=profile.precision,
-                       optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
-                       budget_bytes=budget_bytes, k=k, rows=rows,
-                       profile_peak_bytes=profile.totals.predicted_peak_bytes,
-                       notes=tuple(notes))
+
+def _timed_step(run: _Run, e: _Entry, clock: Clock) -> None:
+    t0 = clock.now_ms()
+    e.final_loss = run.step(e)
+    e.times.append(clock.now_ms() - t0)
 
 
 def _fwd_bwd_peak(chain, plan: Plan) -> int:
@@ -299,28 +392,23 @@ def _activation_bytes(chain, plan: Plan) -> int:
     return end.mem_bytes - chain.persistent_bytes
 
 
-def _with_plan(model, e: _Entry, profile: Profile, fn):
-    with apply_plan(model, e.plan, chain=profile.chain):
-        return fn()
-
-
-def _guarded(e: _Entry, fn, device, opt) -> None:
-    """Run one step; an out-of-memory marks the strategy OOM and the bench goes on."""
+def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
+    """Run ``fn(run, e, *args)``; an out-of-memory marks the strategy OOM and the bench goes on."""
     if e.status != OK:
         return
     try:
-        fn()
+        fn(run, e, *args)
     except (torch.cuda.OutOfMemoryError, TrackerLimitExceeded) as err:
         e.status, e.message = OOM, str(err).splitlines()[0][:200]
-        opt.zero_grad(set_to_none=True)
+        run.opt.zero_grad(set_to_none=True)
         gc.collect()
-        if device.type == "cuda":
+        if run.device.type == "cuda":
             torch.cuda.empty_cache()
     except ModelRunError:
         raise
     except RuntimeError as err:
         e.status, e.message = ERROR, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        opt.zero_grad(set_to_none=True)
+        run.opt.zero_grad(set_to_none=True)
 
 
 def _row(e: _Entry, none_ms: float | None) -> BenchRow:
@@ -344,4 +432,7 @@ def _row(e: _Entry, none_ms: float | None) -> BenchRow:
         step_ms_max=max(e.times) if med is not None else None,
         slowdown=(med / none_ms) if med is not None and none_ms else None,
         predicted_overhead=e.predicted_overhead, loss=e.loss, final_loss=e.final_loss,
-        max_grad_diff=e.grad_diff, message=e.message)
+        max_grad_diff=e.grad_diff, message=e.message, grad_tolerance=e.grad_tol,
+        measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
+        measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
+        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None)

@@ -99,12 +99,6 @@ def _working(text: str):
         yield progress, render.info
 
 
-def _wide_kw(fn, wide: bool) -> dict:
-    # TODO(merge): render.profile_table / plan_tables / sweep_table gain `wide=` on another track;
-    # pass it only where the function already takes it, then call them with wide= directly.
-    return {"wide": wide} if "wide" in inspect.signature(fn).parameters else {}
-
-
 def _write_out(path: Path, doc: dict, frame=None) -> None:
     from .report import to_json, write_csv, write_text
     if path.suffix.lower() == ".csv":
@@ -180,8 +174,7 @@ def profile(
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
         render.info(f"wrote {output}")
-    _emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof, **_wide_kw(render.profile_table,
-                                                                                                wide)))
+    _emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof, wide=wide))
 
 
 @app.command()
@@ -225,7 +218,7 @@ def plan(
         files = report.write_sweep(out_dir, prof.model, pts)
         render.info("wrote " + ", ".join(str(f) for f in files))
         _emit(fmt, sweep_doc(prof, pts, files), report.sweep_frame(pts),
-              lambda: render.sweep_table(pts, **_wide_kw(render.sweep_table, wide)))
+              lambda: render.sweep_table(pts, wide=wide))
         return
     if output is not None:
         api.check_output_file(output)
@@ -241,7 +234,7 @@ def plan(
     if output is not None and rep.infeasible is None:
         _write_out(output, doc)
         render.info(f"wrote {output}")
-    _emit(fmt, doc, rep.to_frame(), lambda: render.plan_tables(rep, **_wide_kw(render.plan_tables, wide)))
+    _emit(fmt, doc, rep.to_frame(), lambda: render.plan_tables(rep, wide=wide))
     if exported is not None and fmt == Fmt.table:
         render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
     if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
@@ -258,6 +251,7 @@ def _budget_line(budget, rep) -> str:
 
 @app.command()
 @guarded
+@with_overrides
 def bench(
     spec: Path = SPEC_ARG,
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
@@ -273,13 +267,10 @@ def bench(
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
     device: Device = DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
-    batch_size: Optional[int] = BATCH_OPT,
-    seq_len: Optional[int] = SEQ_OPT,
-    precision: Optional[Precision] = PREC_OPT,
-    optimizer: Optional[Optimizer] = OPTIM_OPT,
-    accum: Optional[int] = ACCUM_OPT,
     force: bool = FORCE_OPT,
+    wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
+    **overrides,
 ):
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
     from . import api, render, report
@@ -288,16 +279,37 @@ def bench(
     if bad or (not strategies and plan_file is None):
         raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
-    s = api.load(spec, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                 optimizer=optimizer, accum=accum)
+    report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
+    s = api.load(spec, **_given(overrides))
+    if s.name:
+        report.check_output_dir(out_dir, names=report.bench_filenames(s.name, api.resolve_device(device).type))
     n_plans = len(strategies) + (plan_file is not None)
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
                         force=force)
-    files = report.write_bench(out_dir, res)
-    render.info("wrote " + ", ".join(str(f) for f in files))
-    _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res))
+    # The results first, then the files: a failed write must not take the table with it.
+    _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
+    write_failed = 0
+    try:
+        files = report.write_bench(out_dir, res)
+        render.info("wrote " + ", ".join(str(f) for f in files))
+    except report.ReportsInterrupted as e:
+        render.error(str(e))
+        raise typer.Exit(130) from None
+    except (CkplanError, OSError) as e:
+        write_failed = getattr(e, "exit_code", 1)
+        why = str(e) if isinstance(e, CkplanError) else f"{e.strerror} ({e.filename or out_dir})"
+        render.error(f"the results above were not written to {out_dir}: {why}")
+    if res.failed_rows:
+        from .errors import WrongResultError
+        bad = "; ".join(f"{r.strategy} ({r.status})" for r in res.failed_rows)
+        raise WrongResultError(f"{len(res.failed_rows)} plan(s) gave wrong results: {bad}",
+                               tip="do not train with them; the table shows why. A layer whose forward "
+                                   "changes between calls (state, counters, RNG outside torch) cannot be "
+                                   "recomputed: make it deterministic or leave it out of the chain")
+    if write_failed:
+        raise typer.Exit(write_failed)
 
 
 def _emit(fmt: Fmt, doc: dict, frame, table) -> None:

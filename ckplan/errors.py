@@ -11,6 +11,8 @@ Exit codes (documented in README):
 1     a failure while running the model (:class:`ModelRunError`)
 2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
 3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`)
+4     a wrong result: bench found a plan that changed the gradients or made NaN/inf
+      (:class:`WrongResultError`); the table and the reports are written first
 ====  ==========================================================
 """
 from __future__ import annotations
@@ -62,3 +64,9 @@ class InfeasibleBudgetError(CkplanError):
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
         self.persistent_bytes = persistent_bytes
+
+
+class WrongResultError(CkplanError):
+    """A result that must not be trusted: a plan changed the loss or gradients, or NaN/inf appeared."""
+
+    exit_code = 4

@@ -120,3 +120,85 @@ class Profile:
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)
+
+
+# ---- bench ------------------------------------------------------------------------------------
+
+# A bench row's status. ``wrong-gradients`` and ``non-finite`` are wrong results (the CLI exits 4);
+# OOM, infeasible and error are outcomes of the run that the table reports and the bench goes on.
+OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
+WRONG_GRADIENTS, NON_FINITE = "wrong-gradients", "non-finite"
+FAILED_STATUSES = (WRONG_GRADIENTS, NON_FINITE)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One strategy measured: predicted and measured peaks, time, and the gradient check."""
+
+    strategy: str
+    status: str  # ok | OOM | infeasible | error | wrong-gradients | non-finite
+    plan: str  # Plan.describe()
+    n_checkpoints: int
+    predicted_peak_bytes: int | None
+    measured_peak_bytes: int | None
+    peak_error: float | None  # |measured - predicted| / measured
+    predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
+    measured_fwd_bwd_peak_bytes: int | None
+    fwd_bwd_peak_error: float | None
+    predicted_activation_bytes: int | None  # held for backward when the forward ends, persistent excluded
+    measured_activation_bytes: int | None
+    reserved_peak_bytes: int | None  # CUDA only
+    alloc_retries: int | None  # CUDA only
+    nvml_used_bytes: int | None  # device memory in use after the memory step (NVML), when available
+    step_ms: float | None  # median of the timed steps
+    step_ms_min: float | None
+    step_ms_max: float | None
+    slowdown: float | None  # step_ms / step_ms of none, measured in the same run
+    predicted_overhead: float | None
+    loss: float | None  # correctness step, from the shared seed
+    final_loss: float | None  # loss of this strategy's last timed step
+    max_grad_diff: float | None  # max |grad - grad(none)| over all parameters
+    message: str = ""
+    grad_tolerance: float | None = None  # the bound max_grad_diff was judged against (see ckplan.bench)
+    # CPU only: the memory step's live-tensor peak above the tensors resident when it began, and the
+    # process's resident set (Linux VmHWM) over the same step: its high-water mark and its growth.
+    measured_growth_bytes: int | None = None
+    measured_rss_peak_bytes: int | None = None
+    measured_rss_growth_bytes: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A wrong result: the plan changed the math, or the step produced NaN/inf."""
+        return self.status in FAILED_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model: str
+    device: str
+    device_name: str
+    batch_size: int
+    precision: str
+    optimizer: str
+    accum: int
+    steps: int
+    warmup: int
+    budget_bytes: int | None
+    k: int
+    rows: tuple[BenchRow, ...]
+    profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def failed_rows(self) -> tuple[BenchRow, ...]:
+        """Rows whose results are wrong (``wrong-gradients``, ``non-finite``): the CLI exits 4."""
+        return tuple(r for r in self.rows if r.failed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rows"] = [r.to_dict() for r in self.rows]
+        d["notes"] = list(self.notes)
+        return d

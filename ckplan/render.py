@@ -1,11 +1,21 @@
-"""Human-readable output: rich tables on stdout, the only module that imports rich."""
+"""Human-readable output: rich tables on stdout, the only module that imports rich.
+
+Tables fit the terminal: each table names its essential columns (always shown) and ranks the
+others; as many of those as fit the width are added, in rank order, and shown in the table's own
+column order. ``wide=True`` shows every column. The width is ``COLUMNS`` when set, else the
+terminal's; piped output with no ``COLUMNS`` (files, CI logs) gets every column at full width.
+JSON and CSV always carry every field.
+"""
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .records import Profile
 from .units import format_bytes, format_flops, format_ms
@@ -15,24 +25,95 @@ stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True)
 
 
-def profile_table(prof: Profile) -> None:
-    est = " (estimated)" if prof.times_estimated else ""
-    t = Table(title=f"ckplan profile: {prof.model} | {prof.device} | batch {prof.batch_size} | "
-                    f"{prof.precision} | {prof.optimizer}", title_justify="left")
-    for col in ("#", "layer", "type", "params", "output", "saved", f"fwd{est}", f"bwd{est}",
-                "fwd FLOPs", "fwd tmp", "bwd tmp"):
-        t.add_column(col, justify="left" if col in ("layer", "type") else "right")
-    for r in prof.layers:
-        t.add_row("" if r.role != "chain" else str(r.index), r.name, r.type, format_bytes(r.param_bytes),
-                  format_bytes(r.output_bytes), format_bytes(r.saved_bytes), format_ms(r.fwd_ms),
-                  format_ms(r.bwd_ms), format_flops(r.fwd_flops), format_bytes(r.fwd_tmp_bytes),
-                  format_bytes(r.bwd_tmp_bytes))
-    stdout.print(t)
+@dataclass(frozen=True)
+class _Col:
+    header: str
+    rank: int = 0  # 0: essential, always shown; then the lower the rank, the sooner it is added
+    left: bool = False  # text is left-aligned, numbers right-aligned
+    fold: bool = False  # long names may break over lines; other values are never cut
+
+
+def _width_limit(console: Console, wide: bool) -> int | None:
+    """The width a table must fit, or None for every column at full width."""
+    if wide:
+        return None
+    if console is not stdout:  # a console made by the caller (tests, embedding) knows its width
+        return console.width
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    return console.width if console.is_terminal else None
+
+
+def _cell_len(text: str) -> int:
+    return Text.from_markup(text).cell_len
+
+
+def _print_table(console: Console, cols: list[_Col], rows: list[list[str]], wide: bool, **table_kw) -> None:
+    """Build and print a table with the columns that fit (see the module docstring)."""
+    limit = _width_limit(console, wide)
+    full = [max([_cell_len(c.header)] + [_cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    # The narrowest a column may get without cutting a value: headers may wrap at spaces, values not.
+    least = [max([len(w) for w in c.header.split()] + ([] if c.fold else [_cell_len(r[i]) for r in rows]))
+             for i, c in enumerate(cols)]
+    keep = {i for i, c in enumerate(cols) if c.rank == 0}
+    if limit is None:
+        keep = set(range(len(cols)))
+    else:
+        used = 1 + sum(full[i] + 3 for i in keep)  # borders and padding: 3 per column, 1 more
+        for i in sorted((i for i, c in enumerate(cols) if c.rank > 0), key=lambda i: cols[i].rank):
+            if used + full[i] + 3 <= limit:
+                keep.add(i)
+                used += full[i] + 3
+    shown = sorted(keep)
+    width = {i: full[i] for i in shown}
+    if limit is not None:
+        # Too wide with every value on one line and every header too: narrow the columns with the
+        # most to give, down to their least (headers wrap at spaces, long names fold), until it fits.
+        excess = 1 + sum(width[i] + 3 for i in shown) - limit
+        for i in sorted(shown, key=lambda i: least[i] - full[i]):
+            if excess <= 0:
+                break
+            cut = min(excess, full[i] - least[i])
+            width[i] -= cut
+            excess -= cut
+    t = Table(title_justify="left", **table_kw)
+    for i in shown:
+        c = cols[i]
+        t.add_column(c.header, justify="left" if c.left else "right", width=width[i],
+                     overflow="fold" if c.fold else "ellipsis")
+    for r in rows:
+        t.add_row(*(r[i] for i in shown))
+    if limit is not None:
+        console.print(t)
+        return
+    # Every column at full width, wider than the console if need be (print(width=) cannot widen).
+    natural = 1 + sum(width[i] + 3 for i in shown)
+    saved = getattr(console, "_width", None)
+    console.width = max(console.width, natural)
+    try:
+        console.print(t, crop=False)
+    finally:
+        console._width = saved
+
+
+def profile_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
+    out = console or stdout
+    est = " | times estimated from FLOPs" if prof.times_estimated else ""
+    cols = [_Col("#"), _Col("layer", left=True, fold=True), _Col("type", 1, left=True, fold=True),
+            _Col("params"), _Col("output"), _Col("saved"), _Col("fwd"), _Col("bwd"), _Col("fwd FLOPs", 2),
+            _Col("fwd tmp", 3), _Col("bwd tmp", 4)]
+    rows = [["" if r.role != "chain" else str(r.index), escape(r.name), escape(r.type),
+             format_bytes(r.param_bytes), format_bytes(r.output_bytes), format_bytes(r.saved_bytes),
+             format_ms(r.fwd_ms), format_ms(r.bwd_ms), format_flops(r.fwd_flops),
+             format_bytes(r.fwd_tmp_bytes), format_bytes(r.bwd_tmp_bytes)] for r in prof.layers]
+    _print_table(out, cols, rows, wide, title=escape(f"ckplan profile: {prof.model} | {prof.device} | batch "
+                                                     f"{prof.batch_size} | {prof.precision} | {prof.optimizer}{est}"))
     tt = prof.totals
     s = Table(show_header=False, box=None, title="totals", title_justify="left")
     s.add_column(justify="left")
     s.add_column(justify="right")
-    rows = [
+    totals = [
         ("parameters", tt.param_bytes), ("buffers", tt.buffer_bytes), ("gradients", tt.grad_bytes),
         (f"optimizer state ({prof.optimizer})", tt.optimizer_bytes),
         ("optimizer step transient", tt.optimizer_tmp_bytes), ("inputs", tt.input_bytes),
@@ -40,50 +121,52 @@ def profile_table(prof: Profile) -> None:
         ("predicted peak, no checkpointing", tt.predicted_peak_bytes),
     ]
     if tt.measured_peak_bytes is not None:
-        rows.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
-    for k, v in rows:
+        totals.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
+    for k, v in totals:
         s.add_row(k, format_bytes(v))
-    stdout.print(s)
+    out.print(s)
     chosen = "detected" if prof.chain_detected else "from the spec"
-    stdout.print(f"chain: [bold]{prof.chain}[/] ({len(prof.chain_layers)} layers, {chosen}); "
-                 f"device: {prof.device_name}" + (
-                     f", {format_bytes(prof.device_free_bytes)} free of {format_bytes(prof.device_total_bytes)}"
-                     if prof.device_free_bytes is not None else ""))
+    out.print(escape(f"chain: {prof.chain}") + f" ({len(prof.chain_layers)} layers, {chosen}); "
+              f"device: {escape(prof.device_name)}" + (
+                  f", {format_bytes(prof.device_free_bytes)} free of {format_bytes(prof.device_total_bytes)}"
+                  if prof.device_free_bytes is not None else ""), soft_wrap=True)
     for note in prof.notes:
-        stdout.print(escape(f"note: {note}"))
+        out.print(escape(f"note: {note}"), soft_wrap=True)
 
 
 def info(msg: str) -> None:
     stderr.print(escape(msg), highlight=False)
 
 
+def error(msg: str) -> None:
+    """One ``Error: ...`` line on stderr, as the CLI prints for every failure."""
+    stderr.print(f"[bold red]Error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+
+
 def _pct(x):
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
-def plan_tables(rep) -> None:
-    from .units import format_bytes, format_ms
+def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> None:
+    out = console or stdout
     prof = rep.profile
     budget = "none" if rep.budget_bytes is None else f"{format_bytes(rep.budget_bytes)} ({rep.budget_bytes} bytes)"
-    stdout.print(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
-                 f"batch {prof.batch_size} | {prof.precision} | {prof.optimizer} | device {prof.device}")
-    stdout.print(escape(f"budget: {budget} ({rep.budget_source}); no checkpointing peaks at "
-                        f"{format_bytes(rep.none_peak_bytes)}"))
-    t = Table(title="strategies" if len(rep.results) > 1 else None, title_justify="left")
-    for col in ("strategy", "predicted peak", "saved vs none", "recompute", "overhead", "fits", "ckpts",
-                "peak reached at"):
-        t.add_column(col, justify="left" if col in ("strategy", "peak reached at") else "right")
+    out.print(escape(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
+                     f"batch {prof.batch_size} | {prof.precision} | {prof.optimizer} | device {prof.device}"),
+              soft_wrap=True)
+    out.print(escape(f"budget: {budget} ({rep.budget_source}); no checkpointing peaks at "
+                     f"{format_bytes(rep.none_peak_bytes)}"), soft_wrap=True)
+    cols = [_Col("strategy", left=True), _Col("predicted peak"), _Col("saved vs none", 1), _Col("recompute", 2),
+            _Col("overhead"), _Col("fits"), _Col("ckpts"), _Col("peak reached at", 3, left=True, fold=True)]
+    rows = []
     for row in rep.summary_rows():
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "[red]no[/]")
-        t.add_row(row["strategy"], format_bytes(row["predicted_peak_bytes"]),
-                  f"{format_bytes(row['saved_bytes'])} ({_pct(row['saved_fraction'])})",
-                  format_ms(row["predicted_recompute_ms"]), _pct(row["predicted_overhead"]), fits,
-                  str(row["n_checkpoints"]), row["peak_at"])
-    stdout.print(t)
+        rows.append([row["strategy"], format_bytes(row["predicted_peak_bytes"]),
+                     f"{format_bytes(row['saved_bytes'])} ({_pct(row['saved_fraction'])})",
+                     format_ms(row["predicted_recompute_ms"]), _pct(row["predicted_overhead"]), fits,
+                     str(row["n_checkpoints"]), escape(str(row["peak_at"]))])
+    _print_table(out, cols, rows, wide, title="strategies" if len(rep.results) > 1 else None)
     c = rep.chosen
-    p = Table(title=f"plan ({c.strategy}), layer by layer", title_justify="left")
-    for col in ("layers", "names", "first forward", "checkpoint depth", "forward runs"):
-        p.add_column(col, justify="left" if col in ("names", "first forward") else "right")
     runs: list[list] = []  # consecutive layers with the same decision share a row
     for d in c.plan.per_layer():
         key = (d.stored, d.depth, d.forwards)
@@ -92,62 +175,91 @@ def plan_tables(rep) -> None:
         else:
             runs.append([key, d.layer, d.layer])
     names = [r.name for r in prof.chain_layers]
-    for (stored, depth, fwd), a, b in runs:
-        p.add_row(str(a) if a == b else f"{a}-{b}", names[a] if a == b else f"{names[a]} .. {names[b]}",
-                  "stored" if stored else "recomputed", str(depth), str(fwd))
-    stdout.print(p)
-    stdout.print(escape(f"plan: {c.plan.describe()}"), soft_wrap=True)
+    cols = [_Col("layers"), _Col("names", 1, left=True, fold=True), _Col("first forward", left=True),
+            _Col("checkpoint depth"), _Col("forward runs")]
+    rows = [[str(a) if a == b else f"{a}-{b}", escape(names[a] if a == b else f"{names[a]} .. {names[b]}"),
+             "stored" if stored else "recomputed", str(depth), str(fwd)]
+            for (stored, depth, fwd), a, b in runs]
+    _print_table(out, cols, rows, wide, title=f"plan ({c.strategy}), layer by layer")
+    out.print(escape(f"plan: {c.plan.describe()}"), soft_wrap=True)
     ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")
                        for r in c.plan.recomputed_ranges()) or "none"
-    stdout.print(escape(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "
-                        f"recomputed ranges: {ranges}"))
-    for note in c.notes:
-        stdout.print(escape(f"note: {note}"))
+    out.print(escape(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "
+                     f"recomputed ranges: {ranges}"), soft_wrap=True)
+    for note in (*getattr(rep, "notes", ()), *c.notes):
+        out.print(escape(f"note: {note}"), soft_wrap=True)
 
 
-def sweep_table(points) -> None:
-    from .units import format_bytes, format_ms
-    t = Table(title="memory vs recompute frontier", title_justify="left")
-    for col in ("strategy", "param", "predicted peak", "recompute", "overhead", "ckpts"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
+def export_text(exported, closest_peak_bytes: int, planned_peak_bytes: int, *,
+                console: Console | None = None) -> None:
+    """The framework snippet of ``plan --export``, with what it applies when it is not the plan."""
+    out = console or stdout
+    verdict = ("exact: applies this plan" if exported.exact else
+               f"not exact: applies {exported.closest_plan.describe()}, predicted peak "
+               f"{format_bytes(closest_peak_bytes)} (the plan: {format_bytes(planned_peak_bytes)})")
+    out.print(escape(f"--export {exported.target}: {verdict}"), soft_wrap=True)
+    if exported.message:
+        out.print(escape(exported.message), soft_wrap=True)
+    out.print(exported.text, markup=False, highlight=False, soft_wrap=True)
+
+
+def sweep_table(points, *, wide: bool = False, console: Console | None = None) -> None:
+    cols = [_Col("strategy", left=True), _Col("param"), _Col("predicted peak"), _Col("recompute", 1),
+            _Col("overhead"), _Col("ckpts", 2)]
+    rows = []
     for pt in points:
         param = (f"budget {format_bytes(pt.budget_bytes)}" if pt.budget_bytes is not None else
                  f"k={pt.k}" if pt.k is not None else
                  f"B={format_bytes(pt.threshold_bytes)}" if pt.threshold_bytes is not None else "")
-        t.add_row(pt.strategy, param, format_bytes(pt.peak_bytes), format_ms(pt.recompute_ms),
-                  _pct(pt.overhead), str(pt.n_checkpoints))
-    stdout.print(t)
+        rows.append([pt.strategy, param, format_bytes(pt.peak_bytes), format_ms(pt.recompute_ms),
+                     _pct(pt.overhead), str(pt.n_checkpoints)])
+    _print_table(console or stdout, cols, rows, wide, title="memory vs recompute frontier")
 
 
-def bench_table(res) -> None:
-    from .units import format_bytes, format_ms
+def _pair(a: int | None, b: int | None) -> str:
+    return "-" if b is None else f"{format_bytes(a)} / {format_bytes(b)}"
+
+
+def bench_table(res, *, wide: bool = False, console: Console | None = None) -> None:
+    """The bench's rows; wrong results (wrong-gradients, non-finite) and failures in red."""
+    out = console or stdout
     budget = "" if res.budget_bytes is None else f" | budget {format_bytes(res.budget_bytes)}"
-    t = Table(title=f"ckplan bench: {res.model} | {res.device_name} | batch {res.batch_size} | "
-                    f"{res.precision} | accum {res.accum} | {res.steps} timed steps{budget}",
-              title_justify="left")
-    for col in ("strategy", "status", "predicted peak", "measured peak", "error", "fwd+bwd pred / meas",
-                "held for bwd pred / meas", "step (median)",
-                "min-max", "slowdown", "predicted", "max |dgrad|"):
-        t.add_column(col, justify="left" if col in ("strategy", "status") else "right")
+    title = escape(f"ckplan bench: {res.model} | {res.device_name} | batch {res.batch_size} | "
+                   f"{res.precision} | accum {res.accum} | {res.steps} timed steps{budget}")
+    rss = any(r.measured_rss_growth_bytes is not None for r in res.rows)
+    cols = [_Col("strategy", left=True), _Col("status", left=True), _Col("predicted peak"),
+            _Col("measured peak"), _Col("error"), _Col("fwd+bwd pred / meas", 4),
+            _Col("held for bwd pred / meas", 5), _Col("growth tensors / RSS", 6 if rss else 99),
+            _Col("step (median)", 2), _Col("min-max", 7), _Col("slowdown"), _Col("predicted", 3),
+            _Col("max |dgrad|", 1)]
+    rows = []
     for r in res.rows:
-        t.add_row(r.strategy, r.status if r.status == "ok" else f"[red]{r.status}[/]",
-                  format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes),
-                  _pct(r.peak_error),
-                  "-" if r.measured_fwd_bwd_peak_bytes is None else
-                  f"{format_bytes(r.predicted_fwd_bwd_peak_bytes)} / {format_bytes(r.measured_fwd_bwd_peak_bytes)}",
-                  "-" if r.measured_activation_bytes is None else
-                  f"{format_bytes(r.predicted_activation_bytes)} / {format_bytes(r.measured_activation_bytes)}",
-                  format_ms(r.step_ms),
-                  "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
-                  "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
-                  "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",
-                  "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}")
-    stdout.print(t)
+        red = "[red]{}[/]".format
+        dgrad = "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}"
+        rows.append([
+            escape(r.strategy), r.status if r.status == "ok" else red(r.status),
+            format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes), _pct(r.peak_error),
+            _pair(r.predicted_fwd_bwd_peak_bytes, r.measured_fwd_bwd_peak_bytes),
+            _pair(r.predicted_activation_bytes, r.measured_activation_bytes),
+            "-" if r.measured_rss_growth_bytes is None else
+            f"{format_bytes(r.measured_growth_bytes)} / {format_bytes(r.measured_rss_growth_bytes)}",
+            format_ms(r.step_ms),
+            "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
+            "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
+            "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",
+            red(dgrad) if r.status == "wrong-gradients" else dgrad,
+        ])
+    if not rss:  # CUDA, or no /proc: the column would be all dashes
+        del cols[7]
+        for row in rows:
+            del row[7]
+    _print_table(out, cols, rows, wide, title=title)
     for r in res.rows:
         if r.message:
-            stdout.print(escape(f"{r.strategy}: {r.message}"))
+            line = escape(f"{r.strategy}: {r.message}")
+            out.print(f"[red]{line}[/]" if r.failed else line, soft_wrap=True)
     for note in res.notes:
-        stdout.print(escape(f"note: {note}"))
+        out.print(escape(f"note: {note}"), soft_wrap=True)
 
 
 class progress_bar:

@@ -1,9 +1,14 @@
 """Machine-readable outputs: JSON envelopes, DataFrames, CSV/PNG files written atomically."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import signal
+import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,22 +43,229 @@ def profile_frame(prof: Profile):
     return pd.DataFrame([r.to_dict() for r in prof.layers])
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Write via a temporary file in the same folder and rename: complete files or none."""
-    path = Path(path)
+# ---- writing files -----------------------------------------------------------------------------
+#
+# ckplan writes only regular files, and only where the target is absent or already a regular file:
+# renaming a temporary file over a symlink, a FIFO or a device node would replace something that is
+# not ours (as root, ``-o /dev/full`` replaced the device). New files get 0666 less the user's umask,
+# as ``open()`` would give them (``mkstemp`` makes 0600); a file written again keeps its mode.
+
+
+class ReportsInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a set of reports was written; ``kept`` says which whole set is on disk."""
+
+    def __init__(self, kept: str, paths: list[Path]):
+        self.kept = kept  # "previous": nothing new was written; "new": every new file is in place
+        self.paths = paths
+        names = ", ".join(str(p) for p in paths)
+        if kept == "new":
+            text = f"interrupted after the reports were written; the new set is complete: {names}"
+        else:
+            text = ("interrupted while writing reports; nothing was replaced, the previous set (if any) "
+                    f"is intact: {names}")
+        super().__init__(text)
+
+
+def _kind(path: Path) -> str | None:
+    """What is at ``path`` if it is not a regular file ('' when absent or regular)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # absent (creating its folder will say why)
+        return ""
     except OSError as e:
-        raise UsageError(f"cannot create folder {str(path.parent)!r}: {e.strerror}") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+        return f"not accessible ({e.strerror})"
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link to {os.readlink(path)!r}"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _refuse_non_regular(path: Path, what: str = "--output") -> None:
+    kind = _kind(path)
+    if kind:
+        raise UsageError(f"{what} {str(path)!r} is {kind}; ckplan writes only regular files and will not "
+                         "replace it", tip="name a new or regular file (to see the result on stdout, "
+                         "use --format json or csv)")
+
+
+def _umask() -> int:
     try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # no /proc: read it by setting it, then put it back at once
+    os.umask(old)
+    return old
+
+
+def _new_mode(path: Path) -> int:
+    """The mode the file should get: the old file's, or 0666 less the umask for a new one."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _make_folder(folder: Path, what: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{what}: {str(folder)!r} exists and is not a folder",
+                         tip="choose another folder") from None
+    except OSError as e:
+        raise UsageError(f"{what}: cannot create folder {str(folder)!r}: {e.strerror}",
+                         tip="choose a folder you can write to") from None
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Create and remove a temporary file in ``folder``: the one sure test that it can be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".ckplan-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise UsageError(f"{what}: cannot write in folder {str(folder)!r}: {e.strerror}",
+                         tip="choose a folder you can write to") from None
+
+
+def check_output_file(path: str | Path, what: str = "--output") -> Path:
+    """Before a run: ``path`` can be written (its folder exists or is created, is writable, and the
+    target is absent or a regular file). Raises UsageError (exit 2) naming the path and the fix."""
+    path = Path(path)
+    _refuse_non_regular(path, what)
+    _make_folder(path.parent, what)
+    _probe_folder(path.parent, what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{what} {str(path)!r} is not writable", tip="choose another file name")
     return path
+
+
+def check_output_dir(path: str | Path, what: str = "--out-dir", names: tuple[str, ...] = ()) -> Path:
+    """Before a run: folder ``path`` exists or is created and can be written; each of ``names`` in
+    it is absent or a regular file. Raises UsageError (exit 2) naming the path and the fix."""
+    path = Path(path)
+    kind = _kind(path)
+    if kind and kind != "a folder" and not (kind.startswith("a symbolic link") and path.is_dir()):
+        raise UsageError(f"{what} {str(path)!r} is {kind}, not a folder", tip="choose a folder")
+    _make_folder(path, what)
+    _probe_folder(path, what)
+    for name in names:
+        _refuse_non_regular(path / name, what)
+    return path
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Write via a temporary file in the same folder and rename: complete files or none.
+
+    Only where ``path`` is absent or a regular file (UsageError otherwise, before anything is
+    written); the file gets the old file's mode, or 0666 less the umask.
+    """
+    return write_files([(Path(path), write)])[0]
+
+
+def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "--output") -> list[Path]:
+    """Write a set of files all or nothing: after this returns or raises, either every file is the
+    new one or every file is as it was.
+
+    1. every target is checked (absent or a regular file) and every temporary file written;
+       an error or Ctrl-C here removes the temporary files: the previous set is untouched;
+    2. the renames run with SIGINT deferred (in the main thread), and old files are kept as hard
+       links until all renames succeed, so a failing rename puts the previous set back.
+
+    A Ctrl-C raises :class:`ReportsInterrupted`, whose ``kept`` says which set is on disk.
+    """
+    items = [(Path(p), w) for p, w in items]
+    paths = [p for p, _ in items]
+    for p in paths:
+        _refuse_non_regular(p, what)
+    for folder in {p.parent for p in paths}:
+        _make_folder(folder, what)
+    temps: list[Path] = []
+    try:
+        for p, write in items:
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            os.close(fd)
+            temps.append(Path(tmp))
+            write(Path(tmp))
+            os.chmod(tmp, _new_mode(p))
+    except KeyboardInterrupt:
+        _unlink_all(temps)
+        raise ReportsInterrupted("previous", paths) from None
+    except BaseException:
+        _unlink_all(temps)
+        raise
+    try:
+        with _sigint_deferred() as interrupted:
+            _rename_all(temps, paths, what)
+    except KeyboardInterrupt:  # in the instant before or after the deferral: look at what is on disk
+        renamed = not any(t.exists() for t in temps)
+        _unlink_all(temps)
+        raise ReportsInterrupted("new" if renamed else "previous", paths) from None
+    if interrupted():
+        raise ReportsInterrupted("new", paths)
+    return paths
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
+    """Rename each temporary file over its target; on failure put the old files back."""
+    backups: list[tuple[Path, Path]] = []  # (hard link to the old file, target)
+    done: list[Path] = []
+    try:
+        for tmp, p in zip(temps, paths):
+            _refuse_non_regular(p, what)  # again: something may have appeared since the check
+            if p.exists():
+                bak = p.parent / f".{p.name}.{secrets.token_hex(6)}.old"
+                try:
+                    os.link(p, bak)  # fails rather than overwrite, should the name exist
+                    backups.append((bak, p))
+                except OSError:  # no hard links here (FAT, some network file systems): no way back
+                    pass
+            os.replace(tmp, p)
+            done.append(p)
+    except BaseException:
+        old = dict((p, bak) for bak, p in backups)
+        for p in done:  # put back what was replaced; remove what was new
+            if p in old:
+                with contextlib.suppress(OSError):
+                    os.replace(old[p], p)
+            else:
+                _unlink_all([p])
+        _unlink_all([bak for bak, _ in backups] + temps)
+        raise
+    _unlink_all([bak for bak, _ in backups])
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold Ctrl-C until the block ends (main thread only; elsewhere signals cannot be handled)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield lambda: bool(got)
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -79,9 +291,24 @@ def sweep_frame(points):
 def write_sweep(out_dir: str | Path, model: str, points) -> list[Path]:
     """CSV and PNG of every strategy's memory-vs-overhead frontier."""
     frame = sweep_frame(points)
-    base = Path(out_dir) / f"sweep-{_slug(model)}"
-    return [write_csv(base.with_suffix(".csv"), frame),
-            atomic_write(base.with_suffix(".png"), lambda p: _plot_sweep(frame, model, p))]
+    base = sweep_basename(model)
+    # Names are built by appending: Path.with_suffix would cut "llama-3.1-8b" at its dot.
+    return write_files([(Path(out_dir) / f"{base}.csv", lambda p: frame.to_csv(p, index=False)),
+                        (Path(out_dir) / f"{base}.png", lambda p: _plot_sweep(frame, model, p))], "--out-dir")
+
+
+def sweep_basename(model: str) -> str:
+    return f"sweep-{_slug(model)}"
+
+
+def bench_basename(model: str, device: str) -> str:
+    return f"bench-{_slug(model)}-{_slug(device)}"
+
+
+def bench_filenames(model: str, device: str) -> tuple[str, ...]:
+    """The files :func:`write_bench` writes, for :func:`check_output_dir` before the run."""
+    base = bench_basename(model, device)
+    return tuple(f"{base}.{ext}" for ext in ("csv", "json", "png"))
 
 
 def _plot_sweep(frame, model: str, path: Path) -> None:
@@ -121,12 +348,13 @@ def bench_frame(result):
 
 
 def write_bench(out_dir: str | Path, result) -> list[Path]:
-    """bench-<model>-<device>.{csv,json,png}, each written atomically."""
-    base = Path(out_dir) / f"bench-{_slug(result.model)}-{result.device}"
+    """bench-<model>-<device>.{csv,json,png}: the whole set or none of it (see :func:`write_files`)."""
+    base = Path(out_dir) / bench_basename(result.model, result.device)
     frame = bench_frame(result)
-    return [write_csv(base.with_suffix(".csv"), frame),
-            write_text(base.with_suffix(".json"), to_json(bench_doc(result))),
-            atomic_write(base.with_suffix(".png"), lambda p: _plot_bench(result, p))]
+    text = to_json(bench_doc(result))
+    return write_files([(Path(f"{base}.csv"), lambda p: frame.to_csv(p, index=False)),
+                        (Path(f"{base}.json"), lambda p: p.write_text(text)),
+                        (Path(f"{base}.png"), lambda p: _plot_bench(result, p))], "--out-dir")
 
 
 def _plot_bench(result, path: Path) -> None:

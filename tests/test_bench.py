@@ -117,3 +117,117 @@ input: {batch_size: 64, shape: [32], dtype: float32}
             assert key in row
         assert row["status"] == "ok" and row["peak_error"] < 0.05 and row["max_grad_diff"] < 1e-5
     assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".csv", ".json", ".png"]
+
+
+FLAKY_NET = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Flaky(nn.Module):
+        '''A layer whose output depends on how often it ran in this step: a recompute is a second
+        call, so a checkpointed copy computes something else (as a cache or counter in a real model).'''
+        def __init__(self, d):
+            super().__init__()
+            self.lin = nn.Linear(d, d)
+            self.calls = 0
+        def forward(self, x):
+            self.calls += 1
+            return torch.tanh(self.lin(x) * self.calls)  # tanh saves its output for backward
+
+    class Net(nn.Module):
+        def __init__(self, d, n, poison):
+            super().__init__()
+            self.stack = nn.ModuleList(Flaky(d) for _ in range(n))
+            self.poison = poison
+        def forward(self, x):
+            for blk in self.stack:
+                blk.calls = 0
+            for blk in self.stack:
+                x = blk(x)
+            return x * float("nan") if self.poison else x
+
+    def make(d=16, n=4, poison=False):
+        return Net(d, n, poison)
+""")
+
+
+def _flaky_spec(tmp_path, monkeypatch, poison=False):
+    (tmp_path / "flaky_net.py").write_text(FLAKY_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return write_spec(tmp_path, f"""
+model: {{target: "flaky_net:make", args: {{d: 16, n: 4, poison: {str(poison).lower()}}}}}
+input: {{batch_size: 8, shape: [16], dtype: float32}}
+chain: stack
+""", "flaky-net.yaml")
+
+
+def test_a_plan_that_changes_the_gradients_fails_the_bench(tmp_path, monkeypatch):
+    spec = _flaky_spec(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--compare", "none,every-k", "--k", "1",
+                                 "--steps", "1", "--warmup", "0", "--out-dir", str(out)])
+    assert r.exit_code == 4, r.output
+    # The table came first, the reports were written, then the one-line error.
+    assert "wrong-gradients" in r.stdout and "over the tolerance" in r.stdout
+    assert "Error:" in r.output and "every-k (wrong-gradients)" in r.output
+    doc = json.loads((out / "bench-flaky-net-cpu.json").read_text())
+    rows = {row["strategy"]: row for row in doc["rows"]}
+    assert rows["none"]["status"] == "ok" and rows["none"]["max_grad_diff"] == 0.0
+    bad = rows["every-k"]
+    assert bad["status"] == "wrong-gradients" and bad["max_grad_diff"] > bad["grad_tolerance"] > 0
+    assert bad["loss"] == pytest.approx(rows["none"]["loss"])  # the first forward is right; the recompute is not
+
+
+def test_nan_loss_is_non_finite(tmp_path, monkeypatch):
+    spec = api.load(_flaky_spec(tmp_path, monkeypatch, poison=True))
+    res = api.bench(spec, strategies=["none", "every-k"], k=1, device="cpu", steps=1, warmup=0)
+    assert {r.status for r in res.rows} == {"non-finite"} and len(res.failed_rows) == 2
+    assert "the loss is nan" in res.rows[0].message
+
+
+def test_cpu_rows_carry_the_resident_high_water_mark(tmp_path):
+    from ckplan.measure import ResidentPeak
+    with ResidentPeak() as rss:
+        import torch
+        # 64 MiB: above glibc's largest dynamic mmap threshold (32 MiB), so fresh pages, whatever
+        # the heap kept from earlier tests.
+        x = torch.ones(64 * 2**20 // 4)
+        del x
+    if rss.peak_bytes is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert rss.growth_bytes >= 63 * 2**20 and rss.peak_bytes >= rss.start_bytes + rss.growth_bytes
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    res = api.bench(spec, strategies=["none", "every-k"], device="cpu", steps=1, warmup=0)
+    for r in res.rows:
+        assert r.measured_rss_peak_bytes > r.measured_rss_growth_bytes >= 0
+        assert 0 < r.measured_growth_bytes < r.measured_peak_bytes
+    assert any("MALLOC_MMAP_THRESHOLD_" in n for n in res.notes)
+
+
+def test_out_dir_checked_before_the_run(tmp_path):
+    blocker = tmp_path / "reports"
+    blocker.write_text("a file, not a folder")
+    r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--steps", "1",
+                                 "--out-dir", str(blocker)])
+    assert r.exit_code == 2 and "not a folder" in r.output and "strategy" not in r.stdout
+
+
+@pytest.mark.parametrize("failure", ["disk-full", "ctrl-c"])
+def test_results_printed_even_when_the_reports_cannot_be_written(tmp_path, monkeypatch, failure):
+    def fail(result, path):  # the PNG is the last file: the disk fills up, or Ctrl-C, while writing it
+        if failure == "ctrl-c":
+            raise KeyboardInterrupt
+        raise OSError(28, "No space left on device", str(path))
+    monkeypatch.setattr(report, "_plot_bench", fail)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--compare",
+                                 "none,every-k", "--steps", "1", "--warmup", "0", "--out-dir", str(out),
+                                 "-f", "json"])
+    assert r.exit_code == (130 if failure == "ctrl-c" else 1), r.output
+    doc = json.loads(r.stdout)  # the whole result, on stdout
+    assert [row["strategy"] for row in doc["rows"]] == ["none", "every-k"]
+    if failure == "ctrl-c":
+        assert "Error:" in r.output and "the previous set (if any) is intact" in r.output
+    else:
+        assert "Error:" in r.output and "not written" in r.output and "No space left" in r.output
+    assert list(out.iterdir()) == []  # no CSV and JSON without their PNG, no temporary files

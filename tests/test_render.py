@@ -1,0 +1,156 @@
+"""Golden output of the rich tables: essentials at 80 columns, nothing cut to an ellipsis, all at 200.
+
+Every table is rendered from records built by hand (no torch run) to a fixed-width console.
+"""
+import io
+
+import pytest
+from rich.console import Console
+
+from ckplan import render
+from ckplan.plan_report import PlanReport
+from ckplan.planner import STRATEGIES, chain_from_profile, compare, plan_chain, sweep
+from ckplan.records import BenchResult, BenchRow, Profile, StageRecord, Totals
+
+MiB = 2**20
+
+
+def _stage(index, name, type_, role, param, out, saved, fwd=1.25, bwd=2.5):
+    return StageRecord(index=index, name=name, type=type_, role=role, param_bytes=param, grad_bytes=param,
+                       output_bytes=out, saved_bytes=saved, fwd_ms=fwd, bwd_ms=bwd, fwd_flops=123_456_789_000,
+                       bwd_flops=2 * 123_456_789_000, fwd_tmp_bytes=out, bwd_tmp_bytes=2 * out,
+                       fwd_peak_bytes=saved, bwd_peak_bytes=saved)
+
+
+def make_profile(n=12) -> Profile:
+    layers = [_stage(-1, "(pre)", "pre", "pre", 150 * MiB, 12 * MiB, 12 * MiB)]
+    layers += [_stage(i, f"transformer.h.{i}", "GPT2Block", "chain", 27 * MiB, 12 * MiB, 170 * MiB)
+               for i in range(n)]
+    layers.append(_stage(n, "(post)", "post", "post", 2 * MiB, 0, 600 * MiB))
+    params = sum(r.param_bytes for r in layers)
+    act = sum(r.saved_bytes for r in layers)
+    totals = Totals(param_bytes=params, buffer_bytes=0, trainable_bytes=params, grad_bytes=params,
+                    optimizer_bytes=2 * params, optimizer_tmp_bytes=params, input_bytes=MiB,
+                    activation_bytes=act, predicted_peak_bytes=4 * params + act, measured_peak_bytes=None)
+    return Profile(model="gpt2-small", device="cpu", device_name="CPU: Some Processor 3.0GHz",
+                   chain="transformer.h", chain_detected=True, batch_size=8, precision="fp32",
+                   optimizer="adamw", accum=1, input_requires_grad=True, times_estimated=False,
+                   layers=tuple(layers), totals=totals, notes=("a note about this profile",))
+
+
+def _row(strategy, status="ok", **over):
+    d = dict(strategy=strategy, status=status, plan="[0, 3) store 3..11", n_checkpoints=4,
+             predicted_peak_bytes=1_234 * MiB, measured_peak_bytes=1_240 * MiB, peak_error=0.0048,
+             predicted_fwd_bwd_peak_bytes=1_100 * MiB, measured_fwd_bwd_peak_bytes=1_101 * MiB,
+             fwd_bwd_peak_error=0.001, predicted_activation_bytes=400 * MiB,
+             measured_activation_bytes=401 * MiB, reserved_peak_bytes=None, alloc_retries=None,
+             nvml_used_bytes=None, step_ms=812.5, step_ms_min=800.1, step_ms_max=830.9, slowdown=1.23,
+             predicted_overhead=0.25, loss=4.5, final_loss=4.4, max_grad_diff=0.0, grad_tolerance=1e-5,
+             measured_growth_bytes=300 * MiB, measured_rss_peak_bytes=2_000 * MiB,
+             measured_rss_growth_bytes=526 * MiB)
+    d.update(over)
+    return BenchRow(**d)
+
+
+def make_bench() -> BenchResult:
+    rows = (_row("none", n_checkpoints=0, slowdown=1.0), _row("sqrtn"), _row("every-k"), _row("chen"),
+            _row("dp", "wrong-gradients", max_grad_diff=0.031, step_ms=None, step_ms_min=None,
+                 step_ms_max=None, slowdown=None, measured_peak_bytes=None, peak_error=None,
+                 message="max |grad - grad(none)| = 0.031 over the tolerance"),
+            _row("plan:every-k", "OOM", measured_peak_bytes=None, peak_error=None, slowdown=None))
+    return BenchResult(model="gpt2-small", device="cpu", device_name="CPU: Some Processor 3.0GHz",
+                       batch_size=8, precision="fp32", optimizer="adamw", accum=1, steps=5, warmup=1,
+                       budget_bytes=1_300 * MiB, k=2, rows=rows, profile_peak_bytes=2_000 * MiB,
+                       notes=("a note",))
+
+
+def make_plan_report() -> PlanReport:
+    prof = make_profile()
+    chain = chain_from_profile(prof)
+    none = plan_chain(chain, "none")
+    budget = (none.score.peak_bytes * 9) // 10
+    results = compare(chain, list(STRATEGIES), budget, 2)
+    return PlanReport(profile=prof, budget_bytes=budget, budget_source="--budget", strategy="all", k=2,
+                      results=tuple(results), chosen=next(r for r in results if r.strategy == "dp"),
+                      none_peak_bytes=none.score.peak_bytes, none_step_ms=none.score.step_ms)
+
+
+def _render(fn, width, **kw) -> str:
+    con = Console(record=True, width=width, file=io.StringIO(), color_system=None)
+    fn(console=con, **kw)
+    return con.export_text()
+
+
+TABLES = {
+    "bench": (lambda **kw: render.bench_table(make_bench(), **kw),
+              ["strategy", "status", "predicted", "measured", "error", "slowdown"],
+              ["wrong-gradients", "plan:every-k", "OOM", "1.21 GiB"]),
+    "profile": (lambda **kw: render.profile_table(make_profile(), **kw),
+                ["#", "layer", "params", "output", "saved", "fwd", "bwd"],
+                ["transformer.h.11", "27 MiB", "170 MiB", "1.25 ms", "2.5 ms"]),
+    "plan": (lambda **kw: render.plan_tables(make_plan_report(), **kw),
+             ["strategy", "predicted", "overhead", "fits", "ckpts", "layers", "first forward", "forward"],
+             ["every-k", "sqrtn", "chen", "dp"]),
+    "sweep": (lambda **kw: render.sweep_table(sweep(chain_from_profile(make_profile()), list(STRATEGIES), 5),
+                                              **kw),
+              ["strategy", "param", "predicted", "overhead"], ["every-k", "k=1", "budget"]),
+}
+ALL_HEADERS = {"bench": ["fwd+bwd pred / meas", "held for bwd pred / meas", "growth tensors / RSS",
+                         "step (median)", "min-max", "max |dgrad|"],
+               "profile": ["type", "fwd FLOPs", "fwd tmp", "bwd tmp"],
+               "plan": ["saved vs none", "recompute", "peak reached at", "names"],
+               "sweep": ["recompute", "ckpts"]}
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_table_fits_80_columns_without_ellipsis(name):
+    fn, headers, cells = TABLES[name]
+    text = _render(fn, 80)
+    table_lines = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert "…" not in text, text
+    # Tables fit; free text (plan strings, notes) is soft-wrapped by the terminal itself.
+    assert table_lines and max(len(line) for line in table_lines) <= 80, text
+    words = text.split()
+    for h in headers:
+        for w in h.split():
+            assert w in words or any(w in x for x in words), (h, text)
+    for c in cells:
+        assert c in text, (c, text)
+
+
+def _n_columns(text: str) -> int:
+    return max(line.count("┃") for line in text.splitlines()) - 1
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_wide_shows_every_column_and_200_more_than_80(name):
+    fn, headers, _ = TABLES[name]
+    wide = _render(fn, 80, wide=True)
+    assert "…" not in wide, wide
+    for h in headers + ALL_HEADERS[name]:
+        assert h in wide, (h, wide)
+    at200 = _render(fn, 200)
+    assert "…" not in at200 and all(h in at200 for h in headers), at200
+    assert _n_columns(_render(fn, 80)) <= _n_columns(at200) <= _n_columns(wide)
+    if name in ("bench", "profile"):  # too wide for 80 columns, not for 200
+        assert _n_columns(_render(fn, 80)) < _n_columns(at200)
+
+
+def test_narrow_bench_table_drops_extras_first():
+    text = _render(TABLES["bench"][0], 80)
+    assert "min-max" not in text and "held for bwd" not in text
+    # The wrong-gradients row and its message are shown, in full.
+    assert "wrong-gradients" in text and "dp: max |grad - grad(none)| = 0.031" in text
+
+
+def test_piped_output_gets_every_column(monkeypatch, capsys):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    con = Console(file=io.StringIO(), width=80, force_terminal=False)
+    monkeypatch.setattr(render, "stdout", con)
+    render.bench_table(make_bench())
+    text = con.file.getvalue()
+    assert "…" not in text and "min-max" in text and "growth tensors / RSS" in text
+    monkeypatch.setenv("COLUMNS", "80")  # an explicit width is honoured, piped or not
+    con.file = io.StringIO()
+    render.bench_table(make_bench())
+    assert "min-max" not in con.file.getvalue() and "…" not in con.file.getvalue()
