@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import DependencyError, SpecError, UsageError
+from .errors import DependencyError, InfeasibleBudgetError, SpecError, UsageError
 from .options import DEVICES, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS, STRATEGIES, Device, Strategy
 from .records import CHAIN, POST, PRE, Profile, StageRecord, Totals
 from .spec import Spec, batch_bytes, build_model, check_overrides, load_spec, make_batch, to_loss
@@ -360,13 +360,18 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     _tick(progress, f"planning {strategy} for {prof.model}")
     chain = chain_from_profile(prof)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
-    infeasible = None
+    infeasible = infeasible_tip = None
     if strategy == "all":
         # compare() never raises for an infeasible budget: every row says fits=False, and the
         # caller shows the table before exiting 3 (InfeasibleBudgetError, see report_infeasible).
         results = compare(chain, list(STRATEGIES), budget_bytes, k)
         chosen = next(r for r in results if r.strategy == "dp")
         infeasible = infeasible_budget(results)
+        if infeasible is not None:
+            try:  # the same error plan_chain raises for one strategy, for its tip
+                plan_chain(chain, "dp", budget_bytes, k)
+            except InfeasibleBudgetError as err:
+                infeasible_tip = err.tip
     else:
         chosen = plan_chain(chain, strategy, budget_bytes, k)
         results = (chosen,)
@@ -374,7 +379,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     notes = tuple(n for n in (no_gain_reason(chain),) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
-                      none_step_ms=none.score.step_ms, infeasible=infeasible, notes=notes)
+                      none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
+                      notes=notes)
 
 
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,

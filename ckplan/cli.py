@@ -238,7 +238,7 @@ def plan(
     if exported is not None and fmt == Fmt.table:
         render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
     if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
-        raise InfeasibleBudgetError(rep.infeasible)
+        raise InfeasibleBudgetError(rep.infeasible, tip=rep.infeasible_tip)
 
 
 def _budget_line(budget, rep) -> str:

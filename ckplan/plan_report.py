@@ -22,6 +22,7 @@ class PlanReport:
     none_step_ms: float
     infeasible: str | None = None  # --strategy all below the smallest peak: why (the CLI exits 3)
     notes: tuple[str, ...] = ()  # e.g. why no plan can lower the peak
+    infeasible_tip: str | None = None
 
     def summary_rows(self) -> list[dict[str, Any]]:
         rows = []
