@@ -58,7 +58,16 @@ from .measure import (
     cuda_reset,
     nvml_used_bytes,
 )
-from .planner import Plan, chain_from_profile, default_budget, no_gain_reason, plan_chain, simulate, trace
+from .planner import (
+    Plan,
+    chain_from_profile,
+    default_budget,
+    held_for_backward_bytes,
+    no_gain_reason,
+    plan_chain,
+    simulate,
+    trace,
+)
 from .records import (
     ERROR,
     INFEASIBLE,
@@ -240,11 +249,11 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
             entries.append(_Entry(s, None, status=INFEASIBLE, message=err.message))
             continue
         entries.append(_Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
-                              _activation_bytes(chain, res.plan), res.score.overhead))
+                              held_for_backward_bytes(chain, res.plan), res.score.overhead))
     for name, plan in extra_plans.items():
         sc = simulate(chain, plan)
         entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
-                              _activation_bytes(chain, plan), sc.overhead))
+                              held_for_backward_bytes(chain, plan), sc.overhead))
     return entries
 
 
@@ -383,13 +392,6 @@ def _timed_step(run: _Run, e: _Entry, clock: Clock) -> None:
 def _fwd_bwd_peak(chain, plan: Plan) -> int:
     """The simulated peak of forward and backward alone (the optimizer step left out)."""
     return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
-
-
-def _activation_bytes(chain, plan: Plan) -> int:
-    """Simulated bytes held for backward when the forward (loss included) ends, persistent excluded."""
-    n = chain.n_layers
-    end = next(ev for ev in trace(chain, plan) if ev.op == "F" and ev.stage == n)
-    return end.mem_bytes - chain.persistent_bytes
 
 
 def _guarded(run: _Run, e: _Entry, fn, *args) -> None:

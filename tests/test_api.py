@@ -8,7 +8,7 @@ from conftest import tiny_gpt_spec
 
 import ckplan
 from ckplan import api
-from ckplan.errors import UsageError
+from ckplan.errors import InfeasibleBudgetError, UsageError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -79,3 +79,12 @@ def test_api_functions_reject_bad_arguments(tmp_path, call, needle):
 def test_api_load_overrides_are_validated(tmp_path):
     with pytest.raises(UsageError, match="precision='int8'"):
         api.load(tiny_gpt_spec(tmp_path), precision="int8")
+
+
+def test_api_infeasible_budget_is_a_dedicated_exception():
+    from ckplan.zoo import build_builtin
+    model = build_builtin("mlp", dict(in_features=16, depth=4, width=16))
+    with pytest.raises(InfeasibleBudgetError) as e:
+        ckplan.plan_model(model, torch.randn(8, 16), budget="1KB")
+    assert e.value.exit_code == 3 and e.value.min_peak_bytes > e.value.budget_bytes == 1000
+    assert "smallest feasible peak" in str(e.value)

@@ -26,6 +26,7 @@ from .budget import (
     activation_bytes,
     check_budget_text,
     default_budget,
+    held_for_backward_bytes,
     no_gain_reason,
     parse_budget,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "compare",
     "default_budget",
     "floor_of",
+    "held_for_backward_bytes",
     "infeasible_budget",
     "infeasible_error",
     "min_peak",

@@ -28,6 +28,7 @@ from .baselines import plan_none
 from .chain import Chain
 from .dp import min_peak
 from .floor import floor_of
+from .plan import Plan
 from .simulate import simulate, trace
 
 ACCEPTED_BUDGETS = (f"{ACCEPTED_SIZES}, a share of the peak without checkpointing like 40%, or "
@@ -47,13 +48,26 @@ class Budget:
     description: str  # e.g. "50% of the activations 1.20 GiB above the persistent 3.00 GiB"
 
 
+def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
+    """What ``plan`` holds for backward when the forward (loss included, autocast's weight copies
+    of checkpointed layers released) ends, persistent memory excluded, from the simulator's trace."""
+    n = chain.n_layers
+    held = None
+    for ev in trace(chain, plan):
+        if ev.op == "F" and ev.stage == n:
+            held = ev.mem_bytes
+        elif held is not None:
+            if ev.op == "uncast":
+                held = ev.mem_bytes
+            break
+    assert held is not None  # every trace runs the post forward
+    return held - chain.persistent_bytes
+
+
 def activation_bytes(chain: Chain) -> int:
     """What the plan without checkpointing holds for backward when the forward ends, persistent
-    memory excluded (the live bytes after the post forward, from the simulator's trace)."""
-    n = chain.n_layers
-    after_forward = next(ev.mem_bytes for ev in trace(chain, plan_none(n))
-                         if ev.op == "F" and ev.stage == n)
-    return after_forward - chain.persistent_bytes
+    memory excluded: the activation memory that ``50%act`` budgets take a share of."""
+    return held_for_backward_bytes(chain, plan_none(chain.n_layers))
 
 
 def none_peak(chain: Chain) -> int:

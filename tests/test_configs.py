@@ -1,36 +1,12 @@
-"""Mixed precision and accumulation stay accurate; the API's infeasible error; every shipped config."""
+"""Every shipped config profiles and plans: dp is never worse than a baseline; llama-70b on meta."""
 import subprocess
 import sys
 
 import pytest
-import torch
-from conftest import CONFIGS, tiny_gpt_spec
+from conftest import CONFIGS
 
-import ckplan
 from ckplan import api
-from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import chain_from_profile, plan_chain, simulate
-
-
-@pytest.mark.parametrize("precision,accum", [("fp32", 2), ("bf16", 1), ("bf16", 3)])
-def test_precision_and_accumulation_predictions(tmp_path, precision, accum):
-    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, n_embd=64, dropout=0.1), batch_size=8, seq_len=32,
-                    precision=precision, accum=accum, optimizer="sgd")
-    res = api.bench(spec, strategies=["none", "every-k", "sqrtn"], k=1, device="cpu", steps=1, warmup=1)
-    for r in res.rows:
-        assert r.status == "ok"
-        assert r.peak_error < 0.05, (precision, accum, r.strategy, r.predicted_peak_bytes, r.measured_peak_bytes)
-        # bf16 recomputes in bf16 too: gradients equal up to fp32 accumulation order.
-        assert r.max_grad_diff < (1e-5 if precision == "fp32" else 1e-3)
-
-
-def test_api_infeasible_budget_is_a_dedicated_exception():
-    from ckplan.zoo import build_builtin
-    model = build_builtin("mlp", dict(in_features=16, depth=4, width=16))
-    with pytest.raises(InfeasibleBudgetError) as e:
-        ckplan.plan_model(model, torch.randn(8, 16), budget="1KB")
-    assert e.value.exit_code == 3 and e.value.min_peak_bytes > e.value.budget_bytes == 1000
-    assert "smallest feasible peak" in str(e.value)
 
 
 def test_python_dash_m():
