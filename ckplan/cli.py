@@ -183,7 +183,8 @@ def profile(
 def plan(
     spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile instead."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
-                                         "500MB, plain bytes, or 40% of the no-checkpoint peak."),
+                                         "500MB, plain bytes, 40% of the no-checkpoint peak, or 50%act "
+                                         "(persistent memory + 50% of the activations)."),
     strategy: StrategyOrAll = typer.Option(StrategyOrAll.dp, "--strategy", "-s",
                                            help="One strategy, or all to compare them."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
@@ -257,7 +258,7 @@ def bench(
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
                                 help="Comma-separated strategies to run."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Also run this plan.json."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%); "
+    budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%, 50%act); "
                                          "default: halfway between the smallest feasible and the no-checkpoint peak."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
     steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per strategy."),

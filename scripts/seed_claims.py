@@ -1,4 +1,4 @@
-"""Check the seed article's claims with measured runs; writes reports/seed-claims.md (+ .json).
+"""Check the seed article's claims with measured runs; writes reports/cpu/seed-claims.md (+ .json).
 
     python scripts/seed_claims.py --device cpu            # CPU-sized batches (minutes on 2 cores)
     python scripts/seed_claims.py --device cuda --full    # the configs' own batches, on a GPU
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--full", action="store_true", help="use the configs' own batch sizes (GPU)")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "reports" / "seed-claims.md"))
+    ap.add_argument("--out", default=str(ROOT / "reports" / "cpu" / "seed-claims.md"))
     a = ap.parse_args()
     results = [run(c, a.device, a.full, a.steps) for c in ("gpt2-small", "bert-large")]
     meta = predicted_bert_large_full()
