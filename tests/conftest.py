@@ -12,16 +12,16 @@ def _no_planner_prints(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
 
 
-def write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+def _write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
     p = tmp_path / name
     p.write_text(text)
     return p
 
 
-def tiny_gpt_spec(tmp_path: Path, **over) -> Path:
+def _tiny_gpt_spec(tmp_path: Path, **over) -> Path:
     args = dict(vocab_size=97, block_size=32, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
     args.update(over)
-    return write_spec(tmp_path, f"""
+    return _write_spec(tmp_path, f"""
 model:
   builtin: gpt
   args: {args}
@@ -30,4 +30,26 @@ chain: blocks
 """, "tiny-gpt.yaml")
 
 
+# Test helpers are fixtures (no `from conftest import`): each returns the helper itself, so a test
+# writes `def test_x(tiny_gpt_spec, tmp_path): spec = tiny_gpt_spec(tmp_path, n_layer=4)`.
+
+@pytest.fixture
+def configs() -> Path:
+    """The shipped configs folder."""
+    return CONFIGS
+
+
+@pytest.fixture
+def write_spec():
+    """``write_spec(tmp_path, yaml_text, name="spec.yaml") -> Path``."""
+    return _write_spec
+
+
+@pytest.fixture
+def tiny_gpt_spec():
+    """``tiny_gpt_spec(tmp_path, **gpt_args) -> Path``: a 3-layer zoo GPT spec, fast on CPU."""
+    return _tiny_gpt_spec
+
+
+# Test models imported by `target:` specs (tests/ckmodels.py) are found from the tests folder.
 sys.path.insert(0, str(Path(__file__).parent))

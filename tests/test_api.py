@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_gpt_spec
 
 import ckplan
 from ckplan import api
@@ -69,14 +68,14 @@ def test_plan_model_rejects_bad_arguments_by_their_api_names(kw, needle):
     (lambda s: api.profile_model(torch.nn.Linear(2, 2), (torch.randn(1, 2),), {}, name="m", chain=None,
                                  device="cpu", precision="int8"), "precision='int8'"),
 ])
-def test_api_functions_reject_bad_arguments(tmp_path, call, needle):
+def test_api_functions_reject_bad_arguments(tiny_gpt_spec, tmp_path, call, needle):
     spec = api.load(tiny_gpt_spec(tmp_path))
     with pytest.raises(UsageError) as e:
         call(spec)
     assert needle in str(e.value) and "--" not in e.value.message  # API names, not CLI flags
 
 
-def test_api_load_overrides_are_validated(tmp_path):
+def test_api_load_overrides_are_validated(tiny_gpt_spec, tmp_path):
     with pytest.raises(UsageError, match="precision='int8'"):
         api.load(tiny_gpt_spec(tmp_path), precision="int8")
 

@@ -3,7 +3,6 @@ import json
 import textwrap
 
 import pytest
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 from typer.testing import CliRunner
 
 from ckplan import api, report
@@ -19,11 +18,11 @@ def _bench(spec, **kw):
 
 
 @pytest.mark.parametrize("which", ["gpt", "resnet"])
-def test_measured_peak_matches_prediction(tmp_path, which):
+def test_measured_peak_matches_prediction(configs, tiny_gpt_spec, tmp_path, which):
     if which == "gpt":
         spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64, dropout=0.1), batch_size=8, seq_len=32)
     else:
-        spec = api.load(CONFIGS / "resnet.yaml", batch_size=4)
+        spec = api.load(configs / "resnet.yaml", batch_size=4)
     # ResNet at this size is parameter-bound: no budget, so dp plans for its smallest peak.
     res = _bench(spec, budget="60%" if which == "gpt" else None, k=1)
     rows = {r.strategy: r for r in res.rows}
@@ -37,7 +36,7 @@ def test_measured_peak_matches_prediction(tmp_path, which):
     assert rows["dp"].measured_peak_bytes <= (res.budget_bytes or rows["none"].measured_peak_bytes) * 1.05
 
 
-def test_oom_row_and_the_run_goes_on(tmp_path):
+def test_oom_row_and_the_run_goes_on(tiny_gpt_spec, tmp_path):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64), batch_size=8, seq_len=32)
     prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
     none_peak = prof.totals.predicted_peak_bytes
@@ -48,7 +47,7 @@ def test_oom_row_and_the_run_goes_on(tmp_path):
     assert rows["every-k"].status == "ok" and rows["every-k"].measured_peak_bytes < none_peak * 0.97
 
 
-def test_infeasible_budget_row(tmp_path):
+def test_infeasible_budget_row(tiny_gpt_spec, tmp_path):
     spec = api.load(tiny_gpt_spec(tmp_path))
     res = api.bench(spec, strategies=["none", "dp"], budget="1KB", device="cpu", steps=1, warmup=0)
     rows = {r.strategy: r for r in res.rows}
@@ -56,7 +55,7 @@ def test_infeasible_budget_row(tmp_path):
     assert rows["none"].status == "ok"
 
 
-def test_report_files_are_complete_or_absent(tmp_path, monkeypatch):
+def test_report_files_are_complete_or_absent(tiny_gpt_spec, tmp_path, monkeypatch):
     spec = api.load(tiny_gpt_spec(tmp_path))
     res = api.bench(spec, strategies=["none", "every-k"], device="cpu", steps=1, warmup=0)
     out = tmp_path / "reports"
@@ -74,7 +73,7 @@ def test_report_files_are_complete_or_absent(tmp_path, monkeypatch):
     assert (out / f"bench-{res.model}-cpu.png").read_bytes() == good[f"bench-{res.model}-cpu.png"]
 
 
-def test_unseen_target_model_benched_end_to_end(tmp_path, monkeypatch):
+def test_unseen_target_model_benched_end_to_end(write_spec, tmp_path, monkeypatch):
     (tmp_path / "fresh_net.py").write_text(textwrap.dedent("""
         import torch.nn as nn
 
@@ -151,18 +150,20 @@ FLAKY_NET = textwrap.dedent("""
 """)
 
 
-def _flaky_spec(tmp_path, monkeypatch, poison=False):
+@pytest.fixture
+def flaky_spec(write_spec, tmp_path, monkeypatch):
+    """``flaky_spec(poison=False)``: a real model whose layer changes between calls."""
     (tmp_path / "flaky_net.py").write_text(FLAKY_NET)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return write_spec(tmp_path, f"""
+    return lambda poison=False: write_spec(tmp_path, f"""
 model: {{target: "flaky_net:make", args: {{d: 16, n: 4, poison: {str(poison).lower()}}}}}
 input: {{batch_size: 8, shape: [16], dtype: float32}}
 chain: stack
 """, "flaky-net.yaml")
 
 
-def test_a_plan_that_changes_the_gradients_fails_the_bench(tmp_path, monkeypatch):
-    spec = _flaky_spec(tmp_path, monkeypatch)
+def test_a_plan_that_changes_the_gradients_fails_the_bench(flaky_spec, tmp_path):
+    spec = flaky_spec()
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--compare", "none,every-k", "--k", "1",
                                  "--steps", "1", "--warmup", "0", "--out-dir", str(out)])
@@ -178,14 +179,14 @@ def test_a_plan_that_changes_the_gradients_fails_the_bench(tmp_path, monkeypatch
     assert bad["loss"] == pytest.approx(rows["none"]["loss"])  # the first forward is right; the recompute is not
 
 
-def test_nan_loss_is_non_finite(tmp_path, monkeypatch):
-    spec = api.load(_flaky_spec(tmp_path, monkeypatch, poison=True))
+def test_nan_loss_is_non_finite(flaky_spec, tmp_path):
+    spec = api.load(flaky_spec(poison=True))
     res = api.bench(spec, strategies=["none", "every-k"], k=1, device="cpu", steps=1, warmup=0)
     assert {r.status for r in res.rows} == {"non-finite"} and len(res.failed_rows) == 2
     assert "the loss is nan" in res.rows[0].message
 
 
-def test_cpu_rows_carry_the_resident_high_water_mark(tmp_path):
+def test_cpu_rows_carry_the_resident_high_water_mark(tiny_gpt_spec, tmp_path):
     from ckplan.measure import ResidentPeak
     with ResidentPeak() as rss:
         import torch
@@ -204,7 +205,7 @@ def test_cpu_rows_carry_the_resident_high_water_mark(tmp_path):
     assert any("MALLOC_MMAP_THRESHOLD_" in n for n in res.notes)
 
 
-def test_out_dir_checked_before_the_run(tmp_path):
+def test_out_dir_checked_before_the_run(tiny_gpt_spec, tmp_path):
     blocker = tmp_path / "reports"
     blocker.write_text("a file, not a folder")
     r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--steps", "1",
@@ -213,7 +214,7 @@ def test_out_dir_checked_before_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("failure", ["disk-full", "ctrl-c"])
-def test_results_printed_even_when_the_reports_cannot_be_written(tmp_path, monkeypatch, failure):
+def test_results_printed_even_when_the_reports_cannot_be_written(tiny_gpt_spec, tmp_path, monkeypatch, failure):
     def fail(result, path):  # the PNG is the last file: the disk fills up, or Ctrl-C, while writing it
         if failure == "ctrl-c":
             raise KeyboardInterrupt

@@ -3,7 +3,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 from typer.testing import CliRunner
 
 from ckplan.cli import app
@@ -15,7 +14,7 @@ def run(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def test_profile_json_envelope(tmp_path):
+def test_profile_json_envelope(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     r = run("profile", spec, "--device", "cpu", "--format", "json", "--repeats", "1")
     assert r.exit_code == 0, r.output
@@ -30,7 +29,7 @@ def test_profile_json_envelope(tmp_path):
         assert isinstance(doc["totals"][key], int)
 
 
-def test_profile_saved_json_feeds_plan(tmp_path):
+def test_profile_saved_json_feeds_plan(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     saved = tmp_path / "p.json"
     assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
@@ -44,7 +43,7 @@ def test_profile_saved_json_feeds_plan(tmp_path):
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["n_layers"] == 3
 
 
-def test_csv_output(tmp_path):
+def test_csv_output(tiny_gpt_spec, tmp_path):
     r = run("profile", tiny_gpt_spec(tmp_path), "--device", "meta", "--format", "csv")
     assert r.exit_code == 0
     lines = r.stdout.strip().splitlines()
@@ -52,13 +51,13 @@ def test_csv_output(tmp_path):
 
 
 @pytest.mark.parametrize("budget", ["12 parsecs", "-5GB", "0", "abc%", "0%"])
-def test_bad_budgets_exit_2(tmp_path, budget):
+def test_bad_budgets_exit_2(tiny_gpt_spec, tmp_path, budget):
     r = run("plan", tiny_gpt_spec(tmp_path), "--device", "meta", "--budget", budget)
     assert r.exit_code == 2
     assert "Error:" in r.output and "12GiB" in r.output and "Traceback" not in r.output
 
 
-def test_infeasible_budget_exit_3(tmp_path):
+def test_infeasible_budget_exit_3(tiny_gpt_spec, tmp_path):
     r = run("plan", tiny_gpt_spec(tmp_path), "--device", "meta", "--budget", "1KB")
     assert r.exit_code == 3
     assert "smallest feasible peak" in r.output and "optimizer state" in r.output
@@ -74,7 +73,7 @@ def test_infeasible_budget_exit_3(tmp_path):
     ("model: {builtin: mlp, args: {dept: 2}}\ninput: {batch_size: 2, shape: [4]}", "dept"),
     ("model: {target: 'nonexistent_mod_xyz:make'}\ninput: {batch_size: 2, shape: [4]}", "cannot import"),
 ])
-def test_bad_specs_exit_2(tmp_path, text, needle):
+def test_bad_specs_exit_2(write_spec, tmp_path, text, needle):
     r = run("profile", write_spec(tmp_path, text), "--device", "cpu")
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
@@ -85,7 +84,7 @@ def test_missing_file_exit_2():
     assert r.exit_code == 2 and "does not exist" in r.output
 
 
-def test_model_that_raises_exit_1(tmp_path, monkeypatch):
+def test_model_that_raises_exit_1(write_spec, tmp_path, monkeypatch):
     (tmp_path / "broken_model.py").write_text(
         "import torch.nn as nn\n"
         "class M(nn.Module):\n"
@@ -101,7 +100,7 @@ def test_model_that_raises_exit_1(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "shape mismatch in my model" in r.output and "Traceback" not in r.output
 
 
-def test_cuda_without_gpu_exit_2(tmp_path):
+def test_cuda_without_gpu_exit_2(tiny_gpt_spec, tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -109,10 +108,10 @@ def test_cuda_without_gpu_exit_2(tmp_path):
     assert r.exit_code == 2 and "no CUDA GPU" in r.output
 
 
-def test_seed_article_arithmetic_on_mlp100():
+def test_seed_article_arithmetic_on_mlp100(configs):
     # 100 layers that keep ~1 GB each: every-10 needs about 10 boundaries + one 10-layer segment
     # being recomputed, i.e. ~20 GB of activations, not the article's 10 GB.
-    r = run("plan", CONFIGS / "mlp-100.yaml", "--device", "meta", "--batch-size", "244141",
+    r = run("plan", configs / "mlp-100.yaml", "--device", "meta", "--batch-size", "244141",
             "--strategy", "all", "--k", "10", "--budget", "25GB", "--format", "json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -123,7 +122,7 @@ def test_seed_article_arithmetic_on_mlp100():
     assert rows["dp"]["predicted_recompute_ms"] <= rows["every-k"]["predicted_recompute_ms"] + 1e-9
 
 
-def test_plan_json_round_trips_into_bench(tmp_path):
+def test_plan_json_round_trips_into_bench(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     plan_file = tmp_path / "plan.json"
     r = run("plan", spec, "--device", "cpu", "--strategy", "every-k", "--k", "1", "-o", plan_file, "-f", "json")
@@ -137,7 +136,7 @@ def test_plan_json_round_trips_into_bench(tmp_path):
     assert rows["plan:every-k"]["peak_error"] < 0.05
 
 
-def test_bad_plan_file_exit_2(tmp_path):
+def test_bad_plan_file_exit_2(tiny_gpt_spec, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"n_layers": 3, "checkpoints": [[0, 2], [1, 3]]}')
     r = run("bench", tiny_gpt_spec(tmp_path), "--device", "cpu", "--compare", "none", "--plan", bad)
@@ -164,7 +163,8 @@ def test_typer_usage_errors_are_one_error_line(args, needle):
     assert "╭" not in r.output and "Traceback" not in r.output
 
 
-def _model_that_must_not_run(tmp_path, monkeypatch):
+@pytest.fixture
+def model_that_must_not_run(write_spec, tmp_path, monkeypatch):
     (tmp_path / "never_built.py").write_text("def make():\n    raise SystemExit('the model was built')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return write_spec(tmp_path, "model: {target: 'never_built:make'}\ninput: {batch_size: 2, shape: [4]}")
@@ -177,8 +177,8 @@ def _model_that_must_not_run(tmp_path, monkeypatch):
     (["bench", "--budget", "1e400GB"], "larger than any machine"),
     (["bench", "--memory-limit", "lots"], "memory_limit 'lots'"),
 ])
-def test_options_checked_before_the_model_is_built(tmp_path, monkeypatch, args, needle):
-    spec = _model_that_must_not_run(tmp_path, monkeypatch)
+def test_options_checked_before_the_model_is_built(model_that_must_not_run, tmp_path, args, needle):
+    spec = model_that_must_not_run
     r = run(args[0], spec, "--device", "cpu", *args[1:], "--out-dir", tmp_path / "out")
     assert r.exit_code == 2, r.output
     assert needle in r.output and "the model was built" not in r.output and "Traceback" not in r.output
@@ -190,7 +190,7 @@ def test_options_checked_before_the_model_is_built(tmp_path, monkeypatch, args, 
     (["--precision", "bf16"], "precision='bf16'"),
     (["--device", "cpu"], "device='cpu'"),
 ])
-def test_plan_profile_with_what_it_would_ignore_is_an_error(tmp_path, extra, needle):
+def test_plan_profile_with_what_it_would_ignore_is_an_error(tiny_gpt_spec, tmp_path, extra, needle):
     spec = tiny_gpt_spec(tmp_path)
     saved = tmp_path / "p.json"
     assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
@@ -200,7 +200,8 @@ def test_plan_profile_with_what_it_would_ignore_is_an_error(tmp_path, extra, nee
     assert needle in r.output and "would be ignored" in r.output
 
 
-def _saved_profile(tmp_path):
+@pytest.fixture
+def saved_profile(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     saved = tmp_path / "p.json"
     assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
@@ -232,8 +233,8 @@ def _swap(doc):
     (_swap, "layers[1].index"),
     (lambda d: d.update(batch_size=0), "batch_size"),
 ])
-def test_bad_profile_json_is_rejected_with_the_field_named(tmp_path, breakit, needle):
-    doc = _saved_profile(tmp_path)
+def test_bad_profile_json_is_rejected_with_the_field_named(saved_profile, tmp_path, breakit, needle):
+    doc = saved_profile
     breakit(doc)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))  # NaN is written as the NaN literal, as json.dumps does
@@ -242,8 +243,8 @@ def test_bad_profile_json_is_rejected_with_the_field_named(tmp_path, breakit, ne
     assert needle in " ".join(r.output.split()) and "Traceback" not in r.output
 
 
-def test_output_checked_before_running(tmp_path, monkeypatch):
-    spec = _model_that_must_not_run(tmp_path, monkeypatch)
+def test_output_checked_before_running(model_that_must_not_run, tmp_path):
+    spec = model_that_must_not_run
     (tmp_path / "adir").mkdir()
     r = run("profile", spec, "--device", "cpu", "-o", tmp_path / "adir")
     assert r.exit_code == 2 and "the model was built" not in r.output
@@ -252,7 +253,7 @@ def test_output_checked_before_running(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "the model was built" not in r.output
 
 
-def test_wide_flag_is_accepted(tmp_path):
+def test_wide_flag_is_accepted(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     assert run("profile", spec, "--device", "meta", "--wide").exit_code == 0
     assert run("plan", spec, "--device", "meta", "--wide", "--strategy", "all").exit_code == 0

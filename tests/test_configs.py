@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONFIGS
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, plan_chain, simulate
@@ -18,14 +17,14 @@ SHIPPED = ["gpt2-small", "bert-large", "mlp-100", "resnet", "llama-7b", "hf-gpt2
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_dp_never_worse_than_baselines_on_shipped_configs(name):
+def test_dp_never_worse_than_baselines_on_shipped_configs(configs, name):
     if name.startswith("hf-"):
         pytest.importorskip("transformers")
         # Hugging Face models read tensor values (.item()) in forward: profile them for real, small.
-        prof = api.profile(api.load(CONFIGS / f"{name}.yaml", batch_size=1, seq_len=32), device="cpu",
+        prof = api.profile(api.load(configs / f"{name}.yaml", batch_size=1, seq_len=32), device="cpu",
                            repeats=1, warmup=0)
     else:
-        prof = api.profile(api.load(CONFIGS / f"{name}.yaml"), device="meta")
+        prof = api.profile(api.load(configs / f"{name}.yaml"), device="meta")
     chain = chain_from_profile(prof)
     for strategy, k in (("every-k", 1), ("every-k", 2), ("sqrtn", 2), ("chen", 2)):
         base = plan_chain(chain, strategy, None, k)
@@ -35,10 +34,10 @@ def test_dp_never_worse_than_baselines_on_shipped_configs(name):
 
 
 @pytest.mark.slow
-def test_llama_70b_plans_on_meta():
+def test_llama_70b_plans_on_meta(configs):
     # At batch 1 the weights and their gradients (514 GiB) are the peak whatever the plan, and
     # AdamW's step (1 TiB) more so: batch 8 and SGD make activations (~1.9 TiB) the decider.
-    prof = api.profile(api.load(CONFIGS / "llama-70b.yaml", optimizer="sgd", batch_size=8), device="meta")
+    prof = api.profile(api.load(configs / "llama-70b.yaml", optimizer="sgd", batch_size=8), device="meta")
     assert len(prof.chain_layers) == 80
     chain = chain_from_profile(prof)
     res = plan_chain(chain, "dp", None)

@@ -1,7 +1,6 @@
 """Applying plans never changes the math; the executor restores the model."""
 import pytest
 import torch
-from conftest import CONFIGS, tiny_gpt_spec
 
 from ckplan import api
 from ckplan.execute import apply_plan
@@ -30,7 +29,7 @@ def _grads(model, batch, plan):
     [[0, 3], [0, 1], [1, 3], [2, 3]],             # nested, three levels
     [[1, 4], [2, 4]],                             # nested, layer 0 stored
 ])
-def test_gradients_equal_with_dropout(tmp_path, ranges):
+def test_gradients_equal_with_dropout(tiny_gpt_spec, tmp_path, ranges):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
     model, batch = build_model(spec), make_batch(spec)
     loss0, g0 = _grads(model, batch, None)
@@ -44,10 +43,10 @@ def test_gradients_equal_with_dropout(tmp_path, ranges):
     assert set(model.state_dict()) == set(build_model(spec).state_dict())
 
 
-def test_hf_gpt2_every_strategy_same_gradients():
+def test_hf_gpt2_every_strategy_same_gradients(configs):
     pytest.importorskip("transformers")
     from ckplan.spec import validate
-    d = api.load(CONFIGS / "hf-gpt2.yaml", batch_size=1, seq_len=16).model_dump()
+    d = api.load(configs / "hf-gpt2.yaml", batch_size=1, seq_len=16).model_dump()
     d["model"]["hf"].update(n_layer=4, n_embd=64, n_head=2)
     spec = validate(d)
     model, batch = build_model(spec), make_batch(spec)

@@ -13,7 +13,6 @@ import textwrap
 import ckmodels
 import pytest
 import torch
-from conftest import write_spec
 
 from ckplan import api
 from ckplan.errors import ModelRunError
@@ -92,7 +91,7 @@ def test_hf_alternating_attention_every_plan_same_gradients(model_type, n, dropo
 
 
 @pytest.mark.parametrize("dropout,probe", [(0.0, False), (0.3, False), (0.3, True)])
-def test_target_model_with_per_layer_keywords(tmp_path, dropout, probe):
+def test_target_model_with_per_layer_keywords(write_spec, tmp_path, dropout, probe):
     spec = api.load(write_spec(tmp_path, textwrap.dedent(f"""
         model:
           target: ckmodels:ScaledChain

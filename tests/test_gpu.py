@@ -4,7 +4,6 @@ Run with: python -m pytest -m gpu
 """
 import pytest
 import torch
-from conftest import CONFIGS, tiny_gpt_spec
 
 from ckplan import api
 
@@ -17,9 +16,9 @@ pytestmark = [pytest.mark.gpu,
     ("gpt2-small.yaml", dict(batch_size=4, seq_len=512)),
     ("resnet.yaml", dict(batch_size=32)),
 ])
-def test_predicted_peak_matches_cuda_allocator(tmp_path, config, over):
+def test_predicted_peak_matches_cuda_allocator(configs, tiny_gpt_spec, tmp_path, config, over):
     path = tiny_gpt_spec(tmp_path, n_layer=8, n_embd=256, n_head=4, block_size=256) \
-        if config == "tiny-gpt" else CONFIGS / config
+        if config == "tiny-gpt" else configs / config
     spec = api.load(path, **over)
     res = api.bench(spec, strategies=["none", "every-k", "sqrtn", "dp"], budget="70%", k=1,
                     steps=2, warmup=1, device="cuda")

@@ -6,13 +6,12 @@ also for layers run inside a checkpoint (issue 7.5): the profile measures those 
 never goes over its budget.
 """
 import pytest
-from conftest import tiny_gpt_spec
 
 from ckplan import api
 
 
 @pytest.mark.parametrize("precision,accum", [("fp32", 2), ("bf16", 1), ("bf16", 3), ("fp16", 1)])
-def test_precision_and_accumulation_predictions(tmp_path, precision, accum):
+def test_precision_and_accumulation_predictions(tiny_gpt_spec, tmp_path, precision, accum):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64, dropout=0.1), batch_size=8, seq_len=32,
                     precision=precision, accum=accum, optimizer="sgd")
     res = api.bench(spec, strategies=["none", "every-k", "sqrtn", "dp"], k=2, device="cpu", steps=1, warmup=1)

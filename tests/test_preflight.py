@@ -2,7 +2,6 @@
 import time
 
 import pytest
-from conftest import CONFIGS, tiny_gpt_spec
 from typer.testing import CliRunner
 
 from ckplan import api
@@ -50,13 +49,13 @@ def test_cpu_available_reads_meminfo_and_cgroup(tmp_path):
     assert cpu_available(proc, cg).bytes == 20000000 * 1024
 
 
-def test_bert_large_on_cpu_stops_before_profiling():
+def test_bert_large_on_cpu_stops_before_profiling(configs):
     # The article's example: 8 x 512 BERT-large on a CPU ran for minutes and was killed at 22 GB.
     avail = cpu_available().bytes
-    pre = api.preflight(api.load(CONFIGS / "bert-large.yaml"), "meta")
+    pre = api.preflight(api.load(configs / "bert-large.yaml"), "meta")
     assert pre is None  # nothing to check on meta
     t0 = time.perf_counter()
-    r = runner.invoke(app, ["plan", str(CONFIGS / "bert-large.yaml"), "--budget", "12GB", "--device", "cpu"])
+    r = runner.invoke(app, ["plan", str(configs / "bert-large.yaml"), "--budget", "12GB", "--device", "cpu"])
     elapsed = time.perf_counter() - t0
     if avail is not None and avail > 40 * GiB:
         pytest.skip("this machine has room for BERT-large at 8 x 512")
@@ -67,7 +66,7 @@ def test_bert_large_on_cpu_stops_before_profiling():
     assert elapsed < 60  # a meta pass, not a profile
 
 
-def test_force_is_accepted_and_small_runs_pass(tmp_path):
+def test_force_is_accepted_and_small_runs_pass(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     for cmd in (["profile", spec, "--device", "cpu", "--repeats", "1", "--force", "-f", "json"],
                 ["plan", spec, "--device", "cpu", "--force", "-f", "json"]):
@@ -77,7 +76,7 @@ def test_force_is_accepted_and_small_runs_pass(tmp_path):
     assert v is not None and v.fits and v.predicted_peak_bytes > 0
 
 
-def test_force_overrides_a_refusal(tmp_path, monkeypatch):
+def test_force_overrides_a_refusal(tiny_gpt_spec, tmp_path, monkeypatch):
     import ckplan.preflight as pf
     monkeypatch.setattr(pf, "cpu_available", lambda: Available(1, "a 1-byte machine"))
     spec = api.load(tiny_gpt_spec(tmp_path))

@@ -4,7 +4,6 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-from conftest import CONFIGS, tiny_gpt_spec, write_spec
 
 from ckplan import api
 from ckplan.spec import to_loss
@@ -56,21 +55,21 @@ def test_profile_leaves_model_unchanged():
         assert not m._forward_hooks and not m._forward_pre_hooks
 
 
-def test_resnet_buffers_restored_and_sizes_shrink(tmp_path):
-    spec = api.load(CONFIGS / "resnet.yaml", batch_size=2)
+def test_resnet_buffers_restored_and_sizes_shrink(configs, tmp_path):
+    spec = api.load(configs / "resnet.yaml", batch_size=2)
     prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
     outs = [r.output_bytes for r in prof.chain_layers]
     assert outs[0] > outs[-1]  # spatial size halves each stage, channels double
     assert prof.totals.activation_bytes == sum(r.saved_bytes for r in prof.layers)
 
 
-def test_gpt2_small_activation_matches_memtracker():
+def test_gpt2_small_activation_matches_memtracker(configs):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from ckplan.spec import build_model, make_batch
     from ckplan.training import forward_loss
 
-    spec = api.load(CONFIGS / "gpt2-small.yaml", batch_size=1, seq_len=64)
+    spec = api.load(configs / "gpt2-small.yaml", batch_size=1, seq_len=64)
     prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
     model = build_model(spec)
     args, kwargs = make_batch(spec)
@@ -86,7 +85,7 @@ def test_gpt2_small_activation_matches_memtracker():
     assert prof.post.grad_bytes >= 50257 * 768 * 4
 
 
-def test_meta_and_cpu_agree_on_sizes(tmp_path):
+def test_meta_and_cpu_agree_on_sizes(tiny_gpt_spec, tmp_path):
     spec = api.load(tiny_gpt_spec(tmp_path))
     cpu = api.profile(spec, device="cpu", repeats=1, warmup=0)
     meta = api.profile(spec, device="meta")
@@ -98,7 +97,7 @@ def test_meta_and_cpu_agree_on_sizes(tmp_path):
     assert cpu.totals.optimizer_bytes == meta.totals.optimizer_bytes
 
 
-def test_unseen_target_model(tmp_path, monkeypatch):
+def test_unseen_target_model(write_spec, tmp_path, monkeypatch):
     # A model no other test has seen: Conv1d blocks in a ModuleList, found without `chain:`.
     (tmp_path / "unseen_net.py").write_text(textwrap.dedent("""
         import torch.nn as nn
@@ -220,10 +219,10 @@ SHIPPED = [
 
 
 @pytest.mark.parametrize("config,over", SHIPPED)
-def test_meta_predicts_the_cpu_measurement_on_shipped_configs(config, over):
+def test_meta_predicts_the_cpu_measurement_on_shipped_configs(configs, config, over):
     if config.startswith("hf-"):
         pytest.importorskip("transformers")
-    spec = api.load(CONFIGS / config, **over)
+    spec = api.load(configs / config, **over)
     meta = api.profile(spec, device="meta")
     cpu = api.profile(spec, device="cpu", repeats=1, warmup=0)
     assert abs(meta.totals.activation_bytes / cpu.totals.activation_bytes - 1) < 0.02
@@ -271,7 +270,7 @@ def _block_linear_bytes(block, element_size):
 
 
 @pytest.mark.parametrize("precision,element_size", [("fp32", 0), ("bf16", 2), ("fp16", 2)])
-def test_cast_bytes_are_the_low_precision_weight_copies(tmp_path, precision, element_size):
+def test_cast_bytes_are_the_low_precision_weight_copies(tiny_gpt_spec, tmp_path, precision, element_size):
     from ckplan.spec import build_model
     spec = api.load(tiny_gpt_spec(tmp_path), precision=precision)
     prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
@@ -283,7 +282,7 @@ def test_cast_bytes_are_the_low_precision_weight_copies(tmp_path, precision, ele
     assert prof.post.cast_bytes == model.lm_head.weight.numel() * element_size  # the tied head
 
 
-def test_checkpointed_layers_hold_their_cast_bytes_until_the_forward_ends(tmp_path):
+def test_checkpointed_layers_hold_their_cast_bytes_until_the_forward_ends(tiny_gpt_spec, tmp_path):
     from ckplan.execute import apply_plan
     from ckplan.measure import LiveTensorTracker
     from ckplan.planner.plan import Checkpoint, Plan, Store

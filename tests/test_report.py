@@ -227,8 +227,7 @@ def test_row_status_of_a_hand_built_failed_result():
     assert isinstance(res.rows[0], BenchRow) and not res.rows[0].failed
 
 
-def test_cli_output_to_a_link_or_device_exits_2(tmp_path):
-    from conftest import tiny_gpt_spec
+def test_cli_output_to_a_link_or_device_exits_2(tiny_gpt_spec, tmp_path):
     from typer.testing import CliRunner
 
     from ckplan.cli import app

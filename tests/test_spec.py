@@ -1,6 +1,5 @@
 """spec: Hugging Face fields checked with a did-you-mean, target errors, overrides named as arguments."""
 import pytest
-from conftest import write_spec
 
 from ckplan import api
 from ckplan.errors import SpecError, UsageError
@@ -68,14 +67,14 @@ def test_spec_module_says_a_spec_is_code():
     ({"precision": "int8"}, "precision='int8'"), ({"accum": 0}, "accum=0"), ({"batch_size": -1}, "batch_size=-1"),
     ({"seq_len": 2.5}, "seq_len=2.5"), ({"optimizer": "lion"}, "optimizer='lion'"),
 ])
-def test_overrides_are_named_as_arguments(tmp_path, kw, needle):
+def test_overrides_are_named_as_arguments(write_spec, tmp_path, kw, needle):
     path = write_spec(tmp_path, "model: {builtin: mlp}\ninput: {batch_size: 2, shape: [4]}")
     with pytest.raises(UsageError) as e:
         api.load(path, **kw)
     assert needle in str(e.value) and "--" not in str(e.value)
 
 
-def test_overrides_apply_and_unknown_keywords_are_named(tmp_path):
+def test_overrides_apply_and_unknown_keywords_are_named(write_spec, tmp_path):
     path = write_spec(tmp_path, "model: {builtin: gpt}\ninput: {batch_size: 2, shape: [16], dtype: int64, "
                                 "high: 97, labels: {shape: [16], dtype: int64, high: 97}}")
     s = api.load(path, batch_size=3, seq_len=8, precision="bf16", optimizer="adam", accum=2)
