@@ -210,7 +210,6 @@ def plan(
 ):
     """Pick checkpoint boundaries under a memory budget (optimal dp, or a baseline), or sweep budgets."""
     from . import api, render, report
-    from .plan_report import sweep_doc
     if sweep:
         api.check_output_dir(out_dir)
         with _working("sweeping") as (progress, note):
@@ -218,7 +217,7 @@ def plan(
                                   overrides=_given(overrides), force=force, progress=progress, note=note)
         files = report.write_sweep(out_dir, prof.model, pts)
         render.info("wrote " + ", ".join(str(f) for f in files))
-        _emit(fmt, sweep_doc(prof, pts, files), report.sweep_frame(pts),
+        _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
               lambda: render.sweep_table(pts, wide=wide))
         return
     if output is not None:

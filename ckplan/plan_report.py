@@ -6,7 +6,6 @@ from typing import Any
 
 from .planner import PlanResult
 from .records import Profile
-from .report import envelope
 
 
 @dataclass(frozen=True)
@@ -42,29 +41,6 @@ class PlanReport:
         return pd.DataFrame(self.summary_rows())
 
     def to_doc(self) -> dict[str, Any]:
-        c = self.chosen
-        prof = self.profile
-        return envelope("plan", {
-            "model": prof.model, "device": prof.device, "chain": prof.chain,
-            "n_layers": len(prof.chain_layers), "batch_size": prof.batch_size,
-            "precision": prof.precision, "optimizer": prof.optimizer, "accum": prof.accum,
-            "strategy": c.strategy, "budget_bytes": self.budget_bytes, "budget_source": self.budget_source,
-            "fits": c.fits, "predicted_peak_bytes": c.score.peak_bytes,
-            "predicted_recompute_ms": c.score.recompute_ms, "predicted_overhead": c.score.overhead,
-            "predicted_step_ms": c.score.step_ms, "peak_at": c.score.peak_at,
-            "persistent_bytes": c.score.persistent_bytes, "no_checkpoint_peak_bytes": self.none_peak_bytes,
-            "slot_bytes": c.slot_bytes, "exact": c.exact, "notes": list(self.notes) + list(c.notes),
-            "infeasible": self.infeasible,
-            "layers": [dict(index=d.layer, name=prof.chain_layers[d.layer].name, stored=d.stored,
-                            checkpoint_depth=d.depth, forward_runs=d.forwards)
-                       for d in c.plan.per_layer()],
-            "plan": c.plan.to_dict(),
-            "strategies": self.summary_rows(),
-        })
-
-
-def sweep_doc(prof: Profile, points, files) -> dict[str, Any]:
-    """The JSON document of ``ckplan plan --sweep``."""
-    return envelope("plan-sweep", {"model": prof.model, "device": prof.device,
-                                   "files": [str(f) for f in files],
-                                   "points": [p.to_dict() for p in points]})
+        """The JSON document of ``ckplan plan`` (built in ckplan.report, with the others)."""
+        from .report import plan_doc
+        return plan_doc(self)

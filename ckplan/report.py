@@ -38,6 +38,36 @@ def profile_doc(prof: Profile) -> dict[str, Any]:
     return envelope("profile", prof.to_dict())
 
 
+def plan_doc(rep) -> dict[str, Any]:
+    """The JSON document of ``ckplan plan`` (a ckplan.plan_report.PlanReport)."""
+    c = rep.chosen
+    prof = rep.profile
+    return envelope("plan", {
+        "model": prof.model, "device": prof.device, "chain": prof.chain,
+        "n_layers": len(prof.chain_layers), "batch_size": prof.batch_size,
+        "precision": prof.precision, "optimizer": prof.optimizer, "accum": prof.accum,
+        "strategy": c.strategy, "budget_bytes": rep.budget_bytes, "budget_source": rep.budget_source,
+        "fits": c.fits, "predicted_peak_bytes": c.score.peak_bytes,
+        "predicted_recompute_ms": c.score.recompute_ms, "predicted_overhead": c.score.overhead,
+        "predicted_step_ms": c.score.step_ms, "peak_at": c.score.peak_at,
+        "persistent_bytes": c.score.persistent_bytes, "no_checkpoint_peak_bytes": rep.none_peak_bytes,
+        "slot_bytes": c.slot_bytes, "exact": c.exact, "notes": list(rep.notes) + list(c.notes),
+        "infeasible": rep.infeasible,
+        "layers": [dict(index=d.layer, name=prof.chain_layers[d.layer].name, stored=d.stored,
+                        checkpoint_depth=d.depth, forward_runs=d.forwards)
+                   for d in c.plan.per_layer()],
+        "plan": c.plan.to_dict(),
+        "strategies": rep.summary_rows(),
+    })
+
+
+def sweep_doc(prof: Profile, points, files) -> dict[str, Any]:
+    """The JSON document of ``ckplan plan --sweep``."""
+    return envelope("plan-sweep", {"model": prof.model, "device": prof.device,
+                                   "files": [str(f) for f in files],
+                                   "points": [p.to_dict() for p in points]})
+
+
 def profile_frame(prof: Profile):
     import pandas as pd
     return pd.DataFrame([r.to_dict() for r in prof.layers])

@@ -154,3 +154,36 @@ def test_piped_output_gets_every_column(monkeypatch, capsys):
     con.file = io.StringIO()
     render.bench_table(make_bench())
     assert "min-max" not in con.file.getvalue() and "…" not in con.file.getvalue()
+
+
+# ---- JSON documents: one envelope each, key sets pinned (scripts depend on them) -------------
+
+ENVELOPE = ["schema_version", "command"]
+
+
+def test_profile_document_keys():
+    from ckplan.report import profile_doc
+    doc = profile_doc(make_profile(3))
+    assert list(doc)[:2] == ENVELOPE and doc["command"] == "profile" and doc["schema_version"] == 1
+    assert {"model", "device", "chain", "layers", "totals", "notes", "batch_size", "precision",
+            "optimizer", "accum"} <= set(doc)
+    assert all(isinstance(r["saved_bytes"], int) and "cast_bytes" in r for r in doc["layers"])
+
+
+def test_plan_document_keys():
+    from ckplan.report import plan_doc
+    doc = plan_doc(make_plan_report())
+    assert list(doc)[:2] == ENVELOPE and doc["command"] == "plan"
+    assert {"strategy", "budget_bytes", "budget_source", "fits", "predicted_peak_bytes",
+            "predicted_overhead", "no_checkpoint_peak_bytes", "plan", "layers", "strategies",
+            "notes", "infeasible"} <= set(doc)
+    assert isinstance(doc["predicted_peak_bytes"], int)
+
+
+def test_bench_document_keys():
+    from ckplan.report import bench_doc
+    doc = bench_doc(make_bench())
+    assert list(doc)[:2] == ENVELOPE and doc["command"] == "bench"
+    row = doc["rows"][0]
+    assert {"strategy", "status", "predicted_peak_bytes", "measured_peak_bytes", "peak_error",
+            "slowdown", "max_grad_diff", "grad_tolerance", "measured_rss_peak_bytes"} <= set(row)
