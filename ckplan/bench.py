@@ -57,6 +57,7 @@ from .measure import (
     cuda_peak,
     cuda_reset,
     nvml_used_bytes,
+    unique_storage_bytes,
 )
 from .planner import (
     Plan,
@@ -112,27 +113,12 @@ class _Entry:
 
 
 def _resident_bytes(model, opt, batch) -> int:
-    seen: set[int] = set()
-    total = 0
-
-    def add(t):
-        nonlocal total
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            if id(st) not in seen:
-                seen.add(id(st))
-                total += st.nbytes()
-
-    for t in list(model.parameters()) + list(model.buffers()):
-        add(t)
-        add(getattr(t, "grad", None))
-    for state in opt.state.values():
-        for v in state.values():
-            add(v)
+    """What is resident before a step: parameters, buffers, gradients, optimizer state, the batch."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    tensors += [t.grad for t in tensors if t.grad is not None]
+    tensors += [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     args, kwargs = batch
-    for t in list(args) + list(kwargs.values()):
-        add(t)
-    return total
+    return unique_storage_bytes((tensors, list(args), list(kwargs.values())))
 
 
 class _Stepper:

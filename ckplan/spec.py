@@ -346,15 +346,9 @@ def make_batch(spec: Spec, device: str = "cpu", *, seed: int | None = None):
 
 
 def batch_bytes(args, kwargs) -> int:
-    import torch
-    seen, total = set(), 0
-    for t in list(args) + list(kwargs.values()):
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            if id(st) not in seen:
-                seen.add(id(st))
-                total += st.nbytes()
-    return total
+    """Bytes of the batch's tensors, each storage once."""
+    from .measure import unique_storage_bytes
+    return unique_storage_bytes((list(args), list(kwargs.values())))
 
 
 def to_loss(out):
