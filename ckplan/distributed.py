@@ -539,9 +539,15 @@ def _wrap(model, chain_path: str | None, kind: str, world: int, device: torch.de
 
     mesh = init_device_mesh(device.type, (world,))
     _, container, _ = resolve_chain(model, chain_path)
-    for layer in container:
+    layers = list(container)
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    # FSDP2's default backward prefetch (the unit that ran before, by the order of forward
+    # calls) is made explicit: a checkpointed layer is called twice in forward (by the model,
+    # then inside the checkpoint), which would make the default prefetch pick the layer itself.
+    for prev, layer in zip(layers, layers[1:]):
+        layer.set_modules_to_backward_prefetch([prev])
     return model
 
 

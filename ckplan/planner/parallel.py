@@ -93,16 +93,20 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     n = chain.n_layers
     layers = []
     for i, ly in enumerate(chain.layers):
-        prev = P[i - 1] if i > 0 else 0  # the root needs no prefetch: it is still unsharded
-        d = chain.layers[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
-        fwd = max(ly.fwd_tmp_bytes + 2 * P[i], (P[i - 1] if i > 0 else R) + P[i] - ly.xbar_bytes)
-        bwd = max(ly.bwd_tmp_bytes + P[i] + prev,
-                  d + ly.grad_bytes + P[i] + prev - ly.xbar_bytes - ly.x_bytes)
+        prefetch = P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
+        retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
+        gathered_before = P[i - 1] if i > 0 else R  # its flat all-gather output, at i's all-gather
+        fwd = max(ly.fwd_tmp_bytes + 2 * P[i],  # first forward: unsharded + flat buffer
+                  ly.fwd_tmp_bytes + P[i] + prefetch + retained,  # recompute inside backward
+                  gathered_before + P[i] - ly.xbar_bytes)
+        bwd = ly.bwd_tmp_bytes + P[i] + prefetch + retained
         layers.append(replace(ly, fwd_tmp_bytes=max(0, fwd), bwd_tmp_bytes=max(0, bwd),
                               grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0))
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + R,
-                  bwd_tmp_bytes=chain.pre.bwd_tmp_bytes + chain.pre.grad_bytes + R,
+                  # the last reduce-scatter input (layer 0's) is held until the root's own
+                  # reduce-scatter, whose input R holds the root's gradients
+                  bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + P[0], chain.pre.grad_bytes + R),
                   grad_bytes=0)
     post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + P[n - 1],
                    bwd_tmp_bytes=chain.post.bwd_tmp_bytes + P[n - 1])
