@@ -220,19 +220,26 @@ class _Job:
     memory_limit_bytes: int | None
     fail_rank: int | None
     threads: int
+    start_method: str
 
 
 def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strategies: list[str] | None = None,
                       budget_bytes: int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
                       device: str = "cpu", timeout_s: float = 300.0, check_grads: bool = True,
                       memory_limit_bytes: int | None = None, profile: Profile | None = None,
-                      fail_rank: int | None = None, threads: int = 1) -> DistBenchResult:
+                      fail_rank: int | None = None, threads: int = 1,
+                      start_method: str | None = None, isolate: bool | None = None) -> DistBenchResult:
     """Plan per rank and run ``nproc`` ranks under ``kind`` (``fsdp`` | ``ddp``); see the module doc.
 
     ``budget_bytes`` is per rank (None: halfway between the per-rank chain's smallest feasible
     peak and its peak without checkpointing). ``memory_limit_bytes`` makes a rank fail like an
     out-of-memory when its live bytes pass it (CPU). ``fail_rank`` makes that rank raise at its
     first memory step: a fault injection to check that a failing rank comes back as rows.
+    ``isolate``: one process group per strategy, so that one strategy's out-of-memory does not
+    take the others down (default: on when ``memory_limit_bytes`` is given).
+    ``start_method``: how the launcher starts the ranks; default ``fork`` on CPU (seconds
+    faster: the ranks inherit the imported torch) and ``spawn`` on CUDA (a CUDA context cannot
+    be forked).
     """
     from . import api
 
@@ -265,20 +272,26 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
             plans.append((s, res.plan.to_dict(), res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan), ""))
         except InfeasibleBudgetError as err:
             plans.append((s, None, None, None, err.message))
-    with tempfile.TemporaryDirectory(prefix="ckplan-dist-") as out_dir:
-        job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(plans), steps=steps,
-                   warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
-                   check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
-                   threads=threads)
-        failure = _launch(job, nproc)
-        rows = _collect(job, nproc, failure)
-    if failure:
-        notes.append(f"the group failed and was torn down: {failure}")
+    if isolate is None:
+        isolate = memory_limit_bytes is not None
+    groups = [[p] for p in plans] if isolate else [plans]
+    rows: list[RankRow] = []
+    for group in groups:
+        with tempfile.TemporaryDirectory(prefix="ckplan-dist-") as out_dir:
+            job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(group), steps=steps,
+                       warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
+                       check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
+                       threads=threads, start_method=start_method or _default_start_method(dev.type))
+            failure = _launch(job, nproc) if any(p[1] is not None for p in group) else ""
+            rows.extend(_collect(job, nproc, failure))
+        if failure:
+            label = f" ({group[0][0]})" if isolate else ""
+            notes.append(f"the group{label} failed and was torn down: {failure}")
     single = simulate(_single_chain(prof), _none(prof)).peak_bytes
     return DistBenchResult(model=prof.model, kind=kind, world_size=nproc,
                            backend="nccl" if dev.type == "cuda" else "gloo", device=dev.type,
                            batch_size=prof.batch_size, optimizer=prof.optimizer, budget_bytes=budget_bytes,
-                           k=k, steps=steps, warmup=warmup, rows=rows, single_process_peak_bytes=single,
+                           k=k, steps=steps, warmup=warmup, rows=tuple(rows), single_process_peak_bytes=single,
                            notes=tuple(notes))
 
 
@@ -309,6 +322,12 @@ def _fwd_bwd_peak(chain, plan: Plan) -> int:
     return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
 
 
+def _default_start_method(device_type: str) -> str:
+    if device_type == "cpu" and sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -317,26 +336,44 @@ def _free_port() -> int:
 
 def _launch(job: _Job, nproc: int) -> str:
     """Run the ranks with torchrun's launcher; '' on success, else what failed."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ckplan-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.out_dir, "logs")),
+        monitor_interval=0.1, start_method=job.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.out_dir, "logs"), redirects=Std.ALL),
     )
     try:
-        with _main_module_hidden():
+        with _main_module_hidden(), _quiet_launcher():
             elastic_launch(config, _rank_main)(job)
     except ChildFailedError as err:
         msgs = []
-        for rank, f in sorted(err.failures.items()):
-            own = _read_error(job.out_dir, rank)
-            msgs.append(f"rank {rank}: {own or f.message or f'exit code {f.exitcode}'}")
-        return "; ".join(msgs)[:500]
+        for rank in range(nproc):
+            own = _read_error(job.out_dir, rank).split("\n")[0]
+            f = err.failures.get(rank)
+            if own or f is not None:
+                msgs.append(f"rank {rank}: {own or f.message or f'exit code {f.exitcode}'}")
+        return "; ".join(msgs)[:600]
     return ""
+
+
+@contextlib.contextmanager
+def _quiet_launcher():
+    """The launcher logs every start and failure at WARNING/ERROR; ckplan reports them as rows."""
+    import logging
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.distributed.launcher",
+                                               "torch.multiprocessing")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
 
 
 @contextlib.contextmanager
@@ -382,9 +419,9 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
                 rows.append(RankRow(name, r, INFEASIBLE, "", None, None, None, None, None, None, None,
                                     None, None, msg))
                 continue
-            if got is None or got.get("status") is None:
+            if got is None or got.get("status") is None or "measured" not in got:
                 status = ERROR
-                own = _read_error(job.out_dir, r)
+                own = _read_error(job.out_dir, r).split("\n")[0]
                 if "TrackerLimitExceeded" in own or "OutOfMemory" in own:
                     status = OOM
                 rows.append(RankRow(name, r, status, plan_text, pred, None, None, pred_fb, None, None,
@@ -548,7 +585,32 @@ def _wrap(model, chain_path: str | None, kind: str, world: int, device: torch.de
     # then inside the checkpoint), which would make the default prefetch pick the layer itself.
     for prev, layer in zip(layers, layers[1:]):
         layer.set_modules_to_backward_prefetch([prev])
+    for layer in layers:
+        object.__setattr__(layer, "_ckplan_root", model)  # not a submodule: no cycle in the tree
+        layer.register_forward_pre_hook(_keep_segment_hidden, with_kwargs=True)
     return model
+
+
+def _keep_segment_hidden(module, args, kwargs):
+    """Hand a multi-layer checkpoint's pass-through layers the very tensor the executor expects.
+
+    FSDP2's pre-forward hook passes a layer's inputs through an autograd function (to run its
+    post-backward), so the layer after a checkpoint's first layer receives an alias of the
+    segment's output, not the object itself, and ``ckplan.execute`` (which checks identity)
+    refuses it. The alias has the same storage, offset, shape and strides; this hook, which
+    runs after FSDP2's, puts the original back. The pass-through call computes nothing.
+    """
+    from .execute import _ATTR
+    root = getattr(module, "_ckplan_root", None)
+    ex = getattr(root, _ATTR, None) if root is not None else None
+    last = getattr(getattr(ex, "_tls", None), "last", None) if ex is not None else None
+    if last is None or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    h, orig = args[0], last[2]
+    if (h is not orig and isinstance(orig, torch.Tensor) and h.shape == orig.shape
+            and h.stride() == orig.stride() and h.data_ptr() == orig.data_ptr()):
+        return (orig, *args[1:]), kwargs
+    return None
 
 
 def _reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, torch.Tensor]:
