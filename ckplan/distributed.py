@@ -79,6 +79,7 @@ class RankRow:
     max_grad_diff: float | None  # rank 0 only: max |full grad - one-process grad|
     grad_ok: bool | None  # rank 0 only: within GRAD_RTOL / GRAD_ATOL
     message: str = ""
+    torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +222,7 @@ class _Job:
     fail_rank: int | None
     threads: int
     start_method: str
+    cross_check: bool
 
 
 def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strategies: list[str] | None = None,
@@ -228,7 +230,8 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
                       device: str = "cpu", timeout_s: float = 300.0, check_grads: bool = True,
                       memory_limit_bytes: int | None = None, profile: Profile | None = None,
                       fail_rank: int | None = None, threads: int = 1,
-                      start_method: str | None = None, isolate: bool | None = None) -> DistBenchResult:
+                      start_method: str | None = None, isolate: bool | None = None,
+                      cross_check: bool = False) -> DistBenchResult:
     """Plan per rank and run ``nproc`` ranks under ``kind`` (``fsdp`` | ``ddp``); see the module doc.
 
     ``budget_bytes`` is per rank (None: halfway between the per-rank chain's smallest feasible
@@ -237,6 +240,8 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
     first memory step: a fault injection to check that a failing rank comes back as rows.
     ``isolate``: one process group per strategy, so that one strategy's out-of-memory does not
     take the others down (default: on when ``memory_limit_bytes`` is given).
+    ``cross_check``: run PyTorch's ``FSDPMemTracker`` on the same memory step (FSDP, CPU) and
+    report its peak beside ckplan's (``torch_tracker_peak_bytes``).
     ``start_method``: how the launcher starts the ranks; default ``fork`` on CPU (seconds
     faster: the ranks inherit the imported torch) and ``spawn`` on CUDA (a CUDA context cannot
     be forked).
@@ -281,7 +286,8 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
             job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(group), steps=steps,
                        warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
                        check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
-                       threads=threads, start_method=start_method or _default_start_method(dev.type))
+                       threads=threads, start_method=start_method or _default_start_method(dev.type),
+                       cross_check=cross_check)
             failure = _launch(job, nproc) if any(p[1] is not None for p in group) else ""
             rows.extend(_collect(job, nproc, failure))
         if failure:
@@ -434,7 +440,7 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
                 name, r, status, plan_text, pred, meas,
                 abs(meas - pred) / meas if meas and pred is not None else None,
                 pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
-                got.get("grad_diff"), got.get("grad_ok"), got.get("message", "")))
+                got.get("grad_diff"), got.get("grad_ok"), got.get("message", ""), got.get("torch_tracker")))
     return tuple(rows)
 
 
@@ -540,7 +546,18 @@ def _rank_run(job: _Job, rank: int) -> None:
                 results[name]["measured"] = int(torch.cuda.max_memory_allocated(device))
             else:
                 tracker.reset_peak()
-                step(plan, opt, lambda: fb.setdefault("peak", tracker.peak))
+                if job.kind == "fsdp" and job.cross_check:
+                    # PyTorch's own FSDP2 tracker on the same step, nested in ours: both see
+                    # every op and every storage resize.
+                    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+                    fmt = FSDPMemTracker(model, opt)
+                    fmt.track_inputs(tuple(args) + tuple(kwargs.values()))
+                    with fmt:
+                        step(plan, opt, lambda: fb.setdefault("peak", tracker.peak))
+                    snap = fmt.get_tracker_snapshot("peak")
+                    results[name]["torch_tracker"] = int(sum(d.get("Total", 0) for d in snap.values()))
+                else:
+                    step(plan, opt, lambda: fb.setdefault("peak", tracker.peak))
                 results[name]["measured"] = tracker.peak
             results[name]["fwd_bwd"] = fb["peak"]
             save()
