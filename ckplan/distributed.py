@@ -533,16 +533,20 @@ def _rank_run(job: _Job, rank: int) -> None:
         # 2. warm-up, then one memory step per strategy.
         opt = make_optimizer(model.parameters(), spec.train.optimizer, spec.train.lr, device.type)
         for _ in range(max(job.warmup, 1)):
-            for name, plan in runnable:
+            for _name, plan in runnable:
                 step(plan, opt)
         for name, plan in runnable:
             if job.fail_rank == rank:
                 raise ModelRunError(f"rank {rank} was told to fail (fail_rank={rank})")
             fb: dict[str, int] = {}
+
+            def mark(fb=fb):  # the forward+backward peak, before the optimizer step
+                fb.setdefault("peak", int(torch.cuda.max_memory_allocated(device)) if cuda else tracker.peak)
+
             if cuda:
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
-                step(plan, opt, lambda: fb.setdefault("peak", torch.cuda.max_memory_allocated(device)))
+                step(plan, opt, mark)
                 results[name]["measured"] = int(torch.cuda.max_memory_allocated(device))
             else:
                 tracker.reset_peak()
@@ -553,11 +557,11 @@ def _rank_run(job: _Job, rank: int) -> None:
                     fmt = FSDPMemTracker(model, opt)
                     fmt.track_inputs(tuple(args) + tuple(kwargs.values()))
                     with fmt:
-                        step(plan, opt, lambda: fb.setdefault("peak", tracker.peak))
+                        step(plan, opt, mark)
                     snap = fmt.get_tracker_snapshot("peak")
                     results[name]["torch_tracker"] = int(sum(d.get("Total", 0) for d in snap.values()))
                 else:
-                    step(plan, opt, lambda: fb.setdefault("peak", tracker.peak))
+                    step(plan, opt, mark)
                 results[name]["measured"] = tracker.peak
             results[name]["fwd_bwd"] = fb["peak"]
             save()
