@@ -108,6 +108,11 @@ class DistBenchResult:
         d["notes"] = list(self.notes)
         return d
 
+    def to_frame(self):
+        """One row per (strategy, rank), as a pandas DataFrame."""
+        import pandas as pd
+        return pd.DataFrame([r.to_dict() for r in self.rows])
+
 
 # ---- torch-side helpers shared by the parent and the ranks --------------------------------
 def fsdp_unit_bytes(model: torch.nn.Module, chain_path: str | None, world_size: int) -> tuple[tuple[int, ...], int]:
@@ -261,6 +266,8 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
         raise UsageError(f"train.accum {spec.train.accum} is not supported by the distributed bench",
                          tip="set train.accum: 1")
     prof = profile if profile is not None else api.profile(spec, device=dev.type)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the profile's blocks would stay reserved beside the ranks
     chain = rank_chain(prof, spec, nproc, kind)
     notes = [f"{kind} on {nproc} ranks; every chain layer is one FSDP unit, the root holds the rest"
              if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
