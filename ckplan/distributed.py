@@ -230,8 +230,9 @@ class _Job:
     cross_check: bool
 
 
-def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strategies: list[str] | None = None,
-                      budget_bytes: int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
+def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "fsdp",
+                      strategies: list[str] | None = None, budget_bytes: int | None = None, k: int = 2,
+                      steps: int = 3, warmup: int = 1,
                       device: str = "cpu", timeout_s: float = 300.0, check_grads: bool = True,
                       memory_limit_bytes: int | None = None, profile: Profile | None = None,
                       fail_rank: int | None = None, threads: int = 1,
@@ -253,6 +254,8 @@ def bench_distributed(spec: Spec, *, nproc: int = 2, kind: str = "fsdp", strateg
     """
     from . import api
 
+    if not isinstance(spec, Spec):
+        spec = api.load(spec)
     strategies = list(strategies or ["none", "every-k", "dp"])
     if kind not in KINDS:
         raise UsageError(f"--parallel {kind!r} is not one of {', '.join(KINDS)}")
