@@ -40,6 +40,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -242,8 +243,10 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
 
     ``budget_bytes`` is per rank (None: halfway between the per-rank chain's smallest feasible
     peak and its peak without checkpointing). ``memory_limit_bytes`` makes a rank fail like an
-    out-of-memory when its live bytes pass it (CPU). ``fail_rank`` makes that rank raise at its
-    first memory step: a fault injection to check that a failing rank comes back as rows.
+    out-of-memory when its live bytes pass it (CPU). ``timeout_s`` bounds each rank's whole run
+    (and every collective): a rank past it is stopped and the group torn down. ``fail_rank``
+    makes that rank raise at its first memory step: a fault injection to check that a failing
+    rank comes back as rows.
     ``isolate``: one process group per strategy, so that one strategy's out-of-memory does not
     take the others down (default: on when ``memory_limit_bytes`` is given).
     ``cross_check``: run PyTorch's ``FSDPMemTracker`` on the same memory step (FSDP, CPU) and
@@ -435,22 +438,20 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
                 rows.append(RankRow(name, r, INFEASIBLE, "", None, None, None, None, None, None, None,
                                     None, None, msg))
                 continue
-            if got is None or got.get("status") is None or "measured" not in got:
-                status = ERROR
+            got = got or {}
+            status, message = got.get("status", ERROR), got.get("message", "")
+            if failure or "measured" not in got:
+                # The group did not finish: what was measured before the failure is kept.
                 own = _read_error(job.out_dir, r).split("\n")[0]
-                if "TrackerLimitExceeded" in own or "OutOfMemory" in own:
-                    status = OOM
-                rows.append(RankRow(name, r, status, plan_text, pred, None, None, pred_fb, None, None,
-                                    None, None, None, (own or failure or "no result from this rank")[:300]))
-                continue
+                status = OOM if ("TrackerLimitExceeded" in own or "OutOfMemory" in own) else ERROR
+                message = (own or failure or "no result from this rank")[:300]
             meas, fb = got.get("measured"), got.get("fwd_bwd")
             times = got.get("times") or []
-            status = got["status"]
             rows.append(RankRow(
                 name, r, status, plan_text, pred, meas,
                 abs(meas - pred) / meas if meas and pred is not None else None,
                 pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
-                got.get("grad_diff"), got.get("grad_ok"), got.get("message", ""), got.get("torch_tracker")))
+                got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker")))
     return tuple(rows)
 
 
@@ -458,6 +459,9 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
 def _rank_main(job: _Job) -> None:
     """Entry point of every rank (runs in a process started by the launcher)."""
     rank = int(os.environ["RANK"])
+    watchdog = threading.Timer(job.timeout_s, _time_out, args=(job, rank))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         _rank_run(job, rank)
     except BaseException as err:
@@ -465,9 +469,17 @@ def _rank_main(job: _Job) -> None:
         Path(job.out_dir, f"error{rank}.txt").write_text(text + "\n\n" + traceback.format_exc()[-4000:])
         raise
     finally:
+        watchdog.cancel()
         import torch.distributed as dist
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _time_out(job: _Job, rank: int) -> None:
+    """The rank ran past ``timeout_s``: say so and exit; the launcher stops the other ranks."""
+    Path(job.out_dir, f"error{rank}.txt").write_text(
+        f"TimeoutError: rank {rank} ran past timeout_s={job.timeout_s:g} s and was stopped\n")
+    os._exit(1)
 
 
 def _rank_run(job: _Job, rank: int) -> None:

@@ -107,3 +107,12 @@ def test_out_of_memory_is_a_row_per_strategy(spec, prof, fsdp):
                             memory_limit_bytes=(none + ek) // 2)
     status = {(r.strategy, r.rank): r.status for r in res.rows}
     assert status == {("none", 0): OOM, ("none", 1): OOM, ("every-k", 0): OK, ("every-k", 1): OK}
+
+
+def test_rank_past_its_time_is_stopped(spec, prof):
+    t0 = time.monotonic()
+    res = bench_distributed(spec, nproc=2, kind="ddp", strategies=["none"], steps=10_000, warmup=1,
+                            timeout_s=6, profile=prof, check_grads=False)
+    assert time.monotonic() - t0 < 30
+    assert all(r.status == ERROR for r in res.rows)
+    assert any("timeout_s" in r.message for r in res.rows)
