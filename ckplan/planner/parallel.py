@@ -13,20 +13,24 @@ FSDP2 (read from torch 2.13, ``torch/distributed/fsdp/_fully_shard/``, checked a
 measured peaks of ``ckplan.distributed``):
 
 * persistent: ``(sum P + R) / W`` sharded parameters, the optimizer state scaled the same way,
-  buffers and the rank's batch. Sharded gradients ``P[i] / W`` appear at the end of layer i's
-  backward (the reduce-scatter output) and live until ``zero_grad``.
-* forward of layer i (and again in recompute): the all-gather output (a flat buffer of
-  ``P[i]``) and the unsharded parameters copied out of it (``P[i]``). In forward the flat
-  buffer is kept until the next unit's all-gather (implicit prefetch), so ``2 P[i]`` extra.
-* the root is not resharded after forward (``reshard_after_forward`` defaults to False for
-  the root): ``R`` stays live from the pre stage to the end of backward; its flat buffer ``R``
-  is a transient of the pre stage.
-* backward of layer i: the unsharded parameters ``P[i]`` (all-gathered again), the prefetched
-  all-gather of the layer before (``P[i-1]``), the unsharded gradients ``G[i]`` and the
-  reduce-scatter input ``P[i]`` they are copied into; the previous reduce-scatter input is
-  released first (``reduce_scatter_max_input_buffers`` = 1). The post stage's gradients stay
-  unsharded (``G_post``) until the root's reduce-scatter at the very end.
-* optimizer step: on the shards, its peak scaled by the shard ratio.
+  buffers and the rank's batch. Sharded gradients ``P[i] / W`` (the reduce-scatter output)
+  appear at the end of layer i's backward and live until ``zero_grad``.
+* forward of layer i: its all-gather output (a flat buffer of ``P[i]``) and the unsharded
+  parameters copied out of it (``P[i]``); the flat buffer is kept until the next unit's
+  all-gather (implicit forward prefetch): ``fwd_tmp += 2 P[i]``.
+* backward of layer i, and its recompute when checkpointed: the unsharded parameters
+  ``P[i]``, the all-gather prefetched for the layer before (``P[i-1]``) and the reduce-scatter
+  input of the layer after (``P[i+1]``), kept until the next reduce-scatter
+  (``reduce_scatter_max_input_buffers`` = 1): ``bwd_tmp += P[i] + P[i-1] + P[i+1]``, and
+  ``fwd_tmp`` at least ``+ P[i] + P[i-1] + P[i+1]`` for the recompute.
+* the root is not resharded after forward (``reshard_after_forward`` is False for the root):
+  ``R`` stays live from the pre stage to the end of backward (``pre.retained += R``); its flat
+  buffer is a transient of the pre stage (``pre.fwd_tmp += R``). The post stage's gradients
+  stay unsharded until the root's reduce-scatter at the very end; the pre stage's backward
+  also holds layer 0's reduce-scatter input (``pre.bwd_tmp += P[0]``), and the post stage
+  the prefetched last layer (``post.fwd_tmp``, ``post.bwd_tmp += P[n-1]``).
+* optimizer step: on the shards: persistent + sharded gradients + the single-process
+  temporaries scaled by the shard ratio.
 
 DDP: parameters, gradients and optimizer state are replicated, and the reducer's buckets
 (``bucket_cap_mb`` 25, ``gradient_as_bucket_view`` False) are a second copy of every gradient,
