@@ -505,13 +505,18 @@ def _rank_run(job: _Job, rank: int) -> None:
     if job.check_grads and rank == 0:
         ref = _reference_grads(spec, world, device)
     dist.barrier()
+    mesh = None
+    if job.kind == "fsdp":
+        # Made before the tracker starts: the mesh's rank tensor is infrastructure, not model.
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (world,))
     tracker = None
     if not cuda:
         tracker = RankTracker(limit_bytes=job.memory_limit_bytes)
         tracker.__enter__()
     try:
         model = build_model(spec, str(device))
-        inner = _wrap(model, spec.chain, job.kind, world, device)
+        inner = _wrap(model, spec.chain, mesh)
         wrapped = inner if job.kind == "fsdp" else torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if cuda else None)
         batch = make_batch(spec, str(device), seed=spec.seed + rank)
@@ -608,16 +613,15 @@ def _rank_run(job: _Job, rank: int) -> None:
             tracker.__exit__(None, None, None)
 
 
-def _wrap(model, chain_path: str | None, kind: str, world: int, device: torch.device):
-    """FSDP2: ``fully_shard`` every chain layer, then the root. DDP is applied by the caller."""
-    if kind != "fsdp":
+def _wrap(model, chain_path: str | None, mesh):
+    """FSDP2 (a mesh given): ``fully_shard`` every chain layer, then the root. DDP is applied by
+    the caller."""
+    if mesh is None:
         return model
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from .chainfind import resolve_chain
 
-    mesh = init_device_mesh(device.type, (world,))
     _, container, _ = resolve_chain(model, chain_path)
     layers = list(container)
     for layer in layers:
