@@ -100,6 +100,7 @@ def test_failing_rank_is_a_row_not_a_hang(spec, prof):
     assert any("torn down" in n for n in res.notes)
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_a_row_per_strategy(spec, prof, fsdp):
     none = next(r for r in fsdp.rows if r.strategy == "none").measured_peak_bytes
     ek = next(r for r in fsdp.rows if r.strategy == "every-k").measured_peak_bytes
@@ -110,6 +111,7 @@ def test_out_of_memory_is_a_row_per_strategy(spec, prof, fsdp):
     assert status == {("none", 0): OOM, ("none", 1): OOM, ("every-k", 0): OK, ("every-k", 1): OK}
 
 
+@pytest.mark.slow
 def test_rank_past_its_time_is_stopped(spec, prof):
     t0 = time.monotonic()
     res = bench_distributed(spec, nproc=2, kind="ddp", strategies=["none"], steps=10_000, warmup=1,
