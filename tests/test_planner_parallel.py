@@ -47,6 +47,15 @@ def test_fsdp_transients_by_hand():
     assert ch.post.fwd_tmp_bytes == 2 + P and ch.post.bwd_tmp_bytes == 4 + P
 
 
+def test_fsdp_one_rank_has_no_flat_buffers():
+    ch = per_rank_chain(chain3(), world_size=1, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R)
+    # one rank copies the shard into the unsharded parameters: no all-gather buffer, no prefetch
+    assert [ly.fwd_tmp_bytes for ly in ch.layers] == [1 + 2 * P, 1 + 2 * P, 1 + P]
+    assert [ly.bwd_tmp_bytes for ly in ch.layers] == [3 + 2 * P, 3 + 2 * P, 3 + P]
+    assert ch.pre.fwd_tmp_bytes == 1 and ch.post.fwd_tmp_bytes == 2
+    assert ch.param_bytes == 3 * P + R and [ly.grad_bytes for ly in ch.layers] == [P] * 3
+
+
 def test_fsdp_none_peak_by_hand():
     ch = per_rank_chain(chain3(), world_size=W, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R)
     # mem 109; pre F: live 109 + 23 = 132 (+21 -> 153); F0 138 (+81 -> 219); F1 144 (+121 -> 265);

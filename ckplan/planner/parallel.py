@@ -109,25 +109,28 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     opt_tmp = max(0, chain.opt_step_peak_bytes - chain.persistent_bytes - grads_full)
     opt_peak = persistent + sharded_grads + int(round(opt_tmp * ratio))
     n = chain.n_layers
+    # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
+    # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
+    flat = 1 if W > 1 else 0
     layers = []
     for i, ly in enumerate(chain.layers):
-        prefetch = P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
+        prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
         retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
-        gathered_before = P[i - 1] if i > 0 else R  # its flat all-gather output, at i's all-gather
-        fwd = max(ly.fwd_tmp_bytes + 2 * P[i],  # first forward: unsharded + flat buffer
+        gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
+        fwd = max(ly.fwd_tmp_bytes + (1 + flat) * P[i],  # first forward: unsharded + flat buffer
                   ly.fwd_tmp_bytes + P[i] + prefetch + retained,  # recompute inside backward
                   gathered_before + P[i] - ly.xbar_bytes)
         bwd = ly.bwd_tmp_bytes + P[i] + prefetch + retained
         layers.append(replace(ly, fwd_tmp_bytes=max(0, fwd), bwd_tmp_bytes=max(0, bwd),
                               grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0))
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
-                  fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + R,
+                  fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
                   # the last reduce-scatter input (layer 0's) is held until the root's own
                   # reduce-scatter, whose input R holds the root's gradients
                   bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + P[0], chain.pre.grad_bytes + R),
                   grad_bytes=0)
-    post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + P[n - 1],
-                   bwd_tmp_bytes=chain.post.bwd_tmp_bytes + P[n - 1])
+    post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + flat * P[n - 1],
+                   bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * P[n - 1])
     return replace(chain, name=name, layers=tuple(layers), pre=pre, post=post,
                    persistent_bytes=persistent, opt_step_peak_bytes=max(opt_peak, persistent),
                    param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state)
