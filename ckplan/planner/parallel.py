@@ -50,6 +50,9 @@ Known limitations:
   was not the step's peak). Single-layer segments and stored layers are exact.
 * The bench makes FSDP2's default backward prefetch explicit (each layer prefetches the one
   before); the model assumes that prefetch.
+* Uneven shards (dim 0 not divisible by W): every rank is modelled as rank 0, which holds the
+  largest, padded shard; the last ranks hold less (measured on 3 ranks: ranks 0-1 exact,
+  rank 2 0.6-1.0% lower). The per-rank budget is for the largest rank.
 * NCCL/gloo internal buffers and the CUDA caching allocator are outside the model; ``accum``
   must be 1; without a model at hand (``per_rank_chain_from_profile``) FSDP2's padding of dim 0
   to the world size is ignored (exact when dim 0 divides by the world size).
@@ -99,7 +102,9 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     R = int(root_param_bytes)
     full_params = sum(P) + R
     sharded_params = sum(_shard(b, W) for b in P) + _shard(R, W)
-    ratio = sharded_params / full_params if full_params else 1.0
+    # Optimizer state follows the local shard; rank 0 holds the largest (padded) one.
+    unpadded = chain.param_bytes or full_params
+    ratio = min(1.0, sharded_params / unpadded) if unpadded else 1.0
     opt_state = int(round(chain.optimizer_bytes * ratio))
     others = chain.persistent_bytes - chain.param_bytes - chain.optimizer_bytes  # buffers, batch
     persistent = others + sharded_params + opt_state
