@@ -516,9 +516,11 @@ def _rank_run(job: _Job, rank: int) -> None:
         tracker.__enter__()
     try:
         model = build_model(spec, str(device))
-        inner = _wrap(model, spec.chain, mesh)
-        wrapped = inner if job.kind == "fsdp" else torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if cuda else None)
+        if mesh is not None:
+            _fully_shard(model, spec.chain, mesh)
+            wrapped = model
+        else:
+            wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
         batch = make_batch(spec, str(device), seed=spec.seed + rank)
         args, kwargs = batch
         results: dict[str, dict] = {}
@@ -532,14 +534,17 @@ def _rank_run(job: _Job, rank: int) -> None:
             Path(job.out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
         def step(plan: Plan, opt, after_backward=None) -> float:
+            # The same step as ckplan.bench: the loss is dropped before the optimizer step.
             with apply_plan(model, plan, chain=spec.chain):
                 loss = forward_loss(wrapped, args, kwargs, to_loss, precision, device.type)
                 loss.backward()
+                value = float(loss.detach())
+                del loss
                 if after_backward is not None:
                     after_backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            return float(loss.detach())
+            return value
 
         # 1. gradients from the initial weights, against one process on the global batch.
         for name, plan in runnable:
@@ -613,11 +618,8 @@ def _rank_run(job: _Job, rank: int) -> None:
             tracker.__exit__(None, None, None)
 
 
-def _wrap(model, chain_path: str | None, mesh):
-    """FSDP2 (a mesh given): ``fully_shard`` every chain layer, then the root. DDP is applied by
-    the caller."""
-    if mesh is None:
-        return model
+def _fully_shard(model, chain_path: str | None, mesh) -> None:
+    """FSDP2: ``fully_shard`` every chain layer (one unit each), then the root."""
     from torch.distributed.fsdp import fully_shard
 
     from .chainfind import resolve_chain
@@ -635,7 +637,6 @@ def _wrap(model, chain_path: str | None, mesh):
     for layer in layers:
         object.__setattr__(layer, "_ckplan_root", model)  # not a submodule: no cycle in the tree
         layer.register_forward_pre_hook(_keep_segment_hidden, with_kwargs=True)
-    return model
 
 
 def _keep_segment_hidden(module, args, kwargs):
