@@ -1,0 +1,695 @@
+"""Measured training steps per rank under FSDP2 and DDP, launched by torchrun's own launcher.
+
+``bench_distributed`` profiles the spec's model on one process (one rank's micro-batch), turns
+the profile into a per-rank chain (:mod:`ckplan.planner.parallel`), plans every strategy on it,
+then starts ``nproc`` ranks with :func:`torch.distributed.launcher.api.elastic_launch` (what
+``torchrun`` runs; gloo on CPU, NCCL on CUDA). Every rank:
+
+1. builds the model from the spec with the spec's seed (identical weights on every rank) and
+   its own micro-batch of ``spec.input.batch_size`` samples from seed ``spec.seed + rank``
+   (data parallelism: the global batch is ``nproc`` micro-batches);
+2. wraps it: FSDP2 ``fully_shard`` on every chain layer, then on the root (the parameters
+   outside the chain: embeddings, final norm, head), or ``DistributedDataParallel``;
+3. per strategy, applies the plan with :func:`ckplan.execute.apply_plan` on the chain and runs
+   one backward from the initial weights; the full gradients (FSDP2: ``DTensor.full_tensor()``)
+   are compared on rank 0 with one process that runs the concatenated global batch from the
+   same seed. fp32 tolerance: the ranks average gradients in a different order than one process
+   sums them (reduce-scatter / all-reduce of per-rank means), so gradients agree to a few ULPs
+   of their magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``;
+4. warm-up steps (optimizer state exists from then on), then one memory step per strategy under
+   a live-tensor tracker that has been counting since before the model was built, so its live
+   bytes are absolute (sharded parameters, optimizer state, DDP buckets, FSDP buffers included);
+   on CUDA, ``torch.cuda.max_memory_allocated`` after a reset;
+5. timed steps, strategies interleaved; then the rows go to rank 0 with ``gather_object``.
+
+A rank that raises (or runs past a memory limit) writes its error to a file and exits; the
+launcher's agent then stops the other ranks (a collective waiting on a dead peer also fails
+after ``timeout_s``), and the failure comes back as rows with status ``error`` / ``OOM``, not
+as a hang.
+
+Known limitations: one node; gloo collectives' internal buffers are not seen by the CPU tracker
+(only tensors made by ops are); ``accum`` > 1 is not supported.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InfeasibleBudgetError, ModelRunError, UsageError
+from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
+from .planner import Plan, min_peak, plan_chain, simulate
+from .planner.parallel import KINDS, per_rank_chain
+from .records import Profile
+from .spec import Spec
+
+OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
+GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see the module doc
+GRAD_ATOL = 1e-7
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One strategy on one rank."""
+
+    strategy: str
+    rank: int
+    status: str  # ok | OOM | infeasible | error
+    plan: str
+    predicted_peak_bytes: int | None  # per-rank model (planner.parallel), whole step
+    measured_peak_bytes: int | None
+    peak_error: float | None  # |measured - predicted| / measured
+    predicted_fwd_bwd_peak_bytes: int | None  # forward + backward only
+    measured_fwd_bwd_peak_bytes: int | None
+    step_ms: float | None  # median of the timed steps on this rank
+    loss: float | None  # this rank's loss in the correctness step
+    max_grad_diff: float | None  # rank 0 only: max |full grad - one-process grad|
+    grad_ok: bool | None  # rank 0 only: within GRAD_RTOL / GRAD_ATOL
+    message: str = ""
+    torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistBenchResult:
+    model: str
+    kind: str  # fsdp | ddp
+    world_size: int
+    backend: str  # gloo | nccl
+    device: str  # cpu | cuda
+    batch_size: int  # per rank
+    optimizer: str
+    budget_bytes: int | None  # per rank
+    k: int
+    steps: int
+    warmup: int
+    rows: tuple[RankRow, ...]
+    single_process_peak_bytes: int  # predicted peak of one unsharded process, no checkpointing
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = [r.to_dict() for r in self.rows]
+        d["notes"] = list(self.notes)
+        return d
+
+    def to_frame(self):
+        """One row per (strategy, rank), as a pandas DataFrame."""
+        import pandas as pd
+        return pd.DataFrame([r.to_dict() for r in self.rows])
+
+
+# ---- torch-side helpers shared by the parent and the ranks --------------------------------
+def fsdp_unit_bytes(model: torch.nn.Module, chain_path: str | None, world_size: int) -> tuple[tuple[int, ...], int]:
+    """(padded unsharded parameter bytes of every chain layer, of the root) under ``fully_shard``.
+
+    FSDP2 shards every parameter on dim 0 into ``world_size`` chunks; chunk 0 is the largest,
+    and every rank pads its shard to it (``torch.distributed.fsdp._fully_shard._fsdp_param``),
+    so a parameter costs ``world_size * ceil(d0 / world_size) * (numel / d0)`` elements
+    unsharded (all-gather output) and ``1 / world_size`` of that per rank. Works on meta.
+    """
+    from .chainfind import resolve_chain
+
+    _, container, _ = resolve_chain(model, chain_path)
+
+    def padded(params) -> int:
+        total = 0
+        for p in params:
+            if p.dim() == 0:
+                total += world_size * p.element_size()
+                continue
+            d0 = p.shape[0]
+            rest = p.numel() // d0 if d0 else 0
+            total += world_size * -(-d0 // world_size) * rest * p.element_size()
+        return total
+
+    seen: set[int] = set()
+    layers = []
+    for layer in container:
+        ps = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        layers.append(padded(ps))
+    root = padded(p for p in dict.fromkeys(model.parameters()) if id(p) not in seen)
+    return tuple(layers), root
+
+
+class RankTracker(LiveTensorTracker):
+    """``LiveTensorTracker`` that also follows ``UntypedStorage.resize_`` and looks through DTensor.
+
+    FSDP2 frees unsharded parameters by resizing their storage to 0 and re-allocates them by
+    resizing back (``_fsdp_param.free_storage`` / ``alloc_storage``), which no dispatched op
+    shows; like PyTorch's own ``MemTracker`` we patch ``resize_`` while the tracker is active.
+    DTensor ops are handed back (``NotImplemented``) so the local ops they run are counted.
+    """
+
+    def __init__(self, limit_bytes: int | None = None):
+        super().__init__(limit_bytes=limit_bytes)
+        self._orig_resize = None
+
+    def _free(self, key: int, nbytes: int) -> None:
+        size = self._known.pop(key, None)
+        if size is not None:
+            self.live -= size
+
+    def _bump(self) -> None:
+        if self.live > self.peak:
+            self.peak = self.live
+            if self.limit_bytes is not None and self.live > self.limit_bytes:
+                raise TrackerLimitExceeded(
+                    f"live tensors reached {self.live} bytes, over the limit of {self.limit_bytes}")
+
+    def __enter__(self):
+        import weakref
+        from functools import wraps
+
+        orig = torch.UntypedStorage.resize_
+        self._orig_resize = orig
+        tracker = self
+
+        @wraps(orig)
+        def resize_(st, size):
+            key = id(st)
+            old = st.nbytes()
+            out = orig(st, size)
+            new = st.nbytes()
+            if key not in tracker._known:
+                tracker._known[key] = old
+                weakref.finalize(st, tracker._free, key, 0)
+            tracker._known[key] += new - old
+            tracker.live += new - old
+            tracker._bump()
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize
+            self._orig_resize = None
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+# ---- the parent: profile, plan, launch, collect --------------------------------------------
+@dataclass(frozen=True)
+class _Job:
+    spec: dict
+    kind: str
+    plans: tuple[tuple[str, dict | None, int | None, int | None, str], ...]  # name, plan, pred, pred fb, msg
+    steps: int
+    warmup: int
+    device: str
+    timeout_s: float
+    out_dir: str
+    check_grads: bool
+    memory_limit_bytes: int | None
+    fail_rank: int | None
+    threads: int
+    start_method: str
+    cross_check: bool
+
+
+def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "fsdp",
+                      strategies: list[str] | None = None, budget_bytes: int | None = None, k: int = 2,
+                      steps: int = 3, warmup: int = 1,
+                      device: str = "cpu", timeout_s: float = 300.0, check_grads: bool = True,
+                      memory_limit_bytes: int | None = None, profile: Profile | None = None,
+                      fail_rank: int | None = None, threads: int = 1,
+                      start_method: str | None = None, isolate: bool | None = None,
+                      cross_check: bool = False) -> DistBenchResult:
+    """Plan per rank and run ``nproc`` ranks under ``kind`` (``fsdp`` | ``ddp``); see the module doc.
+
+    ``budget_bytes`` is per rank (None: halfway between the per-rank chain's smallest feasible
+    peak and its peak without checkpointing). ``memory_limit_bytes`` makes a rank fail like an
+    out-of-memory when its live bytes pass it (CPU). ``timeout_s`` bounds each rank's whole run
+    (and every collective): a rank past it is stopped and the group torn down. ``fail_rank``
+    makes that rank raise at its first memory step: a fault injection to check that a failing
+    rank comes back as rows.
+    ``isolate``: one process group per strategy, so that one strategy's out-of-memory does not
+    take the others down (default: on when ``memory_limit_bytes`` is given).
+    ``cross_check``: run PyTorch's ``FSDPMemTracker`` on the same memory step (FSDP, CPU) and
+    report its peak beside ckplan's (``torch_tracker_peak_bytes``).
+    ``start_method``: how the launcher starts the ranks; default ``fork`` on CPU (seconds
+    faster: the ranks inherit the imported torch) and ``spawn`` on CUDA (a CUDA context cannot
+    be forked).
+    """
+    from . import api
+
+    if not isinstance(spec, Spec):
+        spec = api.load(spec)
+    strategies = list(strategies or ["none", "every-k", "dp"])
+    if kind not in KINDS:
+        raise UsageError(f"--parallel {kind!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(nproc, int) or nproc < 1:
+        raise UsageError(f"--nproc {nproc!r} must be a positive integer")
+    dev = api.resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("a distributed bench runs real steps; --device meta cannot run them",
+                         tip="use --device cpu (gloo) or cuda (NCCL)")
+    if spec.train.accum != 1:
+        raise UsageError(f"train.accum {spec.train.accum} is not supported by the distributed bench",
+                         tip="set train.accum: 1")
+    prof = profile if profile is not None else api.profile(spec, device=dev.type)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the profile's blocks would stay reserved beside the ranks
+    chain = rank_chain(prof, spec, nproc, kind)
+    notes = [f"{kind} on {nproc} ranks; every chain layer is one FSDP unit, the root holds the rest"
+             if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
+             f"each rank runs its own micro-batch of {prof.batch_size} (global batch {prof.batch_size * nproc})"]
+    if budget_bytes is None and {"dp", "chen"} & set(strategies):
+        lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
+        budget_bytes = (lo + hi) // 2
+        notes.append(f"no budget: dp and chen planned per rank for {budget_bytes} bytes, halfway between "
+                     f"the smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
+    plans = []
+    for s in strategies:
+        try:
+            res = plan_chain(chain, s, budget_bytes, k)
+            plans.append((s, res.plan.to_dict(), res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan), ""))
+        except InfeasibleBudgetError as err:
+            plans.append((s, None, None, None, err.message))
+    if isolate is None:
+        isolate = memory_limit_bytes is not None
+    groups = [[p] for p in plans] if isolate else [plans]
+    rows: list[RankRow] = []
+    for group in groups:
+        with tempfile.TemporaryDirectory(prefix="ckplan-dist-") as out_dir:
+            job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(group), steps=steps,
+                       warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
+                       check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
+                       threads=threads, start_method=start_method or _default_start_method(dev.type),
+                       cross_check=cross_check)
+            failure = _launch(job, nproc) if any(p[1] is not None for p in group) else ""
+            rows.extend(_collect(job, nproc, failure))
+        if failure:
+            label = f" ({group[0][0]})" if isolate else ""
+            notes.append(f"the group{label} failed and was torn down: {failure}")
+    single = simulate(_single_chain(prof), _none(prof)).peak_bytes
+    return DistBenchResult(model=prof.model, kind=kind, world_size=nproc,
+                           backend="nccl" if dev.type == "cuda" else "gloo", device=dev.type,
+                           batch_size=prof.batch_size, optimizer=prof.optimizer, budget_bytes=budget_bytes,
+                           k=k, steps=steps, warmup=warmup, rows=tuple(rows), single_process_peak_bytes=single,
+                           notes=tuple(notes))
+
+
+def rank_chain(profile: Profile, spec: Spec | None, world_size: int, kind: str):
+    """The per-rank chain of ``profile``, with FSDP2's exact padding when the spec is at hand."""
+    from .planner.parallel import per_rank_chain_from_profile
+    if kind != "fsdp" or spec is None:
+        return per_rank_chain_from_profile(profile, world_size, kind)
+    from .spec import build_model
+    meta = build_model(spec, "meta")
+    layers, root = fsdp_unit_bytes(meta, profile.chain, world_size)
+    return per_rank_chain(_single_chain(profile), world_size=world_size, kind=kind,
+                          layer_param_bytes=layers, root_param_bytes=root)
+
+
+def _single_chain(profile: Profile):
+    from . import planner
+    return planner.chain_from_profile(profile)
+
+
+def _none(profile: Profile) -> Plan:
+    from .planner import plan_none
+    return plan_none(len(profile.chain_layers))
+
+
+def _fwd_bwd_peak(chain, plan: Plan) -> int:
+    from .planner import trace
+    return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
+
+
+def _default_start_method(device_type: str) -> str:
+    if device_type == "cpu" and sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(job: _Job, nproc: int) -> str:
+    """Run the ranks with torchrun's launcher; '' on success, else what failed."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ckplan-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+        monitor_interval=0.1, start_method=job.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.out_dir, "logs"), redirects=Std.ALL),
+    )
+    try:
+        with _main_module_hidden(), _quiet_launcher():
+            elastic_launch(config, _rank_main)(job)
+    except ChildFailedError as err:
+        msgs = []
+        for rank in range(nproc):
+            own = _read_error(job.out_dir, rank).split("\n")[0]
+            f = err.failures.get(rank)
+            if own or f is not None:
+                msgs.append(f"rank {rank}: {own or f.message or f'exit code {f.exitcode}'}")
+        return "; ".join(msgs)[:600]
+    return ""
+
+
+@contextlib.contextmanager
+def _quiet_launcher():
+    """The launcher logs every start and failure at WARNING/ERROR; ckplan reports them as rows."""
+    import logging
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.distributed.launcher",
+                                               "torch.multiprocessing")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Keep spawned ranks from re-running the parent's ``__main__`` (``python -m ckplan`` would
+    start the CLI again in every rank): the ranks only need ``ckplan.distributed._rank_main``."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__spec__", "__file__") if main is not None and hasattr(main, k)}
+    try:
+        for k in saved:
+            if k == "__spec__":
+                main.__spec__ = None
+            else:
+                delattr(main, k)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
+def _read_error(out_dir: str, rank: int) -> str:
+    p = Path(out_dir) / f"error{rank}.txt"
+    return p.read_text().strip() if p.is_file() else ""
+
+
+def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
+    """Rows from rank 0's gathered file, or from each rank's partial file after a failure."""
+    gathered = Path(job.out_dir) / "gathered.json"
+    per_rank: dict[int, dict[str, dict]] = {}
+    if gathered.is_file():
+        for r, rows in enumerate(json.loads(gathered.read_text())):
+            per_rank[r] = rows
+    else:
+        for r in range(nproc):
+            p = Path(job.out_dir) / f"rank{r}.json"
+            per_rank[r] = json.loads(p.read_text()) if p.is_file() else {}
+    rows = []
+    for name, plan_d, pred, pred_fb, msg in job.plans:
+        plan_text = Plan.from_dict(plan_d).describe() if plan_d else ""
+        for r in range(nproc):
+            got = per_rank.get(r, {}).get(name)
+            if plan_d is None:
+                rows.append(RankRow(name, r, INFEASIBLE, "", None, None, None, None, None, None, None,
+                                    None, None, msg))
+                continue
+            got = got or {}
+            status, message = got.get("status", ERROR), got.get("message", "")
+            if failure or "measured" not in got:
+                # The group did not finish: what was measured before the failure is kept.
+                own = _read_error(job.out_dir, r).split("\n")[0]
+                status = OOM if ("TrackerLimitExceeded" in own or "OutOfMemory" in own) else ERROR
+                message = (own or failure or "no result from this rank")[:300]
+            meas, fb = got.get("measured"), got.get("fwd_bwd")
+            times = got.get("times") or []
+            rows.append(RankRow(
+                name, r, status, plan_text, pred, meas,
+                abs(meas - pred) / meas if meas and pred is not None else None,
+                pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
+                got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker")))
+    return tuple(rows)
+
+
+# ---- one rank -----------------------------------------------------------------------------
+def _rank_main(job: _Job) -> None:
+    """Entry point of every rank (runs in a process started by the launcher)."""
+    rank = int(os.environ["RANK"])
+    watchdog = threading.Timer(job.timeout_s, _time_out, args=(job, rank))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        _rank_run(job, rank)
+    except BaseException as err:
+        text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        Path(job.out_dir, f"error{rank}.txt").write_text(text + "\n\n" + traceback.format_exc()[-4000:])
+        raise
+    finally:
+        watchdog.cancel()
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _time_out(job: _Job, rank: int) -> None:
+    """The rank ran past ``timeout_s``: say so and exit; the launcher stops the other ranks."""
+    Path(job.out_dir, f"error{rank}.txt").write_text(
+        f"TimeoutError: rank {rank} ran past timeout_s={job.timeout_s:g} s and was stopped\n")
+    os._exit(1)
+
+
+def _rank_run(job: _Job, rank: int) -> None:
+    import torch.distributed as dist
+
+    from .execute import apply_plan
+    from .spec import build_model, make_batch, to_loss, validate
+    from .training import forward_loss, make_optimizer
+
+    torch.set_num_threads(job.threads)
+    world = int(os.environ["WORLD_SIZE"])
+    cuda = job.device == "cuda"
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=job.timeout_s))
+    spec = validate(job.spec)
+    precision = spec.train.precision
+    ref = None
+    if job.check_grads and rank == 0:
+        ref = _reference_grads(spec, world, device)
+    dist.barrier()
+    mesh = None
+    if job.kind == "fsdp":
+        # Made before the tracker starts: the mesh's rank tensor is infrastructure, not model.
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (world,))
+    tracker = None
+    if not cuda:
+        tracker = RankTracker(limit_bytes=job.memory_limit_bytes)
+        tracker.__enter__()
+    try:
+        model = build_model(spec, str(device))
+        if mesh is not None:
+            _fully_shard(model, spec.chain, mesh)
+            wrapped = model
+        else:
+            wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        batch = make_batch(spec, str(device), seed=spec.seed + rank)
+        args, kwargs = batch
+        results: dict[str, dict] = {}
+        runnable = []
+        for name, plan_d, *_ in job.plans:
+            if plan_d is not None:
+                runnable.append((name, Plan.from_dict(plan_d)))
+                results[name] = {"status": OK}
+
+        def save():
+            Path(job.out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+        def step(plan: Plan, opt, after_backward=None) -> float:
+            # The same step as ckplan.bench: the loss is dropped before the optimizer step.
+            with apply_plan(model, plan, chain=spec.chain):
+                loss = forward_loss(wrapped, args, kwargs, to_loss, precision, device.type)
+                loss.backward()
+                value = float(loss.detach())
+                del loss
+                if after_backward is not None:
+                    after_backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return value
+
+        # 1. gradients from the initial weights, against one process on the global batch.
+        for name, plan in runnable:
+            with apply_plan(model, plan, chain=spec.chain):
+                loss = forward_loss(wrapped, args, kwargs, to_loss, precision, device.type)
+                loss.backward()
+            results[name]["loss"] = float(loss.detach())
+            del loss
+            diff = _grad_diff(model, ref)  # a collective under FSDP: every rank takes part
+            if ref is not None:
+                scale = max(float(g.abs().max()) for g in ref.values())
+                results[name]["grad_diff"] = diff
+                results[name]["grad_ok"] = diff <= GRAD_RTOL * scale + GRAD_ATOL
+            model.zero_grad(set_to_none=True)
+        ref = None
+        gc.collect()
+        save()
+        # 2. warm-up, then one memory step per strategy.
+        opt = make_optimizer(model.parameters(), spec.train.optimizer, spec.train.lr, device.type)
+        for _ in range(max(job.warmup, 1)):
+            for _name, plan in runnable:
+                step(plan, opt)
+        for name, plan in runnable:
+            if job.fail_rank == rank:
+                raise ModelRunError(f"rank {rank} was told to fail (fail_rank={rank})")
+            fb: dict[str, int] = {}
+
+            def mark(fb=fb):  # the forward+backward peak, before the optimizer step
+                fb.setdefault("peak", int(torch.cuda.max_memory_allocated(device)) if cuda else tracker.peak)
+
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                step(plan, opt, mark)
+                results[name]["measured"] = int(torch.cuda.max_memory_allocated(device))
+            else:
+                tracker.reset_peak()
+                if job.kind == "fsdp" and job.cross_check:
+                    # PyTorch's own FSDP2 tracker on the same step, nested in ours: both see
+                    # every op and every storage resize.
+                    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+                    fmt = FSDPMemTracker(model, opt)
+                    fmt.track_inputs(tuple(args) + tuple(kwargs.values()))
+                    with fmt:
+                        step(plan, opt, mark)
+                    snap = fmt.get_tracker_snapshot("peak")
+                    results[name]["torch_tracker"] = int(sum(d.get("Total", 0) for d in snap.values()))
+                else:
+                    step(plan, opt, mark)
+                results[name]["measured"] = tracker.peak
+            results[name]["fwd_bwd"] = fb["peak"]
+            save()
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+            tracker = None
+        # 3. timed steps, strategies interleaved.
+        clock = Clock(device)
+        for _ in range(job.steps):
+            for name, plan in runnable:
+                dist.barrier()
+                t0 = clock.now_ms()
+                step(plan, opt)
+                results[name].setdefault("times", []).append(clock.now_ms() - t0)
+        save()
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(results, gathered, dst=0)
+        if rank == 0:
+            Path(job.out_dir, "gathered.json").write_text(json.dumps(gathered))
+    finally:
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+
+
+def _fully_shard(model, chain_path: str | None, mesh) -> None:
+    """FSDP2: ``fully_shard`` every chain layer (one unit each), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    from .chainfind import resolve_chain
+
+    _, container, _ = resolve_chain(model, chain_path)
+    layers = list(container)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # FSDP2's default backward prefetch (the unit that ran before, by the order of forward
+    # calls) is made explicit: a checkpointed layer is called twice in forward (by the model,
+    # then inside the checkpoint), which would make the default prefetch pick the layer itself.
+    for prev, layer in zip(layers, layers[1:]):
+        layer.set_modules_to_backward_prefetch([prev])
+    for layer in layers:
+        object.__setattr__(layer, "_ckplan_root", model)  # not a submodule: no cycle in the tree
+        layer.register_forward_pre_hook(_keep_segment_hidden, with_kwargs=True)
+
+
+def _keep_segment_hidden(module, args, kwargs):
+    """Hand a multi-layer checkpoint's pass-through layers the very tensor the executor expects.
+
+    FSDP2's pre-forward hook passes a layer's inputs through an autograd function (to run its
+    post-backward), so the layer after a checkpoint's first layer receives an alias of the
+    segment's output, not the object itself, and ``ckplan.execute`` (which checks identity)
+    refuses it. The alias has the same storage, offset, shape and strides; this hook, which
+    runs after FSDP2's, puts the original back. The pass-through call computes nothing.
+    """
+    from .execute import _ATTR
+    root = getattr(module, "_ckplan_root", None)
+    ex = getattr(root, _ATTR, None) if root is not None else None
+    last = getattr(getattr(ex, "_tls", None), "last", None) if ex is not None else None
+    if last is None or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    h, orig = args[0], last[2]
+    if (h is not orig and isinstance(orig, torch.Tensor) and h.shape == orig.shape
+            and h.stride() == orig.stride() and h.data_ptr() == orig.data_ptr()):
+        return (orig, *args[1:]), kwargs
+    return None
+
+
+def _reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """One process, the same initial weights, the ranks' micro-batches concatenated."""
+    from .spec import build_model, make_batch, to_loss
+    from .training import forward_loss
+
+    model = build_model(spec, str(device))
+    parts = [make_batch(spec, str(device), seed=spec.seed + r) for r in range(world)]
+    args = tuple(torch.cat([p[0][i] for p in parts]) for i in range(len(parts[0][0])))
+    kwargs = {key: torch.cat([p[1][key] for p in parts]) for key in parts[0][1]}
+    loss = forward_loss(model, args, kwargs, to_loss, spec.train.precision, device.type)
+    loss.backward()
+    grads = {n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+    del model, loss
+    gc.collect()
+    return grads
+
+
+def _grad_diff(model, ref: dict[str, torch.Tensor] | None) -> float | None:
+    """max |grad - ref| over all parameters; full tensors gathered from the shards (all ranks call)."""
+    from torch.distributed.tensor import DTensor
+
+    worst = 0.0
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            g = g.full_tensor()
+        if ref is not None:
+            key = name.replace("_orig_mod.", "").replace("module.", "")
+            worst = max(worst, float((g.detach().float().cpu() - ref[key]).abs().max()))
+    return worst if ref is not None else None

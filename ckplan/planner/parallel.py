@@ -1,0 +1,210 @@
+"""What one rank holds under data parallelism: FSDP2 (``fully_shard``) or DDP. Pure Python.
+
+The profile is made on one process (or on meta) at one rank's micro-batch; this module turns
+its chain into the chain *one rank* runs, and the unchanged simulator and strategies then plan
+it. The budget is per rank. Every chain layer is one FSDP unit (``fully_shard(layer)`` for each
+layer, then ``fully_shard(model)`` for the rest, the *root*): that is what users do.
+
+Notation, bytes per rank: ``P[i]`` the unsharded parameters of chain layer i padded as FSDP2
+pads them (dim 0 to a multiple of the world size W), ``R`` the same for the root (pre and post
+stages: embeddings, final norm, head), ``G[i]`` the layer's full parameter gradients.
+
+FSDP2 (read from torch 2.13, ``torch/distributed/fsdp/_fully_shard/``, checked against the
+measured peaks of ``ckplan.distributed``):
+
+* persistent: ``(sum P + R) / W`` sharded parameters, the optimizer state scaled the same way,
+  buffers and the rank's batch. Sharded gradients ``P[i] / W`` (the reduce-scatter output)
+  appear at the end of layer i's backward and live until ``zero_grad``.
+* forward of layer i: its all-gather output (a flat buffer of ``P[i]``) and the unsharded
+  parameters copied out of it (``P[i]``); the flat buffer is kept until the next unit's
+  all-gather (implicit forward prefetch): ``fwd_tmp += 2 P[i]``.
+* backward of layer i, and its recompute when checkpointed: the unsharded parameters
+  ``P[i]``, the all-gather prefetched for the layer before (``P[i-1]``) and the reduce-scatter
+  input of the layer after (``P[i+1]``), kept until the next reduce-scatter
+  (``reduce_scatter_max_input_buffers`` = 1): ``bwd_tmp += P[i] + P[i-1] + P[i+1]``, and
+  ``fwd_tmp`` at least ``+ P[i] + P[i-1] + P[i+1]`` for the recompute.
+* the root is not resharded after forward (``reshard_after_forward`` is False for the root):
+  ``R`` stays live from the pre stage to the end of backward (``pre.retained += R``); its flat
+  buffer is a transient of the pre stage (``pre.fwd_tmp += R``). The post stage's gradients
+  stay unsharded until the root's reduce-scatter at the very end; the pre stage's backward
+  also holds layer 0's reduce-scatter input (``pre.bwd_tmp += P[0]``), and the post stage
+  the prefetched last layer (``post.fwd_tmp``, ``post.bwd_tmp += P[n-1]``).
+* optimizer step: on the shards: persistent + sharded gradients + the single-process
+  temporaries scaled by the shard ratio.
+
+DDP: parameters, gradients and optimizer state are replicated, and the reducer's buckets
+(``bucket_cap_mb`` 25, ``gradient_as_bucket_view`` False) are a second copy of every gradient,
+allocated once when the model is wrapped: ``persistent += sum G``.
+
+Checked on 2 gloo ranks (``tests/test_distributed.py``, ``ckplan.distributed``): the predicted
+per-rank peak equals the measured one to 8 bytes for none, every-k and dp on small GPTs, with
+SGD and AdamW, FSDP2 and DDP; PyTorch's ``FSDPMemTracker`` agrees on the same step.
+
+Known limitations:
+
+* A checkpoint segment of several layers [s, t): all its layers' FSDP pre-backward hooks sit on
+  the segment's output, so FSDP2 unshards layers s..t-1 together when the segment's backward
+  starts (and prefetches s-1); the model holds ``P[j] + P[j-1] + P[j+1]`` at B(j), so inside
+  such a segment it is low by ``P[s-1]`` plus the parameters of the segment's layers below
+  j - 1 (measured: 5.8% low in one backward window of a 4-layer GPT with k=2; that window
+  was not the step's peak). Single-layer segments and stored layers are exact.
+* The bench makes FSDP2's default backward prefetch explicit (each layer prefetches the one
+  before); the model assumes that prefetch.
+* Uneven shards (dim 0 not divisible by W): every rank is modelled as rank 0, which holds the
+  largest, padded shard; the last ranks hold less (measured on 3 ranks: ranks 0-1 exact,
+  rank 2 0.6-1.0% lower). The per-rank budget is for the largest rank.
+* NCCL/gloo internal buffers and the CUDA caching allocator are outside the model; ``accum``
+  must be 1; without a model at hand (``per_rank_chain_from_profile``) FSDP2's padding of dim 0
+  to the world size is ignored (exact when dim 0 divides by the world size).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from .chain import Chain
+
+if TYPE_CHECKING:
+    from ..records import Profile
+
+KINDS = ("fsdp", "ddp")
+
+
+def _shard(nbytes: int, world_size: int) -> int:
+    return -(-nbytes // world_size)
+
+
+def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_bytes: Sequence[int],
+                   root_param_bytes: int) -> Chain:
+    """The chain one rank runs under ``kind`` on ``world_size`` ranks (see the module doc).
+
+    ``chain`` is the single-process chain at one rank's micro-batch; ``layer_param_bytes[i]``
+    the (padded) unsharded parameter bytes of chain layer i, ``root_param_bytes`` those of
+    everything outside the chain. DDP needs neither (pass the profile's values anyway).
+    """
+    if kind not in KINDS:
+        raise UsageError(f"--parallel {kind!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise UsageError(f"--world-size {world_size!r} must be a positive integer")
+    if len(layer_param_bytes) != chain.n_layers:
+        raise ValueError(f"{len(layer_param_bytes)} layer parameter sizes for {chain.n_layers} layers")
+    name = f"{chain.name} [{kind} x{world_size}]"
+    if kind == "ddp":
+        buckets = sum(ly.grad_bytes for ly in chain.layers) + chain.pre.grad_bytes + chain.post.grad_bytes
+        if world_size == 1:
+            buckets = 0  # DDP on one rank still builds buckets, but there is nothing to average
+        return replace(chain, name=name, persistent_bytes=chain.persistent_bytes + buckets,
+                       opt_step_peak_bytes=chain.opt_step_peak_bytes + buckets)
+    W = world_size
+    P = [int(b) for b in layer_param_bytes]
+    R = int(root_param_bytes)
+    full_params = sum(P) + R
+    sharded_params = sum(_shard(b, W) for b in P) + _shard(R, W)
+    # Optimizer state follows the local shard; rank 0 holds the largest (padded) one.
+    unpadded = chain.param_bytes or full_params
+    ratio = min(1.0, sharded_params / unpadded) if unpadded else 1.0
+    opt_state = int(round(chain.optimizer_bytes * ratio))
+    others = chain.persistent_bytes - chain.param_bytes - chain.optimizer_bytes  # buffers, batch
+    persistent = others + sharded_params + opt_state
+    grads_full = chain.total_grad_bytes
+    sharded_grads = sum(_shard(b, W) for b in P) + _shard(R, W)
+    # The optimizer-step peak of one process is params + grads + state + its temporaries.
+    opt_tmp = max(0, chain.opt_step_peak_bytes - chain.persistent_bytes - grads_full)
+    opt_peak = persistent + sharded_grads + int(round(opt_tmp * ratio))
+    n = chain.n_layers
+    # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
+    # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
+    flat = 1 if W > 1 else 0
+    layers = []
+    for i, ly in enumerate(chain.layers):
+        prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
+        retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
+        gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
+        fwd = max(ly.fwd_tmp_bytes + (1 + flat) * P[i],  # first forward: unsharded + flat buffer
+                  ly.fwd_tmp_bytes + P[i] + prefetch + retained,  # recompute inside backward
+                  gathered_before + P[i] - ly.xbar_bytes)
+        bwd = ly.bwd_tmp_bytes + P[i] + prefetch + retained
+        layers.append(replace(ly, fwd_tmp_bytes=max(0, fwd), bwd_tmp_bytes=max(0, bwd),
+                              grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0))
+    pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
+                  fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
+                  # the last reduce-scatter input (layer 0's) is held until the root's own
+                  # reduce-scatter, whose input R holds the root's gradients
+                  bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + P[0], chain.pre.grad_bytes + R),
+                  grad_bytes=0)
+    post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + flat * P[n - 1],
+                   bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * P[n - 1])
+    return replace(chain, name=name, layers=tuple(layers), pre=pre, post=post,
+                   persistent_bytes=persistent, opt_step_peak_bytes=max(opt_peak, persistent),
+                   param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state)
+
+
+def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:
+    """(parameter bytes of every chain layer, of everything else) from a profile's rows.
+
+    No padding: exact when every parameter's dim 0 divides by the world size (Llama and GPT
+    widths do); ``ckplan.distributed.fsdp_unit_bytes`` gives FSDP2's padded sizes from a model.
+    """
+    layers = tuple(r.param_bytes for r in profile.chain_layers)
+    return layers, profile.pre.param_bytes + profile.post.param_bytes
+
+
+def per_rank_chain_from_profile(profile: Profile, world_size: int, kind: str) -> Chain:
+    """``per_rank_chain`` of the profile's single-process chain, parameter sizes from its rows."""
+    from . import chain_from_profile
+    if profile.accum != 1:
+        raise UsageError(f"--world-size plans assume train.accum 1, the profile has accum {profile.accum}",
+                         tip="profile with train.accum: 1")
+    layers, root = unit_param_bytes(profile)
+    return per_rank_chain(chain_from_profile(profile), world_size=world_size, kind=kind,
+                          layer_param_bytes=layers, root_param_bytes=root)
+
+
+@dataclass(frozen=True)
+class WorldSizeRow:
+    """What one rank needs at one world size (``ckplan plan --world-size 8,16,32,64``)."""
+
+    world_size: int
+    kind: str
+    strategy: str
+    persistent_bytes: int  # sharded params + grads-free fixed memory + optimizer state, per rank
+    none_peak_bytes: int  # per-rank peak without checkpointing
+    plan_peak_bytes: int | None  # per-rank peak of the strategy's plan (None: infeasible)
+    min_peak_bytes: int  # the lowest per-rank peak any plan reaches
+    budget_bytes: int | None
+    fits: bool | None
+    overhead: float | None  # recompute time / step time without checkpointing
+    n_checkpoints: int | None
+    plan: str
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def world_size_table(profile: Profile, world_sizes: Sequence[int], kind: str = "fsdp",
+                     strategy: str = "dp", budget_bytes: int | None = None, k: int = 2) -> tuple[WorldSizeRow, ...]:
+    """One row per world size: per-rank peak with and without the plan, and its overhead.
+
+    ``budget_bytes`` is per rank; without it dp plans for the smallest feasible peak.
+    """
+    from ..errors import InfeasibleBudgetError
+    from .dp import min_peak
+    from .strategies import plan_chain
+
+    rows = []
+    for w in world_sizes:
+        chain = per_rank_chain_from_profile(profile, int(w), kind)
+        none = plan_chain(chain, "none")
+        lo = min_peak(chain)
+        try:
+            res = plan_chain(chain, strategy, budget_bytes, k)
+            rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
+                                     res.score.peak_bytes, lo, budget_bytes, res.fits, res.score.overhead,
+                                     res.plan.n_checkpoints, res.plan.describe()))
+        except InfeasibleBudgetError as err:
+            rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
+                                     None, lo, budget_bytes, False, None, None, "", err.message))
+    return tuple(rows)

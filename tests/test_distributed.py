@@ -1,0 +1,121 @@
+"""Two gloo ranks on CPU, launched by torchrun's launcher: the per-rank model against the
+measured peak, gradients against one process, PyTorch's FSDPMemTracker on the same step, and a
+failing rank that comes back as rows instead of a hang."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("torch.distributed.fsdp")
+import torch.distributed as dist
+
+from ckplan.api import load, profile
+from ckplan.distributed import ERROR, OK, OOM, bench_distributed
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+SPEC = """
+model:
+  builtin: gpt
+  args: {vocab_size: 256, block_size: 32, n_layer: 3, n_head: 2, n_embd: 32, dropout: 0.0}
+input: {batch_size: 2, shape: [32], dtype: int64, high: 256, name: input_ids, labels: copy}
+chain: blocks
+train: {optimizer: adamw, precision: fp32, accum: 1}
+"""
+# fp32 on CPU with every dim 0 divisible by the world size: the model is exact to the byte.
+# TOL is only for the FSDPMemTracker comparison (it also counts AdamW's CPU step counters).
+TOL = 0.01
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    p = tmp_path_factory.mktemp("dist") / "tiny.yaml"
+    p.write_text(SPEC)
+    return load(p)
+
+
+@pytest.fixture(scope="module")
+def prof(spec):
+    return profile(spec, device="cpu", repeats=1, warmup=0)
+
+
+@pytest.fixture(scope="module")
+def fsdp(spec, prof):
+    return bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none", "every-k", "dp"], k=1,
+                             steps=1, warmup=1, timeout_s=60, profile=prof, cross_check=True)
+
+
+def test_fsdp_per_rank_model_matches_measured_peak(fsdp):
+    assert fsdp.world_size == 2 and fsdp.backend == "gloo" and len(fsdp.rows) == 6
+    for r in fsdp.rows:
+        assert r.status == OK, r.message
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.rank)
+        assert r.measured_fwd_bwd_peak_bytes == r.predicted_fwd_bwd_peak_bytes, (r.strategy, r.rank)
+        assert r.step_ms > 0
+    dp = [r for r in fsdp.rows if r.strategy == "dp"]
+    assert all(r.measured_peak_bytes <= fsdp.budget_bytes for r in dp)
+    # sharding pays: one unsharded process needs more than a rank does
+    none = next(r for r in fsdp.rows if r.strategy == "none")
+    assert none.measured_peak_bytes < fsdp.single_process_peak_bytes
+
+
+def test_fsdp_gradients_equal_one_process(fsdp):
+    rank0 = [r for r in fsdp.rows if r.rank == 0]
+    assert rank0 and all(r.grad_ok for r in rank0), [(r.strategy, r.max_grad_diff) for r in rank0]
+    # both ranks saw their own micro-batch
+    losses = {r.rank: r.loss for r in fsdp.rows if r.strategy == "none"}
+    assert losses[0] != losses[1]
+
+
+def test_fsdp_mem_tracker_agrees(fsdp):
+    # torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker on the very same step
+    for r in fsdp.rows:
+        assert r.torch_tracker_peak_bytes is not None
+        assert abs(r.torch_tracker_peak_bytes - r.measured_peak_bytes) <= TOL * r.measured_peak_bytes
+
+
+def test_ddp_per_rank_model_and_gradients(spec, prof):
+    res = bench_distributed(spec, nproc=2, kind="ddp", strategies=["none", "every-k"], k=2, steps=0,
+                            warmup=1, timeout_s=60, profile=prof)
+    for r in res.rows:
+        assert r.status == OK, r.message
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.rank)
+        if r.rank == 0:
+            assert r.grad_ok, r.max_grad_diff
+    # DDP replicates: a rank holds more than one process without DDP (the buckets)
+    none = next(r for r in res.rows if r.strategy == "none")
+    assert none.measured_peak_bytes > res.single_process_peak_bytes
+
+
+def test_failing_rank_is_a_row_not_a_hang(spec, prof):
+    t0 = time.monotonic()
+    res = bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none"], steps=0, warmup=1,
+                            timeout_s=30, profile=prof, check_grads=False, fail_rank=1)
+    assert time.monotonic() - t0 < 30
+    by_rank = {r.rank: r for r in res.rows}
+    assert by_rank[1].status == ERROR and "told to fail" in by_rank[1].message
+    assert by_rank[0].status == ERROR  # its peer died mid-collective; the launcher tore it down
+    assert any("torn down" in n for n in res.notes)
+
+
+@pytest.mark.slow
+def test_out_of_memory_is_a_row_per_strategy(spec, prof, fsdp):
+    none = next(r for r in fsdp.rows if r.strategy == "none").measured_peak_bytes
+    ek = next(r for r in fsdp.rows if r.strategy == "every-k").measured_peak_bytes
+    res = bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none", "every-k"], k=1, steps=0,
+                            warmup=1, timeout_s=30, profile=prof, check_grads=False,
+                            memory_limit_bytes=(none + ek) // 2)
+    status = {(r.strategy, r.rank): r.status for r in res.rows}
+    assert status == {("none", 0): OOM, ("none", 1): OOM, ("every-k", 0): OK, ("every-k", 1): OK}
+
+
+@pytest.mark.slow
+def test_rank_past_its_time_is_stopped(spec, prof):
+    t0 = time.monotonic()
+    res = bench_distributed(spec, nproc=2, kind="ddp", strategies=["none"], steps=10_000, warmup=1,
+                            timeout_s=6, profile=prof, check_grads=False)
+    assert time.monotonic() - t0 < 30
+    assert all(r.status == ERROR for r in res.rows)
+    assert any("timeout_s" in r.message for r in res.rows)
