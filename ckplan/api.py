@@ -344,21 +344,25 @@ def resolve_budget(budget: str | int, prof: Profile):
 def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
          budget: str | int | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
-         progress: Progress | None = None, note: Note | None = None):
+         progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
+         parallel: str = "fsdp"):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
     which fixes the model and batch (giving both, or overrides with it, is an error).
+    ``world_size`` > 1 plans for one rank of ``parallel`` (``fsdp``: FSDP2 with every chain layer
+    one unit; ``ddp``) with :func:`ckplan.planner.parallel.per_rank_chain_from_profile`: the budget
+    and every peak are per rank.
     """
     from .plan_report import PlanReport
-    from .planner import chain_from_profile, compare, infeasible_budget, no_gain_reason, plan_chain
+    from .planner import compare, infeasible_budget, no_gain_reason, plan_chain
 
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
     _tick(progress, f"planning {strategy} for {prof.model}")
-    chain = chain_from_profile(prof)
+    chain = _chain_for(prof, world_size, parallel)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
     infeasible = infeasible_tip = None
     if strategy == "all":
@@ -376,7 +380,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
         chosen = plan_chain(chain, strategy, budget_bytes, k)
         results = (chosen,)
     none = plan_chain(chain, "none")
-    notes = tuple(n for n in (no_gain_reason(chain),) if n)
+    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain)) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
@@ -399,6 +403,87 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
     if reason:
         _note(note, reason)
     return prof, _sweep(chain, names, points)
+
+
+def _chain_for(prof: Profile, world_size: int, parallel: str):
+    """The planner's chain: one process, or one rank of ``parallel`` on ``world_size`` ranks."""
+    from .planner import chain_from_profile
+    check_positive("world_size", world_size)
+    if world_size == 1:
+        return chain_from_profile(prof)
+    from .planner.parallel import KINDS, per_rank_chain_from_profile
+    if str(parallel) not in KINDS:
+        raise UsageError(f"parallel={str(parallel)!r} is not one of {', '.join(KINDS)}")
+    return per_rank_chain_from_profile(prof, world_size, str(parallel))
+
+
+def _parallel_note(world_size: int, parallel: str) -> str | None:
+    if world_size == 1:
+        return None
+    if str(parallel) == "fsdp":
+        return (f"per rank of FSDP2 on {world_size} ranks: parameters, gradients and optimizer state "
+                "sharded; every chain layer is one FSDP unit (its all-gathered parameters and "
+                "reduce-scatter buffers are transients), the rest is the root unit; budget and peaks "
+                "are per rank")
+    return (f"per rank of DDP on {world_size} ranks: parameters, gradients and optimizer state "
+            "replicated, plus DDP's gradient buckets; budget and peaks are per rank")
+
+
+def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int], parallel: str = "fsdp",
+                profile_path: str | Path | None = None, budget: str | int | None = None,
+                strategy: str = "dp", k: int = 2, device: str | Device | None = None,
+                overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
+                note: Note | None = None):
+    """Per-rank peaks with and without the plan at each world size: (profile, rows)."""
+    from .planner import parse_budget
+    from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
+    strategy = str(Strategy.parse(strategy, what="strategy"))
+    for w in world_sizes:
+        check_positive("world_size", w)
+    if str(parallel) not in KINDS:
+        raise UsageError(f"parallel={str(parallel)!r} is not one of {', '.join(KINDS)}")
+    check_budget(budget)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
+    _tick(progress, f"planning {len(world_sizes)} world sizes for {prof.model}")
+    rows = []
+    for w in world_sizes:
+        b = None
+        if budget is not None:  # shares are of that world size's per-rank peaks
+            b = parse_budget(budget, per_rank_chain_from_profile(prof, w, str(parallel)), what="budget").bytes
+        rows += world_size_table(prof, [w], str(parallel), strategy, b, k)
+    return prof, tuple(rows)
+
+
+def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strategies: list[str],
+                      budget: str | int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
+                      device: str | Device | None = "auto", memory_limit: str | int | None = None,
+                      timeout_s: float = 600.0, note: Note | None = None):
+    """Run ``nproc`` ranks of ``parallel`` (torchrun's launcher; gloo on CPU, NCCL on CUDA) and
+    gather per-rank predicted and measured peaks (:func:`ckplan.distributed.bench_distributed`)."""
+    from .distributed import bench_distributed as _bench
+    from .distributed import rank_chain
+    from .planner import parse_budget
+    strategies = [str(Strategy.parse(s, what="strategy")) for s in strategies]
+    check_positive("nproc", nproc)
+    check_positive("k", k)
+    check_positive("steps", steps)
+    check_positive("warmup", warmup, minimum=0)
+    check_budget(budget)
+    limit = None
+    if memory_limit is not None:
+        from .units import parse_size
+        limit = parse_size(memory_limit, what="memory_limit")
+    dev = resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("bench runs real training steps; device 'meta' cannot run them",
+                         tip="use device cpu or cuda (meta is for profile and plan)")
+    prof, budget_bytes = None, None
+    if budget is not None:  # per rank: a share is of one rank's peak
+        prof = profile(spec, device=dev.type, note=note)
+        budget_bytes = parse_budget(budget, rank_chain(prof, spec, nproc, str(parallel)), what="budget").bytes
+    return _bench(spec, nproc=nproc, kind=str(parallel), strategies=strategies, budget_bytes=budget_bytes,
+                  k=k, steps=steps, warmup=warmup, device=dev.type, timeout_s=timeout_s,
+                  memory_limit_bytes=limit, profile=prof)
 
 
 def export(rep, target: str):

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
-from .options import Device, ExportTarget, Fmt, Optimizer, Precision, Strategy, StrategyOrAll
+from .options import Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -116,6 +116,8 @@ FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
+PARALLEL_OPT = typer.Option(Parallel.fsdp, "--parallel", help="With --world-size / --nproc: fsdp (FSDP2, "
+                             "every chain layer one unit) or ddp.")
 WIDE_OPT = typer.Option(False, "--wide", help="Every column of the tables, however wide the terminal.")
 DEBUG_OPT = typer.Option(False, "--debug", help="Show tracebacks.")
 
@@ -200,6 +202,9 @@ def plan(
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
+    world_size: Optional[str] = typer.Option(None, "--world-size", help="Plan for one rank of N ranks "
+                                             "(--parallel); 8,16,32,64 prints a per-rank table."),
+    parallel: Parallel = PARALLEL_OPT,
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also print the snippet that "
                                                   "applies the plan in hf, torchtitan, lightning or fsdp "
                                                   "(or the closest plan it can express)."),
@@ -220,11 +225,27 @@ def plan(
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
               lambda: render.sweep_table(pts, wide=wide))
         return
+    sizes = _world_sizes(world_size)
     if output is not None:
         api.check_output_file(output)
+    if len(sizes) > 1:
+        if strategy == StrategyOrAll.all:
+            raise UsageError("--strategy all with several --world-size values",
+                             tip="pick one strategy for the per-rank table, or one world size")
+        with _working("planning per rank") as (progress, note):
+            prof, rows = api.world_sizes(spec, world_sizes=sizes, parallel=parallel, profile_path=profile_file,
+                                         budget=budget, strategy=strategy, k=k, device=device,
+                                         overrides=_given(overrides), force=force, progress=progress, note=note)
+        doc = report.world_size_doc(prof, rows)
+        if output is not None:
+            _write_out(output, doc)
+            render.info(f"wrote {output}")
+        _emit(fmt, doc, report.records_frame(rows), lambda: render.world_size_table(prof, rows, wide=wide))
+        return
     with _working("planning") as (progress, note):
         rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
-                       overrides=_given(overrides), force=force, progress=progress, note=note)
+                       overrides=_given(overrides), force=force, progress=progress, note=note,
+                       world_size=sizes[0], parallel=parallel)
     render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
     exported = None
@@ -239,6 +260,19 @@ def plan(
         render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
     if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
         raise InfeasibleBudgetError(rep.infeasible, tip=rep.infeasible_tip)
+
+
+def _world_sizes(text: str | None) -> list[int]:
+    if text is None:
+        return [1]
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(w < 1 for w in sizes):
+        raise UsageError(f"--world-size {text!r} is not a number of ranks or a comma-separated list of them",
+                         tip="e.g. --world-size 8, or --world-size 8,16,32,64 for a per-rank table")
+    return sizes
 
 
 def _budget_line(budget, rep) -> str:
@@ -267,6 +301,10 @@ def bench(
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
     device: Device = DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Run this many ranks (torchrun's "
+                                        "launcher; gloo on CPU, NCCL on CUDA) under --parallel and report "
+                                        "per-rank peaks."),
+    parallel: Parallel = PARALLEL_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -281,6 +319,12 @@ def bench(
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
     report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
     s = api.load(spec, **_given(overrides))
+    if nproc is not None:
+        if plan_file is not None:
+            raise UsageError("--plan with --nproc", tip="the distributed bench plans per rank itself; drop --plan")
+        _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
+                           out_dir, fmt, wide)
+        return
     if s.name:
         report.check_output_dir(out_dir, names=report.bench_filenames(s.name, api.resolve_device(device).type))
     n_plans = len(strategies) + (plan_file is not None)
@@ -310,6 +354,23 @@ def bench(
                                    "recomputed: make it deterministic or leave it out of the chain")
     if write_failed:
         raise typer.Exit(write_failed)
+
+
+def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
+                       out_dir, fmt, wide) -> None:
+    from . import api, render, report
+    with _working(f"running {nproc} ranks ({parallel})") as (_progress, note):
+        res = api.bench_distributed(s, nproc=nproc, parallel=parallel, strategies=strategies, budget=budget, k=k,
+                                    steps=steps, warmup=warmup, device=device, memory_limit=memory_limit,
+                                    note=note)
+    _emit(fmt, report.dist_bench_doc(res), res.to_frame(), lambda: render.dist_bench_table(res, wide=wide))
+    files = report.write_dist_bench(out_dir, res)
+    render.info("wrote " + ", ".join(str(f) for f in files))
+    bad = [r for r in res.rows if r.grad_ok is False]
+    if bad:
+        from .errors import WrongResultError
+        raise WrongResultError(f"gradients differ from one process for {', '.join(sorted({r.strategy for r in bad}))}",
+                               tip="do not train with these plans; the table shows the largest difference")
 
 
 def _emit(fmt: Fmt, doc: dict, frame, table) -> None:

@@ -634,31 +634,6 @@ def _fully_shard(model, chain_path: str | None, mesh) -> None:
     # then inside the checkpoint), which would make the default prefetch pick the layer itself.
     for prev, layer in zip(layers, layers[1:]):
         layer.set_modules_to_backward_prefetch([prev])
-    for layer in layers:
-        object.__setattr__(layer, "_ckplan_root", model)  # not a submodule: no cycle in the tree
-        layer.register_forward_pre_hook(_keep_segment_hidden, with_kwargs=True)
-
-
-def _keep_segment_hidden(module, args, kwargs):
-    """Hand a multi-layer checkpoint's pass-through layers the very tensor the executor expects.
-
-    FSDP2's pre-forward hook passes a layer's inputs through an autograd function (to run its
-    post-backward), so the layer after a checkpoint's first layer receives an alias of the
-    segment's output, not the object itself, and ``ckplan.execute`` (which checks identity)
-    refuses it. The alias has the same storage, offset, shape and strides; this hook, which
-    runs after FSDP2's, puts the original back. The pass-through call computes nothing.
-    """
-    from .execute import _ATTR
-    root = getattr(module, "_ckplan_root", None)
-    ex = getattr(root, _ATTR, None) if root is not None else None
-    last = getattr(getattr(ex, "_tls", None), "last", None) if ex is not None else None
-    if last is None or not args or not isinstance(args[0], torch.Tensor):
-        return None
-    h, orig = args[0], last[2]
-    if (h is not orig and isinstance(orig, torch.Tensor) and h.shape == orig.shape
-            and h.stride() == orig.stride() and h.data_ptr() == orig.data_ptr()):
-        return (orig, *args[1:]), kwargs
-    return None
 
 
 def _reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -163,7 +163,7 @@ class _Segment:
             if not isinstance(value, torch.Tensor):
                 continue
             for li, (t, ver) in enumerate(prev):
-                if t is value:
+                if t is value or _alias(t, value):
                     if t._version != ver:  # changed in place between the two layers
                         return None
                     links.append((slot, li))
@@ -175,6 +175,14 @@ class _Segment:
         for f in self.open:
             f.frame.forward_completed = True
         self.open.clear()
+
+
+def _alias(t: torch.Tensor | None, value: torch.Tensor) -> bool:
+    """``value`` is a view of ``t`` over exactly the same elements: what a module's pre-forward
+    hook hands on when it passes inputs through an autograd function (FSDP2 does)."""
+    return (t is not None and value.data_ptr() == t.data_ptr() and value.shape == t.shape
+            and value.stride() == t.stride() and value.dtype == t.dtype and value._base is not None
+            and value.untyped_storage().data_ptr() == t.untyped_storage().data_ptr())
 
 
 def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]], list[torch.Tensor]]:
@@ -270,7 +278,7 @@ class PlanExecutor:
     # ---- the first forward ----------------------------------------------------------------
     def _run(self, i: int, args: tuple, kwargs: dict):
         orig, path = self._orig[i], self._path[i]
-        if not path or not torch.is_grad_enabled():
+        if not path or not torch.is_grad_enabled() or getattr(self._tls, "replaying", False):
             return orig(*args, **kwargs)
         if not _CAN_SPAN:
             return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
@@ -341,11 +349,22 @@ class PlanExecutor:
                 inputs = [leaves[li] for li in calls[j].leaves]
             first = False
             if isinstance(item, Store):
-                out = calls[j].replay(self._orig[j], inputs)
+                out = calls[j].replay(functools.partial(self._call_module, j), inputs)
             else:
                 out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,
                                  use_reentrant=False, preserve_rng_state=False)
         return out
+
+    def _call_module(self, j: int, *args, **kwargs):
+        """Recompute layer ``j`` through its module call, so its hooks run as in the first forward
+        (FSDP2 all-gathers the layer's parameters in its pre-forward hook), its forward unplanned."""
+        tls = self._tls
+        outer = getattr(tls, "replaying", False)
+        tls.replaying = True
+        try:
+            return self.layers[j](*args, **kwargs)
+        finally:
+            tls.replaying = outer
 
     def remove(self) -> None:
         seg = getattr(self._tls, "seg", None)

@@ -71,6 +71,13 @@ class Optimizer(_Names):
 OPTIMIZER_ALIASES = {"sgd_momentum": "sgd-momentum", "momentum": "sgd-momentum", "adam": "adamw"}
 
 
+class Parallel(_Names):
+    """How the ranks hold the model (``--parallel``)."""
+
+    fsdp = "fsdp"
+    ddp = "ddp"
+
+
 class ExportTarget(_Names):
     """Frameworks ``ckplan plan --export`` writes a snippet for (ckplan.export)."""
 

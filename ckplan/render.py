@@ -216,6 +216,48 @@ def sweep_table(points, *, wide: bool = False, console: Console | None = None) -
     _print_table(console or stdout, cols, rows, wide, title="memory vs recompute frontier")
 
 
+def world_size_table(prof, rows, *, wide: bool = False, console: Console | None = None) -> None:
+    """``plan --world-size 8,16,...``: what one rank needs at each world size."""
+    out = console or stdout
+    kind = rows[0].kind if rows else ""
+    out.print(escape(f"ckplan plan: {prof.model} per rank under {kind} | batch {prof.batch_size} per rank | "
+                     f"{prof.precision} | {prof.optimizer} | device {prof.device}"), soft_wrap=True)
+    cols = [_Col("ranks"), _Col("fixed / rank", 1), _Col("none peak"), _Col("plan peak"), _Col("lowest peak", 2),
+            _Col("fits"), _Col("overhead"), _Col("plan", 3, left=True, fold=True)]
+    body = []
+    for r in rows:
+        fits = "-" if r.fits is None else ("yes" if r.fits else "[red]no[/]")
+        body.append([str(r.world_size), format_bytes(r.persistent_bytes), format_bytes(r.none_peak_bytes),
+                     format_bytes(r.plan_peak_bytes), format_bytes(r.min_peak_bytes), fits, _pct(r.overhead),
+                     escape(r.plan or r.message)])
+    _print_table(out, cols, body, wide, title=f"{rows[0].strategy if rows else ''} per rank")
+
+
+def dist_bench_table(res, *, wide: bool = False, console: Console | None = None) -> None:
+    """``bench --nproc N``: predicted and measured peak per strategy and rank."""
+    out = console or stdout
+    budget = format_bytes(res.budget_bytes) if res.budget_bytes else "none"
+    out.print(escape(f"ckplan bench: {res.model} | {res.kind} on {res.world_size} ranks ({res.backend}, "
+                     f"{res.device}) | batch {res.batch_size} per rank | {res.optimizer} | budget {budget} per "
+                     f"rank | one process without checkpointing: {format_bytes(res.single_process_peak_bytes)}"),
+              soft_wrap=True)
+    cols = [_Col("strategy", left=True), _Col("rank"), _Col("status", left=True), _Col("predicted peak"),
+            _Col("measured peak"), _Col("error"), _Col("step", 1), _Col("max |dgrad|", 2),
+            _Col("torch tracker", 3)]
+    body = []
+    for r in res.rows:
+        status = r.status if r.status == "ok" else f"[red]{escape(r.status)}[/]"
+        if r.grad_ok is False:
+            status = "[red]wrong-gradients[/]"
+        body.append([r.strategy, str(r.rank), status, format_bytes(r.predicted_peak_bytes),
+                     format_bytes(r.measured_peak_bytes), _pct(r.peak_error), format_ms(r.step_ms),
+                     "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}",
+                     format_bytes(r.torch_tracker_peak_bytes)])
+    _print_table(out, cols, body, wide)
+    for note in res.notes:
+        out.print(escape(f"note: {note}"), soft_wrap=True)
+
+
 def _pair(a: int | None, b: int | None) -> str:
     return "-" if b is None else f"{format_bytes(a)} / {format_bytes(b)}"
 

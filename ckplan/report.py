@@ -68,6 +68,32 @@ def sweep_doc(prof: Profile, points, files) -> dict[str, Any]:
                                    "points": [p.to_dict() for p in points]})
 
 
+def world_size_doc(prof: Profile, rows) -> dict[str, Any]:
+    """The JSON document of ``ckplan plan --world-size 8,16,...``: one row per world size, per rank."""
+    return envelope("plan-world-sizes", {"model": prof.model, "device": prof.device,
+                                         "batch_size": prof.batch_size, "optimizer": prof.optimizer,
+                                         "rows": [r.to_dict() for r in rows]})
+
+
+def dist_bench_doc(result) -> dict[str, Any]:
+    """The JSON document of ``ckplan bench --nproc N``: one row per strategy and rank."""
+    return envelope("bench-distributed", result.to_dict())
+
+
+def records_frame(rows):
+    import pandas as pd
+    return pd.DataFrame([r.to_dict() for r in rows])
+
+
+def write_dist_bench(out_dir: str | Path, result) -> list[Path]:
+    """bench-<model>-<device>-<kind><N>.{csv,json}, as one set (see :func:`write_files`)."""
+    base = Path(out_dir) / f"{bench_basename(result.model, result.device)}-{result.kind}{result.world_size}"
+    frame = result.to_frame()
+    text = to_json(dist_bench_doc(result))
+    return write_files([(Path(f"{base}.csv"), lambda p: frame.to_csv(p, index=False)),
+                        (Path(f"{base}.json"), lambda p: p.write_text(text))], "--out-dir")
+
+
 def profile_frame(prof: Profile):
     import pandas as pd
     return pd.DataFrame([r.to_dict() for r in prof.layers])

@@ -1,5 +1,7 @@
 """The command line: JSON envelopes (key sets pinned), exit codes, one-line errors."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,31 @@ def test_cli_has_no_rich_or_pandas_imports():
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not names & {"rich", "pandas"}
+
+
+def test_plan_world_sizes_table_is_per_rank(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path, n_layer=4)
+    r = run("plan", spec, "--device", "meta", "--world-size", "1,2,4", "-f", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "plan-world-sizes" and [row["world_size"] for row in doc["rows"]] == [1, 2, 4]
+    fixed = [row["persistent_bytes"] for row in doc["rows"]]
+    assert fixed[0] > fixed[1] > fixed[2]  # FSDP shards parameters, gradients and optimizer state
+    bad = run("plan", spec, "--device", "meta", "--world-size", "two")
+    assert bad.exit_code == 2 and "--world-size 'two'" in bad.output
+
+
+def test_bench_nproc_two_fsdp_ranks_predicted_equals_measured(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path, n_layer=4)
+    # A real process: the ranks are forked from it (CliRunner's captured streams do not survive that).
+    r = subprocess.run([sys.executable, "-m", "ckplan", "bench", str(spec), "--device", "cpu", "--nproc", "2",
+                        "--compare", "none,every-k", "--steps", "1", "--out-dir", str(tmp_path / "out"),
+                        "-f", "json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "bench-distributed" and doc["world_size"] == 2
+    for row in doc["rows"]:
+        # Exact for the largest shard; a rank with a smaller (uneven) shard measures a little less.
+        assert row["status"] == "ok", (row, doc["notes"])
+        assert 0 <= row["predicted_peak_bytes"] - row["measured_peak_bytes"] <= 0.01 * row["predicted_peak_bytes"]
+    assert (tmp_path / "out" / "bench-tiny-gpt-cpu-fsdp2.json").is_file()
