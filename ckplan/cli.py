@@ -116,8 +116,8 @@ FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
-PARALLEL_OPT = typer.Option(Parallel.fsdp, "--parallel", help="With --world-size / --nproc: fsdp (FSDP2, "
-                             "every chain layer one unit) or ddp.")
+PARALLEL_OPT = typer.Option(None, "--parallel", help="With --world-size / --nproc: fsdp (FSDP2, every chain "
+                             "layer one unit) or ddp (default: the spec's parallel.kind, else fsdp).")
 WIDE_OPT = typer.Option(False, "--wide", help="Every column of the tables, however wide the terminal.")
 DEBUG_OPT = typer.Option(False, "--debug", help="Show tracebacks.")
 
@@ -204,7 +204,7 @@ def plan(
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
     world_size: Optional[str] = typer.Option(None, "--world-size", help="Plan for one rank of N ranks "
                                              "(--parallel); 8,16,32,64 prints a per-rank table."),
-    parallel: Parallel = PARALLEL_OPT,
+    parallel: Optional[Parallel] = PARALLEL_OPT,
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also print the snippet that "
                                                   "applies the plan in hf, torchtitan, lightning or fsdp "
                                                   "(or the closest plan it can express)."),
@@ -225,7 +225,11 @@ def plan(
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
               lambda: render.sweep_table(pts, wide=wide))
         return
+    if world_size is None and spec is not None and profile_file is None:  # the spec's own parallel:
+        par = api.load(spec).parallel
+        world_size, parallel = str(par.world_size), parallel or par.kind
     sizes = _world_sizes(world_size)
+    parallel = str(parallel or "fsdp")
     if output is not None:
         api.check_output_file(output)
     if len(sizes) > 1:
@@ -303,8 +307,8 @@ def bench(
     fmt: Fmt = FORMAT_OPT,
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Run this many ranks (torchrun's "
                                         "launcher; gloo on CPU, NCCL on CUDA) under --parallel and report "
-                                        "per-rank peaks."),
-    parallel: Parallel = PARALLEL_OPT,
+                                        "per-rank peaks (default: the spec's parallel.world_size when > 1)."),
+    parallel: Optional[Parallel] = PARALLEL_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -319,6 +323,9 @@ def bench(
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
     report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
     s = api.load(spec, **_given(overrides))
+    if nproc is None and s.parallel.world_size > 1:
+        nproc = s.parallel.world_size
+    parallel = str(parallel or s.parallel.kind)
     if nproc is not None:
         if plan_file is not None:
             raise UsageError("--plan with --nproc", tip="the distributed bench plans per rank itself; drop --plan")

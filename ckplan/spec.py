@@ -95,12 +95,21 @@ class TrainSpec(_Strict):
         return v
 
 
+class ParallelSpec(_Strict):
+    """How the job runs across ranks: ``plan`` and ``bench`` default to it (``--world-size`` /
+    ``--nproc`` and ``--parallel`` override). ``input.batch_size`` is per rank."""
+
+    world_size: int = Field(default=1, gt=0)
+    kind: Literal["fsdp", "ddp"] = "fsdp"
+
+
 class Spec(_Strict):
     name: Optional[str] = None
     model: ModelSpec
     input: InputSpec
     chain: Optional[str] = None
     train: TrainSpec = Field(default_factory=TrainSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     seed: int = 0
 
     def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,

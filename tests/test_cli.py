@@ -297,3 +297,15 @@ def test_bench_nproc_two_fsdp_ranks_predicted_equals_measured(tiny_gpt_spec, tmp
         assert row["status"] == "ok", (row, doc["notes"])
         assert 0 <= row["predicted_peak_bytes"] - row["measured_peak_bytes"] <= 0.01 * row["predicted_peak_bytes"]
     assert (tmp_path / "out" / "bench-tiny-gpt-cpu-fsdp2.json").is_file()
+
+
+def test_spec_parallel_field_plans_per_rank(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path, n_layer=4)
+    plain = json.loads(run("plan", spec, "--device", "meta", "-f", "json").stdout)
+    spec.write_text(spec.read_text() + "parallel: {world_size: 4, kind: ddp}\n")
+    ddp = json.loads(run("plan", spec, "--device", "meta", "-f", "json").stdout)
+    # DDP replicates everything and adds gradient buckets: one rank needs more than one process.
+    assert ddp["persistent_bytes"] > plain["persistent_bytes"]
+    assert any("DDP on 4 ranks" in n for n in ddp["notes"])
+    fsdp = json.loads(run("plan", spec, "--device", "meta", "--parallel", "fsdp", "-f", "json").stdout)
+    assert fsdp["persistent_bytes"] < plain["persistent_bytes"]
