@@ -79,6 +79,7 @@ from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
+from .pareto import ParetoTable
 from .plan import Plan, items_from_ranges
 from .simulate import simulate
 from .tables import INF, CostTable, FlatTable, PairCosts, PeakTable, base_bytes, fixed_peak
@@ -90,6 +91,7 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
+PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 DEFAULT_GROUPS = 100
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
@@ -201,7 +203,8 @@ class DPSolver:
 
     def __init__(self, chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
                  groups: int | None = None, rounding: str = "nearest", cuts: str = "cheap",
-                 flat: bool | None = None, top_bytes: int | None = None):
+                 flat: bool | None = None, top_bytes: int | None = None,
+                 pareto: bool | None = None, lowest_bytes: int | None = None):
         if rounding not in ("nearest", "up"):
             raise ValueError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
         self.chain = chain
@@ -217,6 +220,20 @@ class DPSolver:
         self.none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
         top = self.none_peak if top_bytes is None else top_bytes
         self.span = max(0, top - base_bytes(chain))
+        self.cast_bytes = sum(ly.cast_bytes for ly in chain.layers)
+        self.pareto: ParetoTable | None = None
+        if pareto is None:  # explicit slots ask for the slot tables
+            pareto = max_slots is None
+        if pareto and not self.grouped and not chain.has_casts:
+            # Exact bytes: optimal at every budget up to ``top`` (pareto.py).
+            self.lowest = min_peak(chain) if lowest_bytes is None else lowest_bytes
+            pt = self._pareto_table(top, self.lowest)
+            if pt.ok:
+                self.pareto = pt
+                self.readers: list[_Reader] = []
+                self.slot_bytes, self.M, self.exact = 1, self.span, True
+                self._estimate = None
+                return
         g = size_gcd(chain)
         U = self.units.size
         slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
@@ -238,7 +255,6 @@ class DPSolver:
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts
-        self.cast_bytes = sum(ly.cast_bytes for ly in chain.layers)
 
     def solve(self, budget_bytes: int) -> Plan | None:
         """The best plan the tables give at this budget, or None when none of them reaches
@@ -247,6 +263,8 @@ class DPSolver:
         With autocast copies: the cheaper of the tables read at lowered budgets until a plan
         fits, and the plan of the exact top-level frontiers (``casts.py``), which fits whenever
         any plan does (see the module docstring)."""
+        if self.pareto is not None:
+            return self._pareto_plan(budget_bytes)
         best, over = self._best_at(budget_bytes, budget_bytes)
         if not self.cast_bytes:
             return best
@@ -271,6 +289,32 @@ class DPSolver:
         if len(fit) < len(scored):
             raise RuntimeError(f"dp (mixed precision) plan over budget {budget_bytes}: planner bug")
         return min(fit, key=lambda sp: sp[0].recompute_ms)[1] if fit else None
+
+    def _pareto_table(self, top: int, lowest: int) -> ParetoTable:
+        """Exact frontiers for budgets in [lowest, top]. The plan reaching the smallest peak
+        and spending the slack at ``lowest`` on storing bounds the optimum at every budget of
+        that range from above; the table prunes what costs more (no optimal plan uses it)."""
+        t = layer_tables(self.chain)
+        ub = None
+        if lowest >= min_peak(self.chain):
+            ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
+        return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
+                           PARETO_MAX_POINTS, ub)
+
+    def _pareto_plan(self, budget_bytes: int) -> Plan | None:
+        """The optimal plan from the exact frontiers (None when no plan fits)."""
+        pt = self.pareto
+        assert pt is not None
+        if budget_bytes < fixed_peak(self.chain) or budget_bytes < min_peak(self.chain):
+            return None
+        if budget_bytes < self.lowest:  # below what the table was pruned for: one for it
+            pt = self._pareto_table(budget_bytes, budget_bytes)
+        avail = min(budget_bytes - base_bytes(self.chain), pt.top)
+        if pt.cost(avail) == INF:
+            raise RuntimeError(f"exact dp found no plan at budget {budget_bytes} above the "
+                               f"smallest peak {min_peak(self.chain)}: planner bug")
+        ranges = pt.ranges(avail)
+        return self._plan(ranges, budget_bytes, budget_bytes, "exact bytes")
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
         """The least-recompute plan read at ``read_bytes`` that fits ``budget_bytes``, and the
@@ -348,12 +392,15 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     Raises :class:`ckplan.errors.InfeasibleBudgetError` when even ``min_peak`` does not fit.
     """
     notes: list[str] = []
-    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
-    if budget_bytes >= solver.none_peak:
+    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    if budget_bytes >= none_peak:
         plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items,
                     {"budget_bytes": budget_bytes})
-        return DPResult(plan, solver.slot_bytes, solver.M, True, solver.units.size,
-                        ("the plan without checkpointing fits",))
+        return DPResult(plan, 1, 0, True, chain.n_layers + 1, ("the plan without checkpointing fits",))
+    # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
+    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding,
+                      top_bytes=max(budget_bytes, min(min_peak(chain), none_peak)),
+                      lowest_bytes=budget_bytes)
     found = solver.solve(budget_bytes)
     exact = solver.exact
     if found is None:
