@@ -79,6 +79,7 @@ from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
+from .improve import improve
 from .pareto import ParetoTable
 from .plan import Plan, items_from_ranges
 from .simulate import simulate
@@ -92,6 +93,8 @@ FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
+NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
+NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement
 DEFAULT_GROUPS = 100
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
@@ -363,6 +366,41 @@ class DPSolver:
         return None
 
 
+def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
+    """A plan for a budget at or just above the smallest peak on a long chain, where the
+    grouped tables find none: the smallest-peak plan spending the slack on storing, improved
+    locally (``improve.py``), and, when that needs at most ``NEAR_MIN_UNITS`` units, the exact
+    DP (``pareto.py``) on groups cut at ``NEAR_MIN_GROUPS`` cheap boundaries *and* at every
+    boundary of that plan, so the plan itself is one of the DP's (reachable by construction).
+    The cheaper of the two; it fits (checked by the simulator), and is near-optimal, not
+    optimal. Also returns how it was found, for the notes."""
+    n = chain.n_layers
+    start = min_peak_plan(chain, budget_bytes)
+    ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
+    better = improve(chain, ranges, budget_bytes, max_sims=NEAR_MIN_SIMS)
+    best = Plan("dp", n, items_from_ranges(n, better), {"budget_bytes": budget_bytes})
+    cost = simulate(chain, best).recompute_ms
+    how = "returned the smallest-peak plan, improved locally"
+    ends = {e for r in ranges for e in r}
+    cuts = sorted((set(cheap_cuts(chain, NEAR_MIN_GROUPS)) | ends) - {n})
+    if len(cuts) + 1 <= NEAR_MIN_UNITS:
+        u = make_units(chain, cuts)
+        pc = PairCosts(u)
+        pt = ParetoTable(u, pc, PeakTable(u, pc).R, budget_bytes - base_bytes(chain), None, cost)
+        avail = budget_bytes - base_bytes(chain)
+        if pt.cost(avail) < cost:
+            plan = Plan("dp", n, items_from_ranges(n, pt.ranges(avail)), {"budget_bytes": budget_bytes})
+            sc = simulate(chain, plan)
+            if sc.peak_bytes > budget_bytes:
+                raise RuntimeError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
+                                   f"budget {budget_bytes}: planner bug")
+            if sc.recompute_ms < cost:
+                best = plan
+                how = (f"planned exactly on {u.size - 1} groups cut at the smallest-peak plan's "
+                       "boundaries (near-optimal)")
+    return best, how
+
+
 def choose_slot(units: Units, span: int, g: int, max_slots: int) -> int:
     """Slot size: the gcd of all sizes when that needs at most ``max_slots`` slots (exact);
     otherwise the size in [span / max_slots, 1.25 x that] that divides the units' kept and
@@ -407,10 +445,10 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         lowest = min_peak(chain)
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
-        found = min_peak_plan(chain, budget_bytes)
+        found, how = near_min_plan(chain, budget_bytes)
         exact = False
         notes.append("the grouped tables cannot reach a budget this close to the smallest peak: "
-                     "returned the smallest-peak plan")
+                     + how)
     if solver.grouped:
         notes.append(f"long chain: best of nested plans on {solver.units.size - 1} groups of "
                      f"layers and single-level plans on all {chain.n_layers} layers (near-optimal)")
