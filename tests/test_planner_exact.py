@@ -3,7 +3,7 @@
 Oracles: brute force over every nested plan (small chains, sizes in bytes that share no slot),
 scored by the simulator at *every* distinct budget breakpoint; and, on 20-30 layer chains, the
 slot DP on gcd-sized slots (an independent implementation, exact when sizes are small integers)
-against the byte-level Pareto DP (``pareto.py``) at every budget from the smallest peak up.
+against the byte-level Pareto DP (``tables.ParetoTable``) at every budget from the smallest peak up.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import math
 import numpy as np
 import pytest
 
-from ckplan.planner import min_peak, plan_chain, plan_dp, plan_none, simulate
+from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_dp, plan_none, simulate
 from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
-from ckplan.planner.pareto import ParetoTable
 from ckplan.planner.plan import Plan, items_from_ranges
 from ckplan.planner.synthetic import random_chain
+from ckplan.planner.tables import ParetoTable
 from tests.test_planner_dp import brute_best, brute_scores
 
 WIDE = 1_000_003  # sizes up to a million bytes with gcd 1: slots cannot be exact
@@ -101,3 +101,20 @@ def test_pruned_tables_answer_like_the_full_one():
         sc = simulate(chain, res.plan)
         assert sc.peak_bytes <= b
         assert sc.recompute_ms == pytest.approx(ref.cost(int(b) - base_bytes(chain)), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_long_chain_near_min_peak_is_within_five_percent():
+    """Over 120 layers the DP groups layers; at the smallest peak it used to return the bare
+    smallest-peak plan (+61% here). Reference: the exact DP on layers, bounded to the budget."""
+    n = 130
+    chain = random_chain(n, 0, max_size=WIDE)
+    lo = min_peak(chain)
+    res = plan_chain(chain, "dp", lo)
+    assert res.fits and not res.exact
+    t = layer_tables(chain)
+    bare = simulate(chain, min_peak_plan(chain, lo)).recompute_ms
+    ref = ParetoTable(t.units, t.pairs, t.peaks.R, lo - base_bytes(chain), None, bare)
+    want = ref.cost(lo - base_bytes(chain))
+    assert res.score.recompute_ms <= want * 1.05
+    assert res.score.recompute_ms < bare

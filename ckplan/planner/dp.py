@@ -18,6 +18,16 @@ inner plan of every checkpoint are such sequences, which is what makes the recur
   ``C(s, j, m - grads(j..e-1) + x[e-1] - x[j-1])`` costing ``fwd(s..j-1)`` more; feasible when
   the forward that keeps no activations fits.
 
+**Exact bytes (the default).** Chains that are not grouped and have no autocast copies are
+solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto frontier of
+(bytes, recompute) breakpoints (``tables.ParetoTable``): optimal at every budget whatever the
+sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
+(``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
+by the recompute of a plan known to fit (the smallest-peak plan at the lowest budget): nothing
+dearer is part of an optimal plan. Measured with scripts/bench_planner.py; passing
+``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
+
+**Slots (mixed precision, long chains, explicit ``max_slots``).**
 ``m`` is counted in slots of ``slot_bytes``, the same for every budget (one table serves a
 whole frontier). When every size is a multiple of the slot (``slot_bytes`` = gcd of all sizes,
 used whenever that needs few enough slots) the DP is exact; tests check it against brute force
@@ -40,10 +50,10 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
   checkpoint's inner plan stores all, but which layers to checkpoint is chosen layer by layer,
   which is what matters on heterogeneous chains.
 
-Measured with scripts/bench_planner.py at 200 and 300 layers: the best of the two equals the
-exact optimum at every budget tried above the smallest peak; only a band of 0.1-0.5% of the
-range just above the smallest peak is out of both tables' reach, where ``plan_dp`` returns the
-smallest-peak plan (storing wherever the slack allows), up to 75% more recompute than optimal.
+Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there
+``near_min_plan`` runs the exact DP on groups cut at the smallest-peak plan's own boundaries
+(so that plan is reachable) plus 40 cheap cuts, and a local improvement pass checked by the
+simulator: within a few percent of the optimum instead of the bare smallest-peak plan's +60%.
 
 ``min_peak`` solves the companion min-max program ``R(s, e)`` over exact integer bytes: the
 smallest available memory for which a plan of [s, e) exists; ``R(0, U)`` gives the smallest
@@ -74,16 +84,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..errors import SpecError
 from .baselines import plan_none
 from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
-from .improve import improve
-from .pareto import ParetoTable
 from .plan import Plan, items_from_ranges
-from .simulate import simulate
-from .tables import INF, CostTable, FlatTable, PairCosts, PeakTable, base_bytes, fixed_peak
+from .simulate import peak_of, simulate
+from .tables import INF, CostTable, FlatTable, PairCosts, ParetoTable, PeakTable, base_bytes, fixed_peak
 
 __all__ = ["DPResult", "DPSolver", "base_bytes", "cast_frontier", "choose_slot", "fixed_peak",
            "infeasible_error", "layer_tables", "min_peak", "min_peak_plan", "plan_dp"]
@@ -459,3 +468,60 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
                      "exactly but may recompute slightly more than the optimum")
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
+
+
+# ---- Local improvement near the smallest peak ---------------------------------------------
+# Local improvement of a plan under a budget, every step checked by the simulator.
+#
+# For long chains the DP works on groups of layers (``dp.py``), whose tables cannot reach budgets
+# just above the smallest peak; there the solver starts from the smallest-peak plan (exact bytes,
+# slack spent greedily on storing) and this pass lowers its recompute: it moves one checkpoint
+# boundary by one layer, drops a checkpoint, or splits one in two at its cheapest inner boundary,
+# keeps the first move that lowers the recompute and still fits (simulated peak <= budget), and
+# repeats until no move helps or ``max_sims`` simulations are spent. Never over budget, never
+# worse than the start; not optimal (the exact DP is ``pareto.py``).
+
+Ranges = list[tuple[int, int]]
+
+
+def _moves(ranges: Ranges, n: int, x: list[int]) -> list[Ranges]:
+    out: list[Ranges] = []
+    for i, (a, b) in enumerate(ranges):
+        rest = ranges[:i] + ranges[i + 1:]
+        out.append(rest)  # drop: its layers are stored in the enclosing sequence
+        for na, nb in ((a + 1, b), (a, b - 1), (a - 1, b), (a, b + 1)):
+            if 0 <= na < nb <= n and (na, nb) not in rest:
+                out.append(rest + [(na, nb)])
+        if b - a >= 2:  # split at the smallest boundary inside
+            m = min(range(a + 1, b), key=lambda k: x[k - 1])
+            if (a, m) not in rest and (m, b) not in rest:
+                out.append(rest + [(a, m), (m, b)])
+    return out
+
+
+def improve(chain: Chain, ranges: Ranges, budget_bytes: int, max_sims: int = 3000) -> Ranges:
+    """A plan (its checkpointed ranges) at least as cheap as ``ranges`` that fits the budget
+    (``ranges`` itself must fit)."""
+    n = chain.n_layers
+    x = [ly.x_bytes for ly in chain.layers]
+    cur = sorted(ranges)
+    peak, cost = peak_of(chain, items_from_ranges(n, cur))
+    if peak > budget_bytes:
+        raise ValueError(f"the start plan peaks at {peak} > budget {budget_bytes}")
+    sims = 0
+    while sims < max_sims:
+        for cand in _moves(cur, n, x):
+            try:
+                items = items_from_ranges(n, cand)
+            except SpecError:  # overlapping without nesting
+                continue
+            sims += 1
+            p, c = peak_of(chain, items)
+            if p <= budget_bytes and c < cost * (1 - 1e-12):
+                cur, cost = sorted(cand), c
+                break
+            if sims >= max_sims:
+                break
+        else:
+            break
+    return cur
