@@ -103,7 +103,7 @@ MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
-NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement
+NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement (fewer on long chains)
 DEFAULT_GROUPS = 100
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
@@ -386,7 +386,7 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     n = chain.n_layers
     start = min_peak_plan(chain, budget_bytes)
     ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
-    better = improve(chain, ranges, budget_bytes, max_sims=NEAR_MIN_SIMS)
+    better = improve(chain, ranges, budget_bytes, max_sims=max(50, min(NEAR_MIN_SIMS, 200_000 // n)))
     best = Plan("dp", n, items_from_ranges(n, better), {"budget_bytes": budget_bytes})
     cost = simulate(chain, best).recompute_ms
     how = "returned the smallest-peak plan, improved locally"
