@@ -23,8 +23,9 @@ solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto f
 (bytes, recompute) breakpoints (``tables.ParetoTable``): optimal at every budget whatever the
 sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
 (``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
-by the recompute of a plan known to fit (the smallest-peak plan at the lowest budget): nothing
-dearer is part of an optimal plan. Measured with scripts/bench_planner.py; passing
+by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
+layers or more the plan of coarse 500-slot tables): nothing dearer is part of an optimal plan,
+and a tight bound prunes most breakpoints. Measured with scripts/bench_planner.py; passing
 ``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
 
 **Slots (mixed precision, long chains, explicit ``max_slots``).**
@@ -101,6 +102,7 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
+UB_SLOT_MIN_LAYERS, UB_SLOTS = 40, 500  # exact DP: coarse slot tables bound the optimum first
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
 NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement (fewer on long chains)
@@ -310,6 +312,13 @@ class DPSolver:
         ub = None
         if lowest >= min_peak(self.chain):
             ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
+            if self.chain.n_layers >= UB_SLOT_MIN_LAYERS and lowest < self.none_peak:
+                # a near-optimal plan from coarse slot tables: a much tighter bound, which
+                # prunes most of the frontiers away above the smallest peak
+                coarse = DPSolver(self.chain, max_slots=UB_SLOTS, pareto=False, top_bytes=lowest)
+                plan = coarse.solve(lowest)
+                if plan is not None:
+                    ub = min(ub, simulate(self.chain, plan).recompute_ms)
         return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
                            PARETO_MAX_POINTS, ub)
 
