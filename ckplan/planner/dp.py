@@ -52,9 +52,10 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
   which is what matters on heterogeneous chains.
 
 Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there
-``near_min_plan`` runs the exact DP on groups cut at the smallest-peak plan's own boundaries
-(so that plan is reachable) plus 40 cheap cuts, and a local improvement pass checked by the
-simulator: within a few percent of the optimum instead of the bare smallest-peak plan's +60%.
+``near_min_plan`` runs the nested DP on single layers with slots spread over that budget only
+(up to ~380 layers; 1-4 s), else the exact DP on groups cut at the smallest-peak plan's own
+boundaries, and a local improvement pass checked by the simulator: about 1% above the optimum
+at 150-200 layers instead of the bare smallest-peak plan's +60%.
 
 ``min_peak`` solves the companion min-max program ``R(s, e)`` over exact integer bytes: the
 smallest available memory for which a plan of [s, e) exists; ``R(0, U)`` gives the smallest
@@ -105,6 +106,8 @@ EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 UB_SLOT_MIN_LAYERS, UB_SLOTS = 40, 500  # exact DP: coarse slot tables bound the optimum first
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
+NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
+NEAR_MIN_CELLS = 30_000_000  # near_min_plan: U * U * slots float32 cells (120 MB), ~1-4 s
 NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement (fewer on long chains)
 DEFAULT_GROUPS = 100
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
@@ -386,12 +389,14 @@ class DPSolver:
 
 def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     """A plan for a budget at or just above the smallest peak on a long chain, where the
-    grouped tables find none: the smallest-peak plan spending the slack on storing, improved
-    locally (``improve.py``), and, when that needs at most ``NEAR_MIN_UNITS`` units, the exact
-    DP (``pareto.py``) on groups cut at ``NEAR_MIN_GROUPS`` cheap boundaries *and* at every
-    boundary of that plan, so the plan itself is one of the DP's (reachable by construction).
-    The cheaper of the two; it fits (checked by the simulator), and is near-optimal, not
-    optimal. Also returns how it was found, for the notes."""
+    grouped tables find none. Candidates: the smallest-peak plan spending the slack on storing,
+    improved locally (``improve`` below); and, when ``U^2 x NEAR_MIN_MIN_SLOTS`` cells fit in
+    ``NEAR_MIN_CELLS``, the nested DP on single layers with slots spread over this budget
+    only (fine where it matters, read in exact bytes so the plan fits); else, when at most
+    ``NEAR_MIN_UNITS`` units, the exact DP on groups cut at the smallest-peak plan's boundaries
+    (reachable by construction) and at ``NEAR_MIN_GROUPS`` cheap ones. The cheapest; it fits
+    (checked by the simulator), and is near-optimal, not optimal. Also returns how it was
+    found, for the notes."""
     n = chain.n_layers
     start = min_peak_plan(chain, budget_bytes)
     ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
@@ -399,23 +404,34 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     best = Plan("dp", n, items_from_ranges(n, better), {"budget_bytes": budget_bytes})
     cost = simulate(chain, best).recompute_ms
     how = "returned the smallest-peak plan, improved locally"
+    cands: list[tuple[Plan, str]] = []
+    U = n + 1
+    slots = min(NEAR_MIN_SLOTS, NEAR_MIN_CELLS // (U * U))
     ends = {e for r in ranges for e in r}
     cuts = sorted((set(cheap_cuts(chain, NEAR_MIN_GROUPS)) | ends) - {n})
-    if len(cuts) + 1 <= NEAR_MIN_UNITS:
+    if slots >= NEAR_MIN_MIN_SLOTS:
+        solver = DPSolver(chain, mode="exact", pareto=False, max_slots=slots, top_bytes=budget_bytes)
+        plan = solver.solve(budget_bytes)
+        if plan is not None:
+            cands.append((plan, f"planned on single layers in {slots} slots up to the budget "
+                                "(near-optimal)"))
+    elif len(cuts) + 1 <= NEAR_MIN_UNITS:
         u = make_units(chain, cuts)
         pc = PairCosts(u)
-        pt = ParetoTable(u, pc, PeakTable(u, pc).R, budget_bytes - base_bytes(chain), None, cost)
         avail = budget_bytes - base_bytes(chain)
+        pt = ParetoTable(u, pc, PeakTable(u, pc).R, avail, None, cost)
         if pt.cost(avail) < cost:
-            plan = Plan("dp", n, items_from_ranges(n, pt.ranges(avail)), {"budget_bytes": budget_bytes})
-            sc = simulate(chain, plan)
-            if sc.peak_bytes > budget_bytes:
-                raise RuntimeError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
-                                   f"budget {budget_bytes}: planner bug")
-            if sc.recompute_ms < cost:
-                best = plan
-                how = (f"planned exactly on {u.size - 1} groups cut at the smallest-peak plan's "
-                       "boundaries (near-optimal)")
+            cands.append((Plan("dp", n, items_from_ranges(n, pt.ranges(avail)),
+                               {"budget_bytes": budget_bytes}),
+                          f"planned exactly on {u.size - 1} groups cut at the smallest-peak plan's "
+                          "boundaries (near-optimal)"))
+    for plan, text in cands:
+        sc = simulate(chain, plan)
+        if sc.peak_bytes > budget_bytes:
+            raise RuntimeError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
+                               f"budget {budget_bytes}: planner bug")
+        if sc.recompute_ms < cost:
+            best, cost, how = plan, sc.recompute_ms, text
     return best, how
 
 
