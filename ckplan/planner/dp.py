@@ -400,7 +400,7 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     n = chain.n_layers
     start = min_peak_plan(chain, budget_bytes)
     ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
-    better = improve(chain, ranges, budget_bytes, max_sims=max(50, min(NEAR_MIN_SIMS, 200_000 // n)))
+    better = improve(chain, ranges, budget_bytes, max_sims=max(20, min(NEAR_MIN_SIMS, 50_000 // n)))
     best = Plan("dp", n, items_from_ranges(n, better), {"budget_bytes": budget_bytes})
     cost = simulate(chain, best).recompute_ms
     how = "returned the smallest-peak plan, improved locally"
