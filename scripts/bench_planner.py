@@ -1,31 +1,47 @@
-"""Time the dp planner on random heterogeneous chains and measure what its shortcuts cost.
+"""Time the dp planner and measure its gap to the exact optimum, before and after issue 9 (3, 4).
 
-    python scripts/bench_planner.py                 # timings at 100 and 1000 layers
-    python scripts/bench_planner.py --gap 200       # grouped / rounded DP vs the exact optimum
-    python scripts/bench_planner.py --casts         # timings with autocast copies (mixed precision)
+    python scripts/bench_planner.py --speed 10 30 100 300 1000      # seconds per plan
+    python scripts/bench_planner.py --gap 8 30 100 --seeds 3         # gap to the exact optimum
+    python scripts/bench_planner.py --gap 200 --seeds 1 --fracs 0 0.001 0.01
+    python scripts/bench_planner.py --breakpoints 8 30 --seeds 4     # at every budget breakpoint
+    python scripts/bench_planner.py --speed 100 --casts              # mixed precision
 
-Timings: ``plan_chain(chain, "dp", budget)`` end to end (tables, reconstruction, simulation,
-the baselines' safety net), at budgets 0%, 10%, 50% and 90% of the way from the smallest
-feasible peak to the peak without checkpointing; ``min_peak`` is timed apart (plan_chain needs
-it only when the tables find nothing, e.g. at 0%).
+Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
+million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
+(every size a multiple of 1000003 bytes). Budgets: a fraction of the way from the smallest
+feasible peak (0) to the peak without checkpointing (1).
 
-Gap: the exact optimum comes from the exact DP on gcd-sized slots, which needs small integer
-sizes (memory grows with n^2 x slots); each faster configuration is scored by the simulator.
-"missed": budgets where a configuration's tables found no plan (plan_dp then returns the
-smallest-peak plan, which is what the gap counts). No timing here is asserted anywhere: these are
-figures for the README.
+* ``after``: ``plan_chain(chain, "dp", budget)``, what the CLI runs (exact byte-level DP up to
+  120 layers; grouped tables above, with ``near_min_plan`` just above the smallest peak).
+* ``before``: the previous solver, kept as ``DPSolver(chain, pareto=False)`` (slot tables over
+  the whole range, budget-independent), falling back to the smallest-peak plan where its tables
+  find nothing, as ``plan_dp`` did.
+* reference: the exact DP in bytes (``tables.ParetoTable``) bounded to the budget and to the
+  cheaper of the two plans' recompute, which is exact by construction (tests check it against
+  brute force and against the gcd-slot DP); slow on long chains (minutes at 200 layers).
+
+Gap = recompute / reference - 1 (0 is optimal). No figure here is asserted anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import statistics
 import time
 
 import numpy as np
 
 from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate
-from ckplan.planner.dp import DPSolver
-from ckplan.planner.synthetic import random_chain, uniform_chain, with_casts
+from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
+from ckplan.planner.synthetic import random_chain, with_casts
+from ckplan.planner.tables import ParetoTable
+
+WIDE = 1_000_003
+
+
+def make_chain(n: int, seed: int, scaled: bool):
+    return random_chain(n, seed, scale=WIDE) if scaled else random_chain(n, seed, max_size=WIDE)
 
 
 def timed(fn):
@@ -34,83 +50,127 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def bench_speed(sizes: list[int], seeds: int, casts: bool = False) -> None:
-    print(f"# dp timings{' with autocast copies' if casts else ''} "
-          f"({platform.processor() or platform.machine()}, "
-          f"{platform.python_version()}, numpy {np.__version__})")
-    print("layers seed  min_peak_s  budget  plan_chain_s  fits  exact  overhead  slot_bytes")
+def before(chain, budget):
+    """The previous plan_dp: slot tables over the whole range, smallest-peak plan where they miss."""
+    solver = DPSolver(chain, pareto=False)
+    return solver.solve(budget) or min_peak_plan(chain, budget)
+
+
+def header(what: str) -> None:
+    print(f"# {what} ({platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"python {platform.python_version()}, numpy {np.__version__})")
+
+
+def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, casts: bool,
+                compare: bool) -> None:
+    header("seconds per dp plan" + (" with autocast copies" if casts else ""))
+    print("layers seed  budget  after_s  exact  overhead" + ("  before_s  overhead" if compare else ""))
     for n in sizes:
         for seed in range(seeds):
-            ch = random_chain(n, seed, scale=1_000_003)  # sizes not multiples of a round slot
+            ch = make_chain(n, seed, scaled)
             if casts:
                 ch = with_casts(ch, seed)
-            lo, t_lo = timed(lambda: min_peak(ch))
+            lo = min_peak(ch)  # cached per chain: timed plans below include the tables
             hi = simulate(ch, plan_none(n)).peak_bytes
-            for f in (0.0, 0.1, 0.5, 0.9):
+            for f in fracs:
                 b = int(lo + f * (hi - lo))
+                layer_tables.cache_clear()
                 r, t = timed(lambda: plan_chain(ch, "dp", b))
-                print(f"{n:6d} {seed:4d}  {t_lo:10.2f}  {f:6.0%}  {t:12.2f}  {r.fits!s:5} "
-                      f"{r.exact!s:5}  {r.score.overhead:8.2%}  {r.slot_bytes:10d}", flush=True)
+                line = (f"{n:6d} {seed:4d}  {f:6.1%}  {t:7.2f}  {r.exact!s:5}  "
+                        f"{r.score.overhead:8.2%}")
+                if compare:
+                    layer_tables.cache_clear()
+                    p, t0 = timed(lambda: before(ch, b))
+                    line += f"  {t0:8.2f}  {simulate(ch, p).overhead:8.2%}"
+                print(line, flush=True)
 
 
-CONFIGS = {
-    "auto (what plan_chain uses)": dict(),
-    "nested on 100 groups only": dict(mode="grouped", groups=100, flat=False),
-    "depth-1 on layers only": dict(mode="grouped", groups=1),
-    "layers, 500 slots, rounded up (rotor)": dict(mode="exact", max_slots=500, rounding="up"),
-    "layers, 500 slots, nearest + check": dict(mode="exact", max_slots=500),
-}
+def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool) -> None:
+    header(f"gap to the exact optimum at {n} layers, {seeds} chains")
+    print("layers seed  budget  before_gap  after_gap  before_s  after_s  ref_s")
+    rows: dict[float, list[tuple[float, float]]] = {f: [] for f in fracs}
+    for seed in range(seeds):
+        ch = make_chain(n, seed, scaled)
+        lo = min_peak(ch)
+        hi = simulate(ch, plan_none(n)).peak_bytes
+        t = layer_tables(ch)
+        for f in fracs:
+            b = int(lo + f * (hi - lo))
+            old, t_old = timed(lambda: before(ch, b))
+            new, t_new = timed(lambda: plan_chain(ch, "dp", b))
+            so, sn = simulate(ch, old), new.score
+            assert so.peak_bytes <= b and sn.peak_bytes <= b and new.fits
+            avail = b - base_bytes(ch)
+            ref, t_ref = timed(lambda: ParetoTable(t.units, t.pairs, t.peaks.R, avail, None,
+                                                   min(so.recompute_ms, sn.recompute_ms)))
+            r0 = ref.cost(avail)
+            gap = (lambda r: r / r0 - 1 if r0 > 0 else (0.0 if r == 0 else float("inf")))
+            g_old, g_new = gap(so.recompute_ms), gap(sn.recompute_ms)
+            rows[f].append((g_old, g_new))
+            print(f"{n:6d} {seed:4d}  {f:6.1%}  {g_old:10.2%}  {g_new:9.2%}  {t_old:8.2f}  "
+                  f"{t_new:7.2f}  {t_ref:5.1f}", flush=True)
+    print(f"# summary at {n} layers: gap per budget, max / median over {seeds} chains")
+    print("budget   before_max  before_med   after_max  after_med")
+    for f, gs in rows.items():
+        o, a = [g[0] for g in gs], [g[1] for g in gs]
+        print(f"{f:6.1%}  {max(o):10.2%}  {statistics.median(o):10.2%}  {max(a):10.2%}  "
+              f"{statistics.median(a):9.2%}", flush=True)
 
-FAMILIES = {
-    # heterogeneous: every size drawn at random per layer
-    "heterogeneous": lambda n, seed, size: random_chain(n, seed, max_size=size),
-    # homogeneous: identical blocks (a transformer), where nesting matters at tight budgets
-    "identical": lambda n, seed, size: uniform_chain(n, x_bytes=2, xbar_bytes=5, grad_bytes=1,
-                                                     fwd_ms=1.0 + seed, bwd_ms=2.0),
-}
 
-
-def bench_gap(n: int, seeds: int, max_size: int) -> None:
-    print(f"# gap to the exact optimum at {n} layers (12 budgets from the smallest peak to the "
-          "peak without checkpointing)")
-    print("family         config                                  seed  build_s  "
-          "gap@min  mean_gap  max_gap  missed   (mean/max over the 11 budgets above the smallest peak)")
-    for family, make in FAMILIES.items():
-        for seed in range(seeds if family == "heterogeneous" else 1):
-            ch = make(n, seed, max_size)
-            ref, t_ref = timed(lambda: DPSolver(ch, mode="exact", max_slots=10**6))
-            assert ref.exact
-            print(f"{family:14s} {'exact (' + str(ref.M) + ' gcd slots)':40s}{seed:4d}  {t_ref:7.2f}",
-                  flush=True)
-            lo, hi = min_peak(ch), ref.none_peak
-            budgets = [int(lo + f * (hi - lo)) for f in np.linspace(0.0, 0.95, 12)]
-            best = [simulate(ch, ref.solve(b)).recompute_ms for b in budgets]
-            for name, kw in CONFIGS.items():
-                solver, t = timed(lambda: DPSolver(ch, **kw))
-                gaps, missed = [], 0
-                for b, r0 in zip(budgets, best):
-                    plan = solver.solve(b)
-                    if plan is None:  # plan_dp falls back to the smallest-peak plan
-                        missed += 1
-                        plan = min_peak_plan(ch, b)
-                    r = simulate(ch, plan).recompute_ms
-                    gaps.append(r / r0 - 1 if r0 > 0 else 0.0)
-                print(f"{family:14s} {name:40s}{seed:4d}  {t:7.2f}  {gaps[0]:9.2%}  "
-                      f"{np.mean(gaps[1:]):8.2%}  {max(gaps[1:]):7.2%}  {missed:6d}", flush=True)
+def bench_breakpoints(n: int, seeds: int, scaled: bool) -> None:
+    """The gap at *every* budget where the optimum changes (the exact frontier's breakpoints):
+    where rounded slots hurt most, and what fixed fractions of the range mostly miss."""
+    header(f"gap at every breakpoint of the exact frontier, {n} layers, {seeds} chains")
+    print("layers seed  budgets  before_max  before_med  before>1%   after_max  after_med  after>1%")
+    for seed in range(seeds):
+        ch = make_chain(n, seed, scaled)
+        t = layer_tables(ch)
+        base, lo = base_bytes(ch), min_peak(ch)
+        hi = simulate(ch, plan_none(n)).peak_bytes
+        ub = simulate(ch, min_peak_plan(ch)).recompute_ms
+        ref = ParetoTable(t.units, t.pairs, t.peaks.R, hi - base, None, ub)
+        solver_old, solver_new = DPSolver(ch, pareto=False), DPSolver(ch)
+        g_old, g_new = [], []
+        for m in ref.frontier()[0]:
+            b = int(base + m)
+            if b < lo or b >= hi:
+                continue
+            r0 = ref.cost(int(m))
+            old = solver_old.solve(b) or min_peak_plan(ch, b)
+            new = solver_new.solve(b)
+            for plan, out in ((old, g_old), (new, g_new)):
+                sc = simulate(ch, plan)
+                assert sc.peak_bytes <= b
+                out.append(sc.recompute_ms / r0 - 1 if r0 > 0 else 0.0)
+        print(f"{n:6d} {seed:4d}  {len(g_old):7d}  {max(g_old):10.2%}  {statistics.median(g_old):10.2%}"
+              f"  {sum(g > 0.01 for g in g_old):9d}  {max(g_new):10.2%}  "
+              f"{statistics.median(g_new):9.2%}  {sum(g > 0.01 for g in g_new):8d}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, nargs="*", default=[100, 1000])
-    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--speed", type=int, nargs="*", default=[], help="chain lengths to time")
     ap.add_argument("--gap", type=int, nargs="*", default=[], help="chain lengths for the gap study")
-    ap.add_argument("--max-size", type=int, default=6, help="largest output size in the gap study")
+    ap.add_argument("--breakpoints", type=int, nargs="*", default=[],
+                    help="chain lengths for the gap at every breakpoint of the exact frontier")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--fracs", type=float, nargs="*", default=None,
+                    help="budget fractions (default: 0 0.1 0.5 0.9 for --speed, "
+                         "0 0.001 0.01 0.03 0.1 0.3 0.6 0.9 for --gap)")
+    ap.add_argument("--scaled", action="store_true", help="sizes multiples of 1000003 bytes")
     ap.add_argument("--casts", action="store_true", help="add autocast copies to the timed chains")
+    ap.add_argument("--before", action="store_true", help="--speed: also time the previous solver")
     args = ap.parse_args()
-    if args.layers:
-        bench_speed(args.layers, args.seeds, args.casts)
+    if not args.speed and not args.gap and not args.breakpoints:
+        args.speed = [10, 30, 100, 300, 1000]
+    if args.speed:
+        bench_speed(args.speed, args.seeds, args.fracs or [0.0, 0.1, 0.5, 0.9], args.scaled,
+                    args.casts, args.before)
+    for n in args.breakpoints:
+        bench_breakpoints(n, args.seeds, args.scaled)
     for n in args.gap:
-        bench_gap(n, args.seeds, args.max_size)
+        bench_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9],
+                  args.scaled)
 
 
 if __name__ == "__main__":

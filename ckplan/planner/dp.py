@@ -18,6 +18,17 @@ inner plan of every checkpoint are such sequences, which is what makes the recur
   ``C(s, j, m - grads(j..e-1) + x[e-1] - x[j-1])`` costing ``fwd(s..j-1)`` more; feasible when
   the forward that keeps no activations fits.
 
+**Exact bytes (the default).** Chains that are not grouped and have no autocast copies are
+solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto frontier of
+(bytes, recompute) breakpoints (``tables.ParetoTable``): optimal at every budget whatever the
+sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
+(``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
+by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
+layers or more the plan of coarse 500-slot tables): nothing dearer is part of an optimal plan,
+and a tight bound prunes most breakpoints. Measured with scripts/bench_planner.py; passing
+``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
+
+**Slots (mixed precision, long chains, explicit ``max_slots``).**
 ``m`` is counted in slots of ``slot_bytes``, the same for every budget (one table serves a
 whole frontier). When every size is a multiple of the slot (``slot_bytes`` = gcd of all sizes,
 used whenever that needs few enough slots) the DP is exact; tests check it against brute force
@@ -40,10 +51,11 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
   checkpoint's inner plan stores all, but which layers to checkpoint is chosen layer by layer,
   which is what matters on heterogeneous chains.
 
-Measured with scripts/bench_planner.py at 200 and 300 layers: the best of the two equals the
-exact optimum at every budget tried above the smallest peak; only a band of 0.1-0.5% of the
-range just above the smallest peak is out of both tables' reach, where ``plan_dp`` returns the
-smallest-peak plan (storing wherever the slack allows), up to 75% more recompute than optimal.
+Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there
+``near_min_plan`` runs the nested DP on single layers with slots spread over that budget only
+(up to ~380 layers; 1-4 s), else the exact DP on groups cut at the smallest-peak plan's own
+boundaries, and a local improvement pass checked by the simulator: about 1% above the optimum
+at 150-200 layers instead of the bare smallest-peak plan's +60%.
 
 ``min_peak`` solves the companion min-max program ``R(s, e)`` over exact integer bytes: the
 smallest available memory for which a plan of [s, e) exists; ``R(0, U)`` gives the smallest
@@ -74,14 +86,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..errors import SpecError
 from .baselines import plan_none
 from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
 from .plan import Plan, items_from_ranges
-from .simulate import simulate
-from .tables import INF, CostTable, FlatTable, PairCosts, PeakTable, base_bytes, fixed_peak
+from .simulate import peak_of, simulate
+from .tables import INF, CostTable, FlatTable, PairCosts, ParetoTable, PeakTable, base_bytes, fixed_peak
 
 __all__ = ["DPResult", "DPSolver", "base_bytes", "cast_frontier", "choose_slot", "fixed_peak",
            "infeasible_error", "layer_tables", "min_peak", "min_peak_plan", "plan_dp"]
@@ -90,6 +103,12 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
+UB_SLOT_MIN_LAYERS, UB_SLOTS = 40, 500  # exact DP: coarse slot tables bound the optimum first
+PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
+NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
+NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
+NEAR_MIN_CELLS = 30_000_000  # near_min_plan: U * U * slots float32 cells (120 MB), ~1-4 s
+NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement (fewer on long chains)
 DEFAULT_GROUPS = 100
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
@@ -201,7 +220,8 @@ class DPSolver:
 
     def __init__(self, chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
                  groups: int | None = None, rounding: str = "nearest", cuts: str = "cheap",
-                 flat: bool | None = None, top_bytes: int | None = None):
+                 flat: bool | None = None, top_bytes: int | None = None,
+                 pareto: bool | None = None, lowest_bytes: int | None = None):
         if rounding not in ("nearest", "up"):
             raise ValueError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
         self.chain = chain
@@ -217,6 +237,20 @@ class DPSolver:
         self.none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
         top = self.none_peak if top_bytes is None else top_bytes
         self.span = max(0, top - base_bytes(chain))
+        self.cast_bytes = sum(ly.cast_bytes for ly in chain.layers)
+        self.pareto: ParetoTable | None = None
+        if pareto is None:  # explicit slots ask for the slot tables
+            pareto = max_slots is None
+        if pareto and not self.grouped and not chain.has_casts:
+            # Exact bytes: optimal at every budget up to ``top`` (pareto.py).
+            self.lowest = min_peak(chain) if lowest_bytes is None else lowest_bytes
+            pt = self._pareto_table(top, self.lowest)
+            if pt.ok:
+                self.pareto = pt
+                self.readers: list[_Reader] = []
+                self.slot_bytes, self.M, self.exact = 1, self.span, True
+                self._estimate = None
+                return
         g = size_gcd(chain)
         U = self.units.size
         slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
@@ -238,7 +272,6 @@ class DPSolver:
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts
-        self.cast_bytes = sum(ly.cast_bytes for ly in chain.layers)
 
     def solve(self, budget_bytes: int) -> Plan | None:
         """The best plan the tables give at this budget, or None when none of them reaches
@@ -247,6 +280,8 @@ class DPSolver:
         With autocast copies: the cheaper of the tables read at lowered budgets until a plan
         fits, and the plan of the exact top-level frontiers (``casts.py``), which fits whenever
         any plan does (see the module docstring)."""
+        if self.pareto is not None:
+            return self._pareto_plan(budget_bytes)
         best, over = self._best_at(budget_bytes, budget_bytes)
         if not self.cast_bytes:
             return best
@@ -271,6 +306,39 @@ class DPSolver:
         if len(fit) < len(scored):
             raise RuntimeError(f"dp (mixed precision) plan over budget {budget_bytes}: planner bug")
         return min(fit, key=lambda sp: sp[0].recompute_ms)[1] if fit else None
+
+    def _pareto_table(self, top: int, lowest: int) -> ParetoTable:
+        """Exact frontiers for budgets in [lowest, top]. The plan reaching the smallest peak
+        and spending the slack at ``lowest`` on storing bounds the optimum at every budget of
+        that range from above; the table prunes what costs more (no optimal plan uses it)."""
+        t = layer_tables(self.chain)
+        ub = None
+        if lowest >= min_peak(self.chain):
+            ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
+            if self.chain.n_layers >= UB_SLOT_MIN_LAYERS and lowest < self.none_peak:
+                # a near-optimal plan from coarse slot tables: a much tighter bound, which
+                # prunes most of the frontiers away above the smallest peak
+                coarse = DPSolver(self.chain, max_slots=UB_SLOTS, pareto=False, top_bytes=lowest)
+                plan = coarse.solve(lowest)
+                if plan is not None:
+                    ub = min(ub, simulate(self.chain, plan).recompute_ms)
+        return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
+                           PARETO_MAX_POINTS, ub)
+
+    def _pareto_plan(self, budget_bytes: int) -> Plan | None:
+        """The optimal plan from the exact frontiers (None when no plan fits)."""
+        pt = self.pareto
+        assert pt is not None
+        if budget_bytes < fixed_peak(self.chain) or budget_bytes < min_peak(self.chain):
+            return None
+        if budget_bytes < self.lowest:  # below what the table was pruned for: one for it
+            pt = self._pareto_table(budget_bytes, budget_bytes)
+        avail = min(budget_bytes - base_bytes(self.chain), pt.top)
+        if pt.cost(avail) == INF:
+            raise RuntimeError(f"exact dp found no plan at budget {budget_bytes} above the "
+                               f"smallest peak {min_peak(self.chain)}: planner bug")
+        ranges = pt.ranges(avail)
+        return self._plan(ranges, budget_bytes, budget_bytes, "exact bytes")
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
         """The least-recompute plan read at ``read_bytes`` that fits ``budget_bytes``, and the
@@ -319,6 +387,54 @@ class DPSolver:
         return None
 
 
+def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
+    """A plan for a budget at or just above the smallest peak on a long chain, where the
+    grouped tables find none. Candidates: the smallest-peak plan spending the slack on storing,
+    improved locally (``improve`` below); and, when ``U^2 x NEAR_MIN_MIN_SLOTS`` cells fit in
+    ``NEAR_MIN_CELLS``, the nested DP on single layers with slots spread over this budget
+    only (fine where it matters, read in exact bytes so the plan fits); else, when at most
+    ``NEAR_MIN_UNITS`` units, the exact DP on groups cut at the smallest-peak plan's boundaries
+    (reachable by construction) and at ``NEAR_MIN_GROUPS`` cheap ones. The cheapest; it fits
+    (checked by the simulator), and is near-optimal, not optimal. Also returns how it was
+    found, for the notes."""
+    n = chain.n_layers
+    start = min_peak_plan(chain, budget_bytes)
+    ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
+    better = improve(chain, ranges, budget_bytes, max_sims=max(20, min(NEAR_MIN_SIMS, 50_000 // n)))
+    best = Plan("dp", n, items_from_ranges(n, better), {"budget_bytes": budget_bytes})
+    cost = simulate(chain, best).recompute_ms
+    how = "returned the smallest-peak plan, improved locally"
+    cands: list[tuple[Plan, str]] = []
+    U = n + 1
+    slots = min(NEAR_MIN_SLOTS, NEAR_MIN_CELLS // (U * U))
+    ends = {e for r in ranges for e in r}
+    cuts = sorted((set(cheap_cuts(chain, NEAR_MIN_GROUPS)) | ends) - {n})
+    if slots >= NEAR_MIN_MIN_SLOTS:
+        solver = DPSolver(chain, mode="exact", pareto=False, max_slots=slots, top_bytes=budget_bytes)
+        plan = solver.solve(budget_bytes)
+        if plan is not None:
+            cands.append((plan, f"planned on single layers in {slots} slots up to the budget "
+                                "(near-optimal)"))
+    elif len(cuts) + 1 <= NEAR_MIN_UNITS:
+        u = make_units(chain, cuts)
+        pc = PairCosts(u)
+        avail = budget_bytes - base_bytes(chain)
+        pt = ParetoTable(u, pc, PeakTable(u, pc).R, avail, None, cost)
+        if pt.cost(avail) < cost:
+            cands.append((Plan("dp", n, items_from_ranges(n, pt.ranges(avail)),
+                               {"budget_bytes": budget_bytes}),
+                          f"planned exactly on {u.size - 1} groups cut at the smallest-peak plan's "
+                          "boundaries (near-optimal)"))
+    for plan, text in cands:
+        sc = simulate(chain, plan)
+        if sc.peak_bytes > budget_bytes:
+            raise RuntimeError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
+                               f"budget {budget_bytes}: planner bug")
+        if sc.recompute_ms < cost:
+            best, cost, how = plan, sc.recompute_ms, text
+    return best, how
+
+
 def choose_slot(units: Units, span: int, g: int, max_slots: int) -> int:
     """Slot size: the gcd of all sizes when that needs at most ``max_slots`` slots (exact);
     otherwise the size in [span / max_slots, 1.25 x that] that divides the units' kept and
@@ -348,22 +464,25 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     Raises :class:`ckplan.errors.InfeasibleBudgetError` when even ``min_peak`` does not fit.
     """
     notes: list[str] = []
-    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
-    if budget_bytes >= solver.none_peak:
+    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    if budget_bytes >= none_peak:
         plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items,
                     {"budget_bytes": budget_bytes})
-        return DPResult(plan, solver.slot_bytes, solver.M, True, solver.units.size,
-                        ("the plan without checkpointing fits",))
+        return DPResult(plan, 1, 0, True, chain.n_layers + 1, ("the plan without checkpointing fits",))
+    # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
+    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding,
+                      top_bytes=max(budget_bytes, min(min_peak(chain), none_peak)),
+                      lowest_bytes=budget_bytes)
     found = solver.solve(budget_bytes)
     exact = solver.exact
     if found is None:
         lowest = min_peak(chain)
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
-        found = min_peak_plan(chain, budget_bytes)
+        found, how = near_min_plan(chain, budget_bytes)
         exact = False
         notes.append("the grouped tables cannot reach a budget this close to the smallest peak: "
-                     "returned the smallest-peak plan")
+                     + how)
     if solver.grouped:
         notes.append(f"long chain: best of nested plans on {solver.units.size - 1} groups of "
                      f"layers and single-level plans on all {chain.n_layers} layers (near-optimal)")
@@ -374,3 +493,60 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
                      "exactly but may recompute slightly more than the optimum")
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
+
+
+# ---- Local improvement near the smallest peak ---------------------------------------------
+# Local improvement of a plan under a budget, every step checked by the simulator.
+#
+# For long chains the DP works on groups of layers (``dp.py``), whose tables cannot reach budgets
+# just above the smallest peak; there the solver starts from the smallest-peak plan (exact bytes,
+# slack spent greedily on storing) and this pass lowers its recompute: it moves one checkpoint
+# boundary by one layer, drops a checkpoint, or splits one in two at its cheapest inner boundary,
+# keeps the first move that lowers the recompute and still fits (simulated peak <= budget), and
+# repeats until no move helps or ``max_sims`` simulations are spent. Never over budget, never
+# worse than the start; not optimal (the exact DP is ``pareto.py``).
+
+Ranges = list[tuple[int, int]]
+
+
+def _moves(ranges: Ranges, n: int, x: list[int]) -> list[Ranges]:
+    out: list[Ranges] = []
+    for i, (a, b) in enumerate(ranges):
+        rest = ranges[:i] + ranges[i + 1:]
+        out.append(rest)  # drop: its layers are stored in the enclosing sequence
+        for na, nb in ((a + 1, b), (a, b - 1), (a - 1, b), (a, b + 1)):
+            if 0 <= na < nb <= n and (na, nb) not in rest:
+                out.append(rest + [(na, nb)])
+        if b - a >= 2:  # split at the smallest boundary inside
+            m = min(range(a + 1, b), key=lambda k: x[k - 1])
+            if (a, m) not in rest and (m, b) not in rest:
+                out.append(rest + [(a, m), (m, b)])
+    return out
+
+
+def improve(chain: Chain, ranges: Ranges, budget_bytes: int, max_sims: int = 3000) -> Ranges:
+    """A plan (its checkpointed ranges) at least as cheap as ``ranges`` that fits the budget
+    (``ranges`` itself must fit)."""
+    n = chain.n_layers
+    x = [ly.x_bytes for ly in chain.layers]
+    cur = sorted(ranges)
+    peak, cost = peak_of(chain, items_from_ranges(n, cur))
+    if peak > budget_bytes:
+        raise ValueError(f"the start plan peaks at {peak} > budget {budget_bytes}")
+    sims = 0
+    while sims < max_sims:
+        for cand in _moves(cur, n, x):
+            try:
+                items = items_from_ranges(n, cand)
+            except SpecError:  # overlapping without nesting
+                continue
+            sims += 1
+            p, c = peak_of(chain, items)
+            if p <= budget_bytes and c < cost * (1 - 1e-12):
+                cur, cost = sorted(cand), c
+                break
+            if sims >= max_sims:
+                break
+        else:
+            break
+    return cur
