@@ -227,7 +227,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
         if b >= hi:
             plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items, {"budget_bytes": b})
         else:
-            plan = solver.solve(b) or prev or dp.min_peak_plan(chain, b)
+            plan = solver.solve(b) or prev or dp.near_min_plan(chain, b)[0]
             if prev is not None and (simulate(chain, prev).recompute_ms
                                      < simulate(chain, plan).recompute_ms):
                 plan = prev
