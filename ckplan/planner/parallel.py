@@ -63,8 +63,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import InfeasibleBudgetError, UsageError
+from .calibrate import chain_from_profile
 from .chain import Chain
+from .dp import min_peak
+from .strategies import plan_chain
 
 if TYPE_CHECKING:
     from ..records import Profile
@@ -153,7 +156,6 @@ def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:
 
 def per_rank_chain_from_profile(profile: Profile, world_size: int, kind: str) -> Chain:
     """``per_rank_chain`` of the profile's single-process chain, parameter sizes from its rows."""
-    from . import chain_from_profile
     if profile.accum != 1:
         raise UsageError(f"--world-size plans assume train.accum 1, the profile has accum {profile.accum}",
                          tip="profile with train.accum: 1")
@@ -190,9 +192,6 @@ def world_size_table(profile: Profile, world_sizes: Sequence[int], kind: str = "
 
     ``budget_bytes`` is per rank; without it dp plans for the smallest feasible peak.
     """
-    from ..errors import InfeasibleBudgetError
-    from .dp import min_peak
-    from .strategies import plan_chain
 
     rows = []
     for w in world_sizes:
