@@ -366,7 +366,7 @@ def _launch(job: _Job, nproc: int) -> str:
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.out_dir, "logs"), redirects=Std.ALL),
     )
     try:
-        with _main_module_hidden(), _quiet_launcher():
+        with _main_module_hidden(), _quiet_launcher(), _signal_handlers_kept():
             elastic_launch(config, _rank_main)(job)
     except ChildFailedError as err:
         msgs = []
@@ -377,6 +377,23 @@ def _launch(job: _Job, nproc: int) -> str:
                 msgs.append(f"rank {rank}: {own or f.message or f'exit code {f.exitcode}'}")
         return "; ".join(msgs)[:600]
     return ""
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """The launcher installs its own SIGINT/SIGTERM handlers in this process and leaves them;
+    put the caller's back (Ctrl-C must stay a KeyboardInterrupt for ckplan and its users)."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -119,3 +119,12 @@ def test_rank_past_its_time_is_stopped(spec, prof):
     assert time.monotonic() - t0 < 30
     assert all(r.status == ERROR for r in res.rows)
     assert any("timeout_s" in r.message for r in res.rows)
+
+
+def test_the_launcher_leaves_ctrl_c_alone(tmp_path):
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    from ckplan.distributed import _signal_handlers_kept
+    with _signal_handlers_kept():
+        signal.signal(signal.SIGINT, lambda *a: None)  # what torch elastic's launcher does
+    assert signal.getsignal(signal.SIGINT) is before
