@@ -58,6 +58,7 @@ from .measure import (
     cuda_reset,
     nvml_used_bytes,
 )
+from .peers import PEER_NAMES, sac_policy
 from .planner import Plan, chain_from_profile, default_budget, no_gain_reason, plan_chain, simulate, trace
 from .records import (
     ERROR,
@@ -84,6 +85,12 @@ RSS_NOTE = ("growth tensors / RSS: live-tensor bytes above those resident when t
             "follows the tensor peaks")
 
 
+PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
+              "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
+              "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
+              "recomputing the rest (no ckplan prediction)")
+
+
 @dataclass
 class _Entry:
     name: str
@@ -100,6 +107,7 @@ class _Entry:
     grad_tol: float | None = None
     mem: dict = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
+    kind: str = "ckplan"  # or "peer" (ckplan.peers)
 
 
 def _resident_bytes(model, opt, batch) -> int:
@@ -175,20 +183,31 @@ class _Run:
 
     def step(self, e: _Entry, **callbacks) -> float:
         """One training step with ``e``'s plan applied."""
-        with apply_plan(self.model, e.plan, chain=self.profile.chain):
+        with _applied(self, e):
             return self.stepper.step(**callbacks)
+
+
+def _applied(run: _Run, e: _Entry):
+    """The context that runs ``e``: ckplan's plan, or a peer's own checkpointing."""
+    if e.name == "sac-policy" and e.kind == "peer":
+        return sac_policy(run.model, run.profile.chain)
+    return apply_plan(run.model, e.plan, chain=run.profile.chain)
 
 
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
               k: int, steps: int, warmup: int, device: torch.device, lr: float,
               extra_plans: dict[str, Plan] | None = None, memory_limit_bytes: int | None = None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
-    """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring."""
+    """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring.
+
+    Names in :data:`ckplan.peers.PEER_NAMES` among ``strategies`` are peers, run the same way."""
     tick = progress or _silent
     chain = chain_from_profile(profile)
     notes = list(profile.notes)
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    if any(e.kind == "peer" for e in entries):
+        notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.plan is not None]
     run = _Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
     try:
@@ -205,11 +224,11 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         remove_plan(model)
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
-    none_ms = next((statistics.median(e.times) for e in entries if e.name == "none" and e.times), None)
+    none = next((e for e in entries if e.name == "none" and e.times), None)
     return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
-                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none_ms) for e in entries),
+                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none) for e in entries),
                        profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes))
 
 
@@ -234,6 +253,9 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     """Each strategy planned on the profile's chain (or marked infeasible), then the given plans."""
     entries: list[_Entry] = []
     for s in strategies:
+        if s in PEER_NAMES:
+            entries.append(_peer_entry(chain, s))
+            continue
         try:
             res = plan_chain(chain, s, budget_bytes, k)
         except InfeasibleBudgetError as err:
@@ -246,6 +268,37 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
         entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
                               _activation_bytes(chain, plan), sc.overhead))
     return entries
+
+
+def _peer_entry(chain, name: str) -> _Entry:
+    """A peer runs on the every-k k=1 plan's layer split: ``hf`` is that plan (so its prediction
+    is that plan's), ``sac-policy`` checkpoints the same layers selectively (no prediction)."""
+    plan = plan_chain(chain, "every-k", None, 1).plan
+    if name == "hf":
+        sc = simulate(chain, plan)
+        return _Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan), _activation_bytes(chain, plan),
+                      sc.overhead, kind="peer",
+                      message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
+                              "as Hugging Face's gradient_checkpointing_enable does")
+    return _Entry(name, plan, kind="peer",
+                  message="torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
+                          "convolution outputs, recomputes the rest")
+
+
+def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:
+    """Whether a row's slowdown against ``none`` is inside the timing noise, and the paired ratios'
+    min and max.
+
+    The rule: timed steps are interleaved, so round ``i`` of a row and round ``i`` of ``none`` ran
+    under the same load; ``r_i = t_i / t_none_i``. When the ratios straddle 1 (``min r <= 1 <= max r``:
+    some rounds faster than none, some slower) the difference is inside the noise and the table
+    shows ``~1.00x (within noise)``. Fewer than one paired round: not judged (False, None, None).
+    """
+    ratios = [t / r for t, r in zip(times, ref_times) if r > 0]
+    if not ratios:
+        return False, None, None
+    lo, hi = min(ratios), max(ratios)
+    return lo <= 1.0 <= hi, lo, hi
 
 
 def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -> None:
@@ -281,7 +334,7 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
 def _loss_and_grads(run: _Run, e: _Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
     run.model.load_state_dict(init)
     torch.manual_seed(0)
-    with apply_plan(run.model, e.plan, chain=run.profile.chain):
+    with _applied(run, e):
         st = _Stepper(run.model, None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
                       run.device)
         st.scaler = None  # gradients compared unscaled
@@ -411,7 +464,10 @@ def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
         run.opt.zero_grad(set_to_none=True)
 
 
-def _row(e: _Entry, none_ms: float | None) -> BenchRow:
+def _row(e: _Entry, none: _Entry | None) -> BenchRow:
+    none_ms = statistics.median(none.times) if none is not None else None
+    noisy, rlo, rhi = (within_noise(e.times, none.times) if none is not None and e is not none
+                       and e.status == OK else (False, None, None))
     measured = e.mem.get("measured") if e.status == OK else None
     med = statistics.median(e.times) if e.times and e.status == OK else None
     err = (abs(measured - e.predicted_peak) / measured
@@ -435,4 +491,5 @@ def _row(e: _Entry, none_ms: float | None) -> BenchRow:
         max_grad_diff=e.grad_diff, message=e.message, grad_tolerance=e.grad_tol,
         measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
         measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
-        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None)
+        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,
+        kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi)

@@ -1,0 +1,60 @@
+"""Peers in the bench (hf, sac-policy) and the timing-noise rule."""
+import pytest
+import torch
+from conftest import tiny_gpt_spec
+from rich.console import Console
+
+from ckplan import api
+from ckplan.api import profile_model
+from ckplan.bench import run_bench, within_noise
+from ckplan.render import bench_table
+
+
+def _run_peers(tmp_path, strategies):
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, n_embd=32), batch_size=4, seq_len=16)
+    dev = torch.device("cpu")
+    torch.manual_seed(0)
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="tiny", chain=spec.chain, device=dev,
+                         optimizer=spec.train.optimizer, precision=spec.train.precision,
+                         accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+    return model, run_bench(model, batch, api.to_loss, prof, strategies=strategies, budget_bytes=None, k=1,
+                            steps=2, warmup=1, device=dev, lr=spec.train.lr)
+
+
+def test_hf_and_sac_rows_gradients_and_peak_order(tmp_path):
+    model, res = _run_peers(tmp_path, ["none", "every-k", "hf", "sac-policy"])
+    rows = {r.strategy: r for r in res.rows}
+    for r in res.rows:
+        assert r.status == "ok", r
+        assert r.max_grad_diff is not None and r.max_grad_diff <= r.grad_tolerance
+        assert r.loss == pytest.approx(rows["none"].loss, rel=1e-6)
+    assert rows["hf"].kind == rows["sac-policy"].kind == "peer" and rows["none"].kind == "ckplan"
+    none, k1 = rows["none"].measured_peak_bytes, rows["every-k"].measured_peak_bytes
+    sac, hf = rows["sac-policy"].measured_peak_bytes, rows["hf"].measured_peak_bytes
+    # hf is per-layer checkpointing: every-k k=1's peak and prediction.
+    assert hf == k1 and rows["hf"].predicted_peak_bytes == rows["every-k"].predicted_peak_bytes
+    # SAC keeps the matmul outputs: between full per-layer recomputation and none, strictly inside.
+    assert k1 < sac < none, (k1, sac, none)
+    assert rows["sac-policy"].predicted_peak_bytes is None
+    # The layers are restored: no forward left wrapped.
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+    con = Console(record=True, width=250)
+    bench_table(res, wide=True, console=con)
+    assert "sac-policy" in con.export_text()
+
+
+@pytest.mark.parametrize("times, ref, expect", [
+    ([10.0, 10.0, 10.0], [10.0, 10.0, 10.0], True),          # identical
+    ([9.0, 11.0, 10.0], [10.0, 10.0, 10.0], True),           # straddles 1: noise
+    ([9.2, 9.1, 9.3], [10.0, 10.0, 10.0], False),            # faster every round: real
+    ([13.0, 12.5, 14.0], [10.0, 10.0, 10.0], False),         # slower every round: real
+    ([12.0, 12.0], [11.0, 13.0], True),                      # ref varies across it
+    ([], [10.0], False),                                     # nothing paired: not judged
+])
+def test_within_noise_rule(times, ref, expect):
+    noisy, lo, hi = within_noise(times, ref)
+    assert noisy is expect
+    if times:
+        assert lo == min(t / r for t, r in zip(times, ref)) and hi == max(t / r for t, r in zip(times, ref))
