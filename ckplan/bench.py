@@ -58,7 +58,7 @@ from .measure import (
     cuda_reset,
     nvml_used_bytes,
 )
-from .peers import PEER_NAMES, sac_policy
+from .peers import COMPILE_PEERS, PEER_NAMES, UNAVAILABLE, budget_fraction, compile_unavailable, sac_policy
 from .planner import Plan, chain_from_profile, default_budget, no_gain_reason, plan_chain, simulate, trace
 from .records import (
     ERROR,
@@ -206,6 +206,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     notes = list(profile.notes)
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    _compile_entries(entries, chain, budget_bytes, device)
     if any(e.kind == "peer" for e in entries):
         notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.plan is not None]
@@ -239,7 +240,7 @@ def _silent(msg: str) -> None:
 def _default_budget(chain, strategies: list[str], budget_bytes: int | None, notes: list[str]) -> int | None:
     """dp and chen need a budget; without one, the planner's bench rule (halfway between the
     smallest feasible and the no-checkpoint peak: always feasible, and a real trade-off)."""
-    if budget_bytes is not None or not {"dp", "chen"} & set(strategies):
+    if budget_bytes is not None or not {"dp", "chen", "torch-compile"} & set(strategies):
         return budget_bytes
     reason = no_gain_reason(chain)
     b = default_budget(chain, mode="bench", free_device_bytes=None)
@@ -253,6 +254,9 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     """Each strategy planned on the profile's chain (or marked infeasible), then the given plans."""
     entries: list[_Entry] = []
     for s in strategies:
+        if s in COMPILE_PEERS:
+            entries.append(_Entry(s, None, kind="peer"))
+            continue
         if s in PEER_NAMES:
             entries.append(_peer_entry(chain, s))
             continue
@@ -268,6 +272,19 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
         entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
                               _activation_bytes(chain, plan), sc.overhead))
     return entries
+
+
+def _compile_entries(entries: list[_Entry], chain, budget_bytes: int | None, device: torch.device) -> None:
+    """The torch-compile peers: the activation-memory fraction ckplan's budget maps to, and why
+    they cannot run here (their rows are ``unavailable`` with the reason, the bench goes on)."""
+    why = compile_unavailable(device.type)
+    none_peak = simulate(chain, plan_chain(chain, "none", None, 1).plan).peak_bytes
+    for e in entries:
+        if e.name in COMPILE_PEERS:
+            frac = 1.0 if e.name.endswith("nobudget") else budget_fraction(budget_bytes, chain.persistent_bytes,
+                                                                            none_peak)
+            e.message = f"activation_memory_budget {frac:.2f}; {why}" if why else e.message
+            e.status = UNAVAILABLE
 
 
 def _peer_entry(chain, name: str) -> _Entry:

@@ -71,3 +71,33 @@ def sac_policy(model: nn.Module, chain: str | None = None):
                 layer.__dict__.pop("forward", None)
             else:
                 layer.forward = fwd
+
+
+COMPILE_PEERS: tuple[str, ...] = ("torch-compile", "torch-compile-nobudget")
+UNAVAILABLE = "unavailable"
+_CXX = ("g++", "c++", "clang++", "gcc", "cc")
+
+
+def budget_fraction(budget_bytes: int | None, persistent_bytes: int, none_peak_bytes: int) -> float:
+    """``torch._functorch.config.activation_memory_budget`` for ckplan's budget: the share of the
+    no-checkpoint activation memory the budget leaves, ``(budget - persistent) / (none peak -
+    persistent)`` clipped to [0, 1]; no budget (or no activations) is 1.0 (save everything)."""
+    span = none_peak_bytes - persistent_bytes
+    if budget_bytes is None or span <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (budget_bytes - persistent_bytes) / span))
+
+
+def compile_unavailable(device_type: str) -> str:
+    """Why the torch-compile peers cannot run here ('' when nothing is known to stop them)."""
+    try:
+        import torch._inductor.config  # noqa: F401
+    except Exception as e:  # an inductor that cannot import cannot compile either
+        return f"TorchInductor does not import ({type(e).__name__}: {e})"
+    if device_type == "cpu":
+        import shutil
+        if not any(shutil.which(c) for c in _CXX):
+            return ("no C++ compiler on PATH (looked for " + ", ".join(_CXX) + "): TorchInductor compiles "
+                    "C++ for CPU; install one (apt-get install g++) to run this row")
+    return ("not run: compiled execution inside the bench is not implemented yet (dynamo caches one "
+            "graph per layer code object, so two activation budgets cannot be interleaved on one model)")

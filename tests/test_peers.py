@@ -1,4 +1,6 @@
 """Peers in the bench (hf, sac-policy) and the timing-noise rule."""
+import shutil
+
 import pytest
 import torch
 from conftest import tiny_gpt_spec
@@ -7,6 +9,7 @@ from rich.console import Console
 from ckplan import api
 from ckplan.api import profile_model
 from ckplan.bench import run_bench, within_noise
+from ckplan.peers import budget_fraction
 from ckplan.render import bench_table
 
 
@@ -58,3 +61,25 @@ def test_within_noise_rule(times, ref, expect):
     assert noisy is expect
     if times:
         assert lo == min(t / r for t, r in zip(times, ref)) and hi == max(t / r for t, r in zip(times, ref))
+
+
+def test_budget_fraction():
+    assert budget_fraction(None, 100, 300) == 1.0
+    assert budget_fraction(200, 100, 300) == 0.5
+    assert budget_fraction(50, 100, 300) == 0.0 and budget_fraction(900, 100, 300) == 1.0
+
+
+def test_torch_compile_rows_run_or_say_why(tmp_path):
+    _, res = _run_peers(tmp_path, ["none", "torch-compile", "torch-compile-nobudget"])
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["none"].status == "ok"
+    for name in ("torch-compile", "torch-compile-nobudget"):
+        r = rows[name]
+        assert r.kind == "peer"
+        if r.status == "ok":
+            assert r.max_grad_diff <= r.grad_tolerance
+        else:
+            assert r.status == "unavailable" and "activation_memory_budget" in r.message and len(r.message) > 40
+    assert rows["torch-compile-nobudget"].message.startswith("activation_memory_budget 1.00")
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
+        assert "no C++ compiler" in rows["torch-compile"].message
