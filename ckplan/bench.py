@@ -58,7 +58,16 @@ from .measure import (
     cuda_reset,
     nvml_used_bytes,
 )
-from .peers import COMPILE_PEERS, PEER_NAMES, UNAVAILABLE, budget_fraction, compile_unavailable, sac_policy
+from .peers import (
+    COMPILE_PEERS,
+    PEER_NAMES,
+    UNAVAILABLE,
+    budget_fraction,
+    compile_unavailable,
+    hf_checkpointing,
+    is_hf_model,
+    sac_policy,
+)
 from .planner import Plan, chain_from_profile, default_budget, no_gain_reason, plan_chain, simulate, trace
 from .records import (
     ERROR,
@@ -189,8 +198,10 @@ class _Run:
 
 def _applied(run: _Run, e: _Entry):
     """The context that runs ``e``: ckplan's plan, or a peer's own checkpointing."""
-    if e.name == "sac-policy" and e.kind == "peer":
+    if e.kind == "peer" and e.name == "sac-policy":
         return sac_policy(run.model, run.profile.chain)
+    if e.kind == "peer" and e.name == "hf" and is_hf_model(run.model):
+        return hf_checkpointing(run.model)
     return apply_plan(run.model, e.plan, chain=run.profile.chain)
 
 
@@ -207,6 +218,10 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
     _compile_entries(entries, chain, budget_bytes, device)
+    for e in entries:
+        if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
+            e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
+                         "every-k k=1")
     if any(e.kind == "peer" for e in entries):
         notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.plan is not None]

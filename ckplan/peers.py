@@ -101,3 +101,25 @@ def compile_unavailable(device_type: str) -> str:
                     "C++ for CPU; install one (apt-get install g++) to run this row")
     return ("not run: compiled execution inside the bench is not implemented yet (dynamo caches one "
             "graph per layer code object, so two activation budgets cannot be interleaved on one model)")
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """A Hugging Face model that supports its own activation checkpointing."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False)) and (
+        hasattr(model, "activation_checkpointing_enable") or hasattr(model, "gradient_checkpointing_enable"))
+
+
+@contextmanager
+def hf_checkpointing(model: nn.Module):
+    """The model's own ``activation_checkpointing_enable`` (transformers >= 5; older:
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; disabled on exit."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        off = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        off = model.gradient_checkpointing_disable
+    try:
+        yield
+    finally:
+        off()

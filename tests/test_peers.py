@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_gpt_spec
+from conftest import tiny_gpt_spec, write_spec
 from rich.console import Console
 
 from ckplan import api
@@ -83,3 +83,26 @@ def test_torch_compile_rows_run_or_say_why(tmp_path):
     assert rows["torch-compile-nobudget"].message.startswith("activation_memory_budget 1.00")
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
         assert "no C++ compiler" in rows["torch-compile"].message
+
+
+def test_hf_peer_calls_the_models_own_checkpointing(tmp_path):
+    pytest.importorskip("transformers")
+    spec = api.load(write_spec(tmp_path, """
+model:
+  hf: {model_type: gpt2, n_layer: 2, n_head: 2, n_embd: 32, n_positions: 32, vocab_size: 97, use_cache: false}
+  task: causal-lm
+input: {batch_size: 2, shape: [16], dtype: int64, high: 97, name: input_ids, labels: copy}
+train: {optimizer: sgd, precision: fp32, accum: 1}
+""", "hf-tiny.yaml"))
+    dev = torch.device("cpu")
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="hf-tiny", chain=spec.chain, device=dev, optimizer="sgd",
+                         precision="fp32", accum=1, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+    res = run_bench(model, batch, api.to_loss, prof, strategies=["none", "every-k", "hf"], budget_bytes=None,
+                    k=1, steps=1, warmup=1, device=dev, lr=spec.train.lr)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["hf"].status == "ok" and "activation_checkpointing_enable" in rows["hf"].message
+    assert rows["hf"].max_grad_diff <= rows["hf"].grad_tolerance
+    assert rows["hf"].measured_peak_bytes < rows["none"].measured_peak_bytes
+    assert not model.is_activation_checkpointing  # disabled again
