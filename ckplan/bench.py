@@ -32,6 +32,14 @@ A row outside the bound is ``wrong-gradients`` (a parameter with a gradient in o
 none in the other too); a NaN or inf loss or gradient is ``non-finite``. Such rows are not
 measured further, and ``BenchResult.failed_rows`` makes the CLI exit 4 after the table.
 
+Timing noise: the timed rounds are interleaved, so round ``i`` of a row and of ``none`` ran
+under the same load. Per round ``r_i = t_i / t_none_i``; when ``min r <= 1 <= max r`` (some rounds
+faster than none, some slower) the slowdown is inside the noise: ``slowdown_within_noise`` in
+JSON/CSV, ``~1.00x (within noise)`` in the table (:func:`within_noise`).
+
+Peers (:mod:`ckplan.peers`, rows of kind ``peer``) run in the same steps: ``hf``, ``sac-policy``,
+and ``torch-compile``/``torch-compile-nobudget`` (``unavailable`` rows with the reason for now).
+
 On CPU the memory step also reads the process's resident high-water mark
 (:class:`ckplan.measure.ResidentPeak`): live-tensor bytes are exact, but under glibc's malloc
 the resident set does not follow them (freed blocks stay mapped); see the bench note.

@@ -85,6 +85,7 @@ def test_torch_compile_rows_run_or_say_why(tmp_path):
         assert "no C++ compiler" in rows["torch-compile"].message
 
 
+@pytest.mark.slow
 def test_hf_peer_calls_the_models_own_checkpointing(tmp_path):
     pytest.importorskip("transformers")
     spec = api.load(write_spec(tmp_path, """
