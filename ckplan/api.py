@@ -296,8 +296,9 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     """
     from .bench import run_bench
     from .execute import load_plan
+    from .options import PEERS
 
-    strategies = [str(Strategy.parse(s, what="strategy")) for s in strategies]
+    strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     check_positive("k", k)
     check_positive("steps", steps)
     check_positive("warmup", warmup, minimum=0)

@@ -32,6 +32,14 @@ A row outside the bound is ``wrong-gradients`` (a parameter with a gradient in o
 none in the other too); a NaN or inf loss or gradient is ``non-finite``. Such rows are not
 measured further, and ``BenchResult.failed_rows`` makes the CLI exit 4 after the table.
 
+Timing noise: the timed rounds are interleaved, so round ``i`` of a row and of ``none`` ran
+under the same load. Per round ``r_i = t_i / t_none_i``; when ``min r <= 1 <= max r`` (some rounds
+faster than none, some slower) the slowdown is inside the noise: ``slowdown_within_noise`` in
+JSON/CSV, ``~1.00x (within noise)`` in the table (:func:`within_noise`).
+
+Peers (:mod:`ckplan.peers`, rows of kind ``peer``) run in the same steps: ``hf``, ``sac-policy``,
+and ``torch-compile``/``torch-compile-nobudget`` (``unavailable`` rows with the reason for now).
+
 On CPU the memory step also reads the process's resident high-water mark
 (:class:`ckplan.measure.ResidentPeak`): live-tensor bytes are exact, but under glibc's malloc
 the resident set does not follow them (freed blocks stay mapped); see the bench note.
@@ -58,6 +66,16 @@ from .measure import (
     cuda_reset,
     nvml_used_bytes,
     unique_storage_bytes,
+)
+from .peers import (
+    COMPILE_PEERS,
+    PEER_NAMES,
+    UNAVAILABLE,
+    budget_fraction,
+    compile_unavailable,
+    hf_checkpointing,
+    is_hf_model,
+    sac_policy,
 )
 from .planner import (
     Plan,
@@ -94,6 +112,12 @@ RSS_NOTE = ("growth tensors / RSS: live-tensor bytes above those resident when t
             "follows the tensor peaks")
 
 
+PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
+              "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
+              "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
+              "recomputing the rest (no ckplan prediction)")
+
+
 @dataclass
 class _Entry:
     name: str
@@ -110,6 +134,7 @@ class _Entry:
     grad_tol: float | None = None
     mem: dict = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
+    kind: str = "ckplan"  # or "peer" (ckplan.peers)
 
 
 def _resident_bytes(model, opt, batch) -> int:
@@ -170,20 +195,38 @@ class _Run:
 
     def step(self, e: _Entry, **callbacks) -> float:
         """One training step with ``e``'s plan applied."""
-        with apply_plan(self.model, e.plan, chain=self.profile.chain):
+        with _applied(self, e):
             return self.stepper.step(**callbacks)
+
+
+def _applied(run: _Run, e: _Entry):
+    """The context that runs ``e``: ckplan's plan, or a peer's own checkpointing."""
+    if e.kind == "peer" and e.name == "sac-policy":
+        return sac_policy(run.model, run.profile.chain)
+    if e.kind == "peer" and e.name == "hf" and is_hf_model(run.model):
+        return hf_checkpointing(run.model)
+    return apply_plan(run.model, e.plan, chain=run.profile.chain)
 
 
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
               k: int, steps: int, warmup: int, device: torch.device, lr: float,
               extra_plans: dict[str, Plan] | None = None, memory_limit_bytes: int | None = None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
-    """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring."""
+    """Bench ``strategies`` (and ``extra_plans``) on ``model``; see the module docstring.
+
+    Names in :data:`ckplan.peers.PEER_NAMES` among ``strategies`` are peers, run the same way."""
     tick = progress or _silent
     chain = chain_from_profile(profile)
     notes = list(profile.notes)
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    _compile_entries(entries, chain, budget_bytes, device)
+    for e in entries:
+        if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
+            e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
+                         "every-k k=1")
+    if any(e.kind == "peer" for e in entries):
+        notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.plan is not None]
     run = _Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
     try:
@@ -200,11 +243,11 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         remove_plan(model)
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
-    none_ms = next((statistics.median(e.times) for e in entries if e.name == "none" and e.times), None)
+    none = next((e for e in entries if e.name == "none" and e.times), None)
     return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
-                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none_ms) for e in entries),
+                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none) for e in entries),
                        profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes))
 
 
@@ -215,7 +258,7 @@ def _silent(msg: str) -> None:
 def _default_budget(chain, strategies: list[str], budget_bytes: int | None, notes: list[str]) -> int | None:
     """dp and chen need a budget; without one, the planner's bench rule (halfway between the
     smallest feasible and the no-checkpoint peak: always feasible, and a real trade-off)."""
-    if budget_bytes is not None or not {"dp", "chen"} & set(strategies):
+    if budget_bytes is not None or not {"dp", "chen", "torch-compile"} & set(strategies):
         return budget_bytes
     reason = no_gain_reason(chain)
     b = default_budget(chain, mode="bench", free_device_bytes=None)
@@ -229,6 +272,12 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     """Each strategy planned on the profile's chain (or marked infeasible), then the given plans."""
     entries: list[_Entry] = []
     for s in strategies:
+        if s in COMPILE_PEERS:
+            entries.append(_Entry(s, None, kind="peer"))
+            continue
+        if s in PEER_NAMES:
+            entries.append(_peer_entry(chain, s))
+            continue
         try:
             res = plan_chain(chain, s, budget_bytes, k)
         except InfeasibleBudgetError as err:
@@ -241,6 +290,50 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
         entries.append(_Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan),
                               held_for_backward_bytes(chain, plan), sc.overhead))
     return entries
+
+
+def _compile_entries(entries: list[_Entry], chain, budget_bytes: int | None, device: torch.device) -> None:
+    """The torch-compile peers: the activation-memory fraction ckplan's budget maps to, and why
+    they cannot run here (their rows are ``unavailable`` with the reason, the bench goes on)."""
+    why = compile_unavailable(device.type)
+    none_peak = simulate(chain, plan_chain(chain, "none", None, 1).plan).peak_bytes
+    for e in entries:
+        if e.name in COMPILE_PEERS:
+            frac = 1.0 if e.name.endswith("nobudget") else budget_fraction(budget_bytes, chain.persistent_bytes,
+                                                                            none_peak)
+            e.message = f"activation_memory_budget {frac:.2f}; {why}" if why else e.message
+            e.status = UNAVAILABLE
+
+
+def _peer_entry(chain, name: str) -> _Entry:
+    """A peer runs on the every-k k=1 plan's layer split: ``hf`` is that plan (so its prediction
+    is that plan's), ``sac-policy`` checkpoints the same layers selectively (no prediction)."""
+    plan = plan_chain(chain, "every-k", None, 1).plan
+    if name == "hf":
+        sc = simulate(chain, plan)
+        return _Entry(name, plan, sc.peak_bytes, _fwd_bwd_peak(chain, plan), held_for_backward_bytes(chain, plan),
+                      sc.overhead, kind="peer",
+                      message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
+                              "as Hugging Face's gradient_checkpointing_enable does")
+    return _Entry(name, plan, kind="peer",
+                  message="torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
+                          "convolution outputs, recomputes the rest")
+
+
+def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:
+    """Whether a row's slowdown against ``none`` is inside the timing noise, and the paired ratios'
+    min and max.
+
+    The rule: timed steps are interleaved, so round ``i`` of a row and round ``i`` of ``none`` ran
+    under the same load; ``r_i = t_i / t_none_i``. When the ratios straddle 1 (``min r <= 1 <= max r``:
+    some rounds faster than none, some slower) the difference is inside the noise and the table
+    shows ``~1.00x (within noise)``. Fewer than one paired round: not judged (False, None, None).
+    """
+    ratios = [t / r for t, r in zip(times, ref_times) if r > 0]
+    if not ratios:
+        return False, None, None
+    lo, hi = min(ratios), max(ratios)
+    return lo <= 1.0 <= hi, lo, hi
 
 
 def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -> None:
@@ -276,7 +369,7 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
 def _loss_and_grads(run: _Run, e: _Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
     run.model.load_state_dict(init)
     torch.manual_seed(0)
-    with apply_plan(run.model, e.plan, chain=run.profile.chain):
+    with _applied(run, e):
         st = _Stepper(run.model, None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
                       run.device)
         st.scaler = None  # gradients compared unscaled
@@ -399,7 +492,10 @@ def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
         run.opt.zero_grad(set_to_none=True)
 
 
-def _row(e: _Entry, none_ms: float | None) -> BenchRow:
+def _row(e: _Entry, none: _Entry | None) -> BenchRow:
+    none_ms = statistics.median(none.times) if none is not None else None
+    noisy, rlo, rhi = (within_noise(e.times, none.times) if none is not None and e is not none
+                       and e.status == OK else (False, None, None))
     measured = e.mem.get("measured") if e.status == OK else None
     med = statistics.median(e.times) if e.times and e.status == OK else None
     err = (abs(measured - e.predicted_peak) / measured
@@ -423,4 +519,5 @@ def _row(e: _Entry, none_ms: float | None) -> BenchRow:
         max_grad_diff=e.grad_diff, message=e.message, grad_tolerance=e.grad_tol,
         measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
         measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
-        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None)
+        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,
+        kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi)

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
-from .options import Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll
+from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -293,7 +293,8 @@ def _budget_line(budget, rep) -> str:
 def bench(
     spec: Path = SPEC_ARG,
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
-                                help="Comma-separated strategies to run."),
+                                help="Comma-separated strategies to run, and peers: hf (per-layer, as "
+                                "gradient_checkpointing_enable), sac-policy (PyTorch SAC), torch-compile."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Also run this plan.json."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%, 50%act); "
                                          "default: halfway between the smallest feasible and the no-checkpoint peak."),
@@ -317,10 +318,11 @@ def bench(
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
     from . import api, render, report
     strategies = [x.strip() for x in compare.split(",") if x.strip()]
-    bad = [x for x in strategies if x not in STRATEGY_NAMES]
+    bad = [x for x in strategies if x not in (*STRATEGY_NAMES, *PEERS)]
     if bad or (not strategies and plan_file is None):
         raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
-                         tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)}")
+                         tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)} and the peers "
+                             f"{', '.join(PEERS)}")
     report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
     s = api.load(spec, **_given(overrides))
     if nproc is None and s.parallel.world_size > 1:

@@ -99,3 +99,7 @@ STRATEGIES = Strategy.names()
 DEVICES = Device.names()
 PRECISIONS = Precision.names()
 OPTIMIZERS = Optimizer.names()
+
+# Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
+# checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.
+PEERS = ("hf", "sac-policy", "torch-compile", "torch-compile-nobudget")

@@ -165,6 +165,12 @@ class BenchRow:
     measured_growth_bytes: int | None = None
     measured_rss_peak_bytes: int | None = None
     measured_rss_growth_bytes: int | None = None
+    kind: str = "ckplan"  # "ckplan" or "peer" (ckplan.peers: hf, sac-policy)
+    # Paired per-round ratios step / step(none) (timed rounds are interleaved); when they straddle 1
+    # the difference from none is inside the timing noise (ckplan.bench.within_noise).
+    slowdown_within_noise: bool = False
+    slowdown_ratio_min: float | None = None
+    slowdown_ratio_max: float | None = None
 
     @property
     def failed(self) -> bool:

@@ -287,7 +287,8 @@ def bench_table(res, *, wide: bool = False, console: Console | None = None) -> N
             f"{format_bytes(r.measured_growth_bytes)} / {format_bytes(r.measured_rss_growth_bytes)}",
             format_ms(r.step_ms),
             "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
-            "-" if r.slowdown is None else f"{r.slowdown:.2f}x",
+            "-" if r.slowdown is None else ("~1.00x (within noise)" if r.slowdown_within_noise
+                                            else f"{r.slowdown:.2f}x"),
             "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",
             red(dgrad) if r.status == "wrong-gradients" else dgrad,
         ])

@@ -1,0 +1,125 @@
+"""Peers: the checkpointing users would pick instead of ckplan, run inside ckplan's bench.
+
+``hf``          per-layer checkpointing as Hugging Face's ``gradient_checkpointing_enable`` does
+                (every chain layer in its own non-reentrant checkpoint); run as ckplan's
+                every-k k=1 plan, which is exactly that, so its prediction is every-k k=1's.
+``sac-policy``  PyTorch selective activation checkpointing on every chain layer: one
+                ``checkpoint(layer, use_reentrant=False, context_fn=...)`` per layer whose policy
+                saves the outputs of compute-heavy ops (:data:`SAC_SAVE_OPS`: matmuls,
+                attention kernels, convolution; ``MUST_SAVE``) and recomputes the rest
+                (``PREFER_RECOMPUTE``). No ckplan prediction.
+"""
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from .chainfind import resolve_chain
+
+PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy")
+
+
+def _save_ops() -> frozenset:
+    aten = torch.ops.aten
+    names = ["mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "convolution"]
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+SAC_SAVE_OPS = _save_ops()
+
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_context():
+    return create_selective_checkpoint_contexts(_sac_policy)
+
+
+class _SacForward:
+    """A chain layer's forward run under one selective checkpoint (no-op outside grad mode)."""
+
+    def __init__(self, fwd):
+        self.fwd = fwd
+
+    def __call__(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.fwd(*args, **kwargs)
+        return checkpoint(self.fwd, *args, use_reentrant=False, context_fn=_sac_context, **kwargs)
+
+
+@contextmanager
+def sac_policy(model: nn.Module, chain: str | None = None):
+    """Wrap every chain layer's forward in a selective checkpoint; restored on exit."""
+    _, container, _ = resolve_chain(model, chain)
+    layers = list(container)
+    saved = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        layer.forward = _SacForward(functools.partial(type(layer).forward, layer)
+                                    if "forward" not in layer.__dict__ else layer.__dict__["forward"])
+    try:
+        yield
+    finally:
+        for layer, fwd in zip(layers, saved):
+            if fwd is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.forward = fwd
+
+
+COMPILE_PEERS: tuple[str, ...] = ("torch-compile", "torch-compile-nobudget")
+UNAVAILABLE = "unavailable"
+_CXX = ("g++", "c++", "clang++", "gcc", "cc")
+
+
+def budget_fraction(budget_bytes: int | None, persistent_bytes: int, none_peak_bytes: int) -> float:
+    """``torch._functorch.config.activation_memory_budget`` for ckplan's budget: the share of the
+    no-checkpoint activation memory the budget leaves, ``(budget - persistent) / (none peak -
+    persistent)`` clipped to [0, 1]; no budget (or no activations) is 1.0 (save everything)."""
+    span = none_peak_bytes - persistent_bytes
+    if budget_bytes is None or span <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (budget_bytes - persistent_bytes) / span))
+
+
+def compile_unavailable(device_type: str) -> str:
+    """Why the torch-compile peers cannot run here ('' when nothing is known to stop them)."""
+    try:
+        import torch._inductor.config  # noqa: F401
+    except Exception as e:  # an inductor that cannot import cannot compile either
+        return f"TorchInductor does not import ({type(e).__name__}: {e})"
+    if device_type == "cpu":
+        import shutil
+        if not any(shutil.which(c) for c in _CXX):
+            return ("no C++ compiler on PATH (looked for " + ", ".join(_CXX) + "): TorchInductor compiles "
+                    "C++ for CPU; install one (apt-get install g++) to run this row")
+    return ("not run: compiled execution inside the bench is not implemented yet (dynamo caches one "
+            "graph per layer code object, so two activation budgets cannot be interleaved on one model)")
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """A Hugging Face model that supports its own activation checkpointing."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False)) and (
+        hasattr(model, "activation_checkpointing_enable") or hasattr(model, "gradient_checkpointing_enable"))
+
+
+@contextmanager
+def hf_checkpointing(model: nn.Module):
+    """The model's own ``activation_checkpointing_enable`` (transformers >= 5; older:
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; disabled on exit."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        off = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        off = model.gradient_checkpointing_disable
+    try:
+        yield
+    finally:
+        off()

@@ -1,0 +1,133 @@
+"""Peers in the bench (hf, sac-policy) and the timing-noise rule."""
+import shutil
+
+import pytest
+import torch
+from rich.console import Console
+
+from ckplan import api
+from ckplan.api import profile_model
+from ckplan.bench import run_bench, within_noise
+from ckplan.peers import budget_fraction
+from ckplan.render import bench_table
+
+
+@pytest.fixture
+def run_peers(tiny_gpt_spec, tmp_path):
+    """``run_peers(strategies) -> (model, BenchResult)`` on a 3-layer zoo GPT."""
+    return lambda strategies: _run_peers(tiny_gpt_spec(tmp_path, n_layer=3, n_embd=32), strategies)
+
+
+def _run_peers(spec_path, strategies):
+    spec = api.load(spec_path, batch_size=4, seq_len=16)
+    dev = torch.device("cpu")
+    torch.manual_seed(0)
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="tiny", chain=spec.chain, device=dev,
+                         optimizer=spec.train.optimizer, precision=spec.train.precision,
+                         accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+    return model, run_bench(model, batch, api.to_loss, prof, strategies=strategies, budget_bytes=None, k=1,
+                            steps=2, warmup=1, device=dev, lr=spec.train.lr)
+
+
+def test_hf_and_sac_rows_gradients_and_peak_order(run_peers):
+    model, res = run_peers(["none", "every-k", "hf", "sac-policy"])
+    rows = {r.strategy: r for r in res.rows}
+    for r in res.rows:
+        assert r.status == "ok", r
+        assert r.max_grad_diff is not None and r.max_grad_diff <= r.grad_tolerance
+        assert r.loss == pytest.approx(rows["none"].loss, rel=1e-6)
+    assert rows["hf"].kind == rows["sac-policy"].kind == "peer" and rows["none"].kind == "ckplan"
+    none, k1 = rows["none"].measured_peak_bytes, rows["every-k"].measured_peak_bytes
+    sac, hf = rows["sac-policy"].measured_peak_bytes, rows["hf"].measured_peak_bytes
+    # hf is per-layer checkpointing: every-k k=1's peak and prediction.
+    assert hf == k1 and rows["hf"].predicted_peak_bytes == rows["every-k"].predicted_peak_bytes
+    # SAC keeps the matmul outputs: between full per-layer recomputation and none, strictly inside.
+    assert k1 < sac < none, (k1, sac, none)
+    assert rows["sac-policy"].predicted_peak_bytes is None
+    # The layers are restored: no forward left wrapped.
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+    con = Console(record=True, width=250)
+    bench_table(res, wide=True, console=con)
+    assert "sac-policy" in con.export_text()
+
+
+@pytest.mark.parametrize("times, ref, expect", [
+    ([10.0, 10.0, 10.0], [10.0, 10.0, 10.0], True),          # identical
+    ([9.0, 11.0, 10.0], [10.0, 10.0, 10.0], True),           # straddles 1: noise
+    ([9.2, 9.1, 9.3], [10.0, 10.0, 10.0], False),            # faster every round: real
+    ([13.0, 12.5, 14.0], [10.0, 10.0, 10.0], False),         # slower every round: real
+    ([12.0, 12.0], [11.0, 13.0], True),                      # ref varies across it
+    ([], [10.0], False),                                     # nothing paired: not judged
+])
+def test_within_noise_rule(times, ref, expect):
+    noisy, lo, hi = within_noise(times, ref)
+    assert noisy is expect
+    if times:
+        assert lo == min(t / r for t, r in zip(times, ref)) and hi == max(t / r for t, r in zip(times, ref))
+
+
+def test_budget_fraction():
+    assert budget_fraction(None, 100, 300) == 1.0
+    assert budget_fraction(200, 100, 300) == 0.5
+    assert budget_fraction(50, 100, 300) == 0.0 and budget_fraction(900, 100, 300) == 1.0
+
+
+def test_torch_compile_rows_run_or_say_why(run_peers):
+    _, res = run_peers(["none", "torch-compile", "torch-compile-nobudget"])
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["none"].status == "ok"
+    for name in ("torch-compile", "torch-compile-nobudget"):
+        r = rows[name]
+        assert r.kind == "peer"
+        if r.status == "ok":
+            assert r.max_grad_diff <= r.grad_tolerance
+        else:
+            assert r.status == "unavailable" and "activation_memory_budget" in r.message and len(r.message) > 40
+    assert rows["torch-compile-nobudget"].message.startswith("activation_memory_budget 1.00")
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
+        assert "no C++ compiler" in rows["torch-compile"].message
+
+
+@pytest.mark.slow
+def test_hf_peer_calls_the_models_own_checkpointing(write_spec, tmp_path):
+    pytest.importorskip("transformers")
+    spec = api.load(write_spec(tmp_path, """
+model:
+  hf: {model_type: gpt2, n_layer: 2, n_head: 2, n_embd: 32, n_positions: 32, vocab_size: 97, use_cache: false}
+  task: causal-lm
+input: {batch_size: 2, shape: [16], dtype: int64, high: 97, name: input_ids, labels: copy}
+train: {optimizer: sgd, precision: fp32, accum: 1}
+""", "hf-tiny.yaml"))
+    dev = torch.device("cpu")
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="hf-tiny", chain=spec.chain, device=dev, optimizer="sgd",
+                         precision="fp32", accum=1, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+    res = run_bench(model, batch, api.to_loss, prof, strategies=["none", "every-k", "hf"], budget_bytes=None,
+                    k=1, steps=1, warmup=1, device=dev, lr=spec.train.lr)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["hf"].status == "ok" and "activation_checkpointing_enable" in rows["hf"].message
+    assert rows["hf"].max_grad_diff <= rows["hf"].grad_tolerance
+    assert rows["hf"].measured_peak_bytes < rows["none"].measured_peak_bytes
+    assert not model.is_activation_checkpointing  # disabled again
+
+
+def test_cli_runs_peers_beside_strategies(tiny_gpt_spec, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ckplan.cli import app
+    from ckplan.options import PEERS
+    from ckplan.peers import COMPILE_PEERS, PEER_NAMES
+    assert set(PEERS) == set(PEER_NAMES) | set(COMPILE_PEERS)
+    r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--steps", "1",
+                                 "--compare", "none,every-k,hf,sac-policy,torch-compile", "--k", "1",
+                                 "--out-dir", str(tmp_path / "out"), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["strategy"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["hf"]["kind"] == "peer" and rows["hf"]["status"] == "ok"
+    assert rows["sac-policy"]["status"] == "ok" and rows["torch-compile"]["status"] == "unavailable"
+    assert rows["hf"]["measured_peak_bytes"] == rows["every-k"]["measured_peak_bytes"]
