@@ -299,18 +299,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     from .options import PEERS
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
-    check_positive("k", k)
-    check_positive("steps", steps)
-    check_positive("warmup", warmup, minimum=0)
-    check_budget(budget)
-    limit = None
-    if memory_limit is not None:
-        from .units import parse_size
-        limit = parse_size(memory_limit, what="memory_limit")
-    dev = resolve_device(device)
-    if dev.type == "meta":
-        raise UsageError("bench runs real training steps; device 'meta' cannot run them",
-                         tip="use device cpu or cuda (meta is for profile and plan)")
+    limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)
@@ -418,6 +407,23 @@ def _chain_for(prof: Profile, world_size: int, parallel: str):
     return per_rank_chain_from_profile(prof, world_size, str(parallel))
 
 
+def _bench_args(k, steps, warmup, budget, memory_limit, device):
+    """Check a bench's arguments before anything runs: (memory limit in bytes or None, device)."""
+    check_positive("k", k)
+    check_positive("steps", steps)
+    check_positive("warmup", warmup, minimum=0)
+    check_budget(budget)
+    limit = None
+    if memory_limit is not None:
+        from .units import parse_size
+        limit = parse_size(memory_limit, what="memory_limit")
+    dev = resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("bench runs real training steps; device 'meta' cannot run them",
+                         tip="use device cpu or cuda (meta is for profile and plan)")
+    return limit, dev
+
+
 def _parallel_note(world_size: int, parallel: str) -> str | None:
     if world_size == 1:
         return None
@@ -466,18 +472,7 @@ def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strateg
     from .planner import parse_budget
     strategies = [str(Strategy.parse(s, what="strategy")) for s in strategies]
     check_positive("nproc", nproc)
-    check_positive("k", k)
-    check_positive("steps", steps)
-    check_positive("warmup", warmup, minimum=0)
-    check_budget(budget)
-    limit = None
-    if memory_limit is not None:
-        from .units import parse_size
-        limit = parse_size(memory_limit, what="memory_limit")
-    dev = resolve_device(device)
-    if dev.type == "meta":
-        raise UsageError("bench runs real training steps; device 'meta' cannot run them",
-                         tip="use device cpu or cuda (meta is for profile and plan)")
+    limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     prof, budget_bytes = None, None
     if budget is not None:  # per rank: a share is of one rank's peak
         prof = profile(spec, device=dev.type, note=note)
