@@ -253,13 +253,20 @@ def _tuple_text(layers: tuple[int, ...]) -> str:
     return f"({layers[0]},)" if len(layers) == 1 else f"({', '.join(map(str, layers))})"
 
 
-def _export_fsdp(plan: Plan, ctx: _Ctx) -> Export:
-    closest, exact, note, msg = _closest_per_layer(plan, "fsdp")
+def _per_layer_start(plan: Plan, ctx: _Ctx, target: str):
+    """(closest plan, exact, message, its checkpointed layers, the snippet's first lines) for a
+    target that wraps one layer at a time; the lines already say so when no layer is wrapped."""
+    closest, exact, note, msg = _closest_per_layer(plan, target)
     layers = per_layer_set(closest) or ()
     lines = _header(plan, ctx) + ([note] if note else [])
     if not layers:
         lines.append("# The plan checkpoints no layer: train as usual, nothing to apply.")
-    else:
+    return closest, exact, msg, layers, lines
+
+
+def _export_fsdp(plan: Plan, ctx: _Ctx) -> Export:
+    closest, exact, msg, layers, lines = _per_layer_start(plan, ctx, "fsdp")
+    if layers:
         lines += ["# PyTorch (plain, DDP, FSDP2): call on the plain model, before fully_shard(...),",
                   "# DistributedDataParallel(...) and torch.compile (the order torchtitan uses).", ""]
         lines += _wrap_function(ctx.chain_path, layers)
@@ -270,12 +277,8 @@ def _export_fsdp(plan: Plan, ctx: _Ctx) -> Export:
 
 
 def _export_lightning(plan: Plan, ctx: _Ctx) -> Export:
-    closest, exact, note, msg = _closest_per_layer(plan, "lightning")
-    layers = per_layer_set(closest) or ()
-    lines = _header(plan, ctx) + ([note] if note else [])
-    if not layers:
-        lines.append("# The plan checkpoints no layer: train as usual, nothing to apply.")
-    else:
+    closest, exact, msg, layers, lines = _per_layer_start(plan, ctx, "lightning")
+    if layers:
         lines += ["# Lightning (any strategy): wrap the chosen layers in LightningModule.configure_model;",
                   "# with Fabric, call ckplan_checkpoint(model) before fabric.setup(model).", ""]
         lines += _wrap_function(ctx.chain_path, layers)
