@@ -4,7 +4,9 @@ How: each chain layer's ``forward`` is replaced by an instance attribute (a smal
 object; state_dict keys, hooks and the module tree stay as they are; ``remove()`` restores the
 originals). The model's own forward still calls every layer itself, with its own arguments.
 
-* ``Store(i)`` layers run as before.
+* ``Store(i)`` layers run as before; with a selective option (``Store(i, "sac-compute")``) the
+  layer runs inside one checkpoint with that option's SAC policy (:mod:`ckplan.sac`), in the
+  first forward when it is stored at the top level, in its checkpoint's recompute otherwise.
 * A top-level ``Checkpoint(s, t)`` spans the model's calls of layers s..t-1 with one
   non-reentrant checkpoint frame (torch.utils.checkpoint's ``_CheckpointFrame`` and
   ``_checkpoint_hook``). Its saved-tensor hook is active only *inside* those layer calls, so the
@@ -67,7 +69,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
-from .planner.plan import Checkpoint, Item, Plan, Store
+from .planner.plan import STORE, Checkpoint, Item, Plan, Store
+from .sac import policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
 
@@ -248,6 +251,9 @@ class PlanExecutor:
         self._had_forward = [("forward" in layer.__dict__, layer.__dict__.get("forward")) for layer in layers]
         self._path: dict[int, tuple[Checkpoint, ...]] = {}  # checkpoints enclosing each layer
         _enclosing(plan.items, (), self._path)
+        self._option = plan.options()
+        for name in set(self._option) - {STORE}:
+            policy_fn(name)  # an unknown option fails here, before any layer is touched
         self._init_transient()
         if not _CAN_SPAN and any(c.stop - c.start > 1 for c in self._checkpoints()):
             warnings.warn("this torch has no non-reentrant checkpoint frames to span several layers; "
@@ -278,8 +284,10 @@ class PlanExecutor:
     # ---- the first forward ----------------------------------------------------------------
     def _run(self, i: int, args: tuple, kwargs: dict):
         orig, path = self._orig[i], self._path[i]
-        if not path or not torch.is_grad_enabled() or getattr(self._tls, "replaying", False):
+        if getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
             return orig(*args, **kwargs)
+        if not path:  # stored at the top level, with its option
+            return run_with_option(orig, self._option[i], *args, **kwargs)
         if not _CAN_SPAN:
             return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         _refuse_kv_cache(i, args, kwargs)
@@ -349,7 +357,10 @@ class PlanExecutor:
                 inputs = [leaves[li] for li in calls[j].leaves]
             first = False
             if isinstance(item, Store):
-                out = calls[j].replay(functools.partial(self._call_module, j), inputs)
+                fwd = functools.partial(self._call_module, j)
+                if item.option != STORE:
+                    fwd = functools.partial(run_with_option, fwd, item.option)
+                out = calls[j].replay(fwd, inputs)
             else:
                 out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,
                                  use_reentrant=False, preserve_rng_state=False)

@@ -5,9 +5,10 @@
                 every-k k=1 plan, which is exactly that, so its prediction is every-k k=1's.
 ``sac-policy``  PyTorch selective activation checkpointing on every chain layer: one
                 ``checkpoint(layer, use_reentrant=False, context_fn=...)`` per layer whose policy
-                saves the outputs of compute-heavy ops (:data:`SAC_SAVE_OPS`: matmuls,
-                attention kernels, convolution; ``MUST_SAVE``) and recomputes the rest
-                (``PREFER_RECOMPUTE``). No ckplan prediction.
+                saves the outputs of compute-heavy ops (matmuls, attention kernels,
+                convolution; ``MUST_SAVE``) and recomputes the rest (``PREFER_RECOMPUTE``):
+                ckplan's ``sac-compute`` option (:mod:`ckplan.sac`) on every layer, so the
+                ``selective`` strategy with that policy predicts it.
 """
 from __future__ import annotations
 
@@ -16,30 +17,17 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .chainfind import resolve_chain
+from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
+from .sac import policy_fn
 
 PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy")
 
 
-def _save_ops() -> frozenset:
-    aten = torch.ops.aten
-    names = ["mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-             "convolution"]
-    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
-
-
-SAC_SAVE_OPS = _save_ops()
-
-
-def _sac_policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
 def _sac_context():
-    return create_selective_checkpoint_contexts(_sac_policy)
+    return create_selective_checkpoint_contexts(policy_fn("sac-compute"))
 
 
 class _SacForward:

@@ -18,7 +18,26 @@ forward to the end of the forward (see :mod:`ckplan.planner.simulate`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+STORE = "store"  # the option every layer has: keep everything it saves for backward
+
+
+@dataclass(frozen=True)
+class Option:
+    """A way to store a layer that keeps less than ``xbar`` and redoes part of its forward at
+    the start of its backward (selective activation checkpointing: some ops' outputs are saved,
+    the rest recomputed). Sizes as in :class:`Layer`, measured with the option applied.
+
+    ``store`` (keep everything) is the layer itself and ``full`` (recompute the whole layer) is
+    ``Checkpoint(i, i + 1)``; an Option is anything in between."""
+
+    name: str
+    xbar_bytes: int  # kept for backward when stored with this option; includes the output
+    recompute_ms: float  # forward work redone at the start of the layer's backward
+    fwd_tmp_bytes: int  # forward peak above live bytes + xbar
+    bwd_tmp_bytes: int  # backward peak above live bytes at its start (recomputed tensors included)
+    recompute_flops: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +55,22 @@ class Layer:
     fwd_flops: int = 0
     bwd_flops: int = 0
     cast_bytes: int = 0  # autocast weight copies made in its forward (inside xbar when stored)
+    options: tuple[Option, ...] = ()  # selective ways to store it, besides keeping everything
+
+    def option(self, name: str) -> Layer:
+        """This layer as the simulator sees it when stored with option ``name``."""
+        if name == STORE:
+            return self
+        for o in self.options:
+            if o.name == name:
+                return replace(self, xbar_bytes=o.xbar_bytes, fwd_tmp_bytes=o.fwd_tmp_bytes,
+                               bwd_tmp_bytes=o.bwd_tmp_bytes, options=())
+        known = ", ".join([STORE, *(o.name for o in self.options)])
+        raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
+
+    def option_ms(self, name: str) -> float:
+        """Forward time option ``name`` redoes in the layer's backward (0 for ``store``)."""
+        return 0.0 if name == STORE else next(o.recompute_ms for o in self.options if o.name == name)
 
 
 @dataclass(frozen=True)
@@ -92,6 +127,18 @@ class Chain:
                 raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes}")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
+            object.__setattr__(ly, "options", tuple(ly.options))
+            names = [o.name for o in ly.options]
+            if len(set(names)) != len(names) or STORE in names or "full" in names:
+                raise ValueError(f"layer {i} ({ly.name}): option names must be unique and not "
+                                 f"'store' or 'full', got {names}")
+            for o in ly.options:
+                osz = (o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes)
+                if any(not isinstance(v, int) or v < 0 for v in osz) or o.xbar_bytes < ly.x_bytes:
+                    raise ValueError(f"layer {i} ({ly.name}) option {o.name}: sizes must be "
+                                     f"non-negative ints with xbar >= x, got {osz}")
+                if o.recompute_ms < 0:
+                    raise ValueError(f"layer {i} ({ly.name}) option {o.name}: negative time")
         fixed = (self.pre.retained_bytes, self.pre.fwd_tmp_bytes, self.pre.bwd_tmp_bytes,
                  self.pre.grad_bytes, self.post.xbar_bytes, self.post.fwd_tmp_bytes,
                  self.post.bwd_tmp_bytes, self.post.grad_bytes, self.x_in_bytes,
@@ -107,6 +154,17 @@ class Chain:
     def has_casts(self) -> bool:
         """Whether any layer has autocast copies (the DP does not model them; see dp.py)."""
         return any(ly.cast_bytes for ly in self.layers)
+
+    @property
+    def has_options(self) -> bool:
+        """Whether any layer has selective options besides ``store``."""
+        return any(ly.options for ly in self.layers)
+
+    def without_options(self) -> Chain:
+        """The same chain with only ``store`` and ``full`` for every layer."""
+        if not self.has_options:
+            return self
+        return replace(self, layers=tuple(replace(ly, options=()) for ly in self.layers))
 
     @property
     def base_step_ms(self) -> float:

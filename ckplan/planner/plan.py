@@ -14,11 +14,16 @@ schedule family of rotor (Beaumont et al., "Optimal checkpointing for heterogene
 them all. An inner sequence may not be a single checkpoint of its whole range (it would run the
 segment forward once more for nothing).
 
+Every layer is stored exactly once, at the innermost depth where it appears, so each layer has
+one *option* (``Store.option``): ``store`` keeps all it saves; a selective option keeps less and
+recomputes part of the layer in its backward (torch's selective activation checkpointing).
+
 JSON (``to_dict``) lists the checkpointed ranges flat, outermost first, because a plan is fully
 determined by that laminar set of ranges and a flat list never nests deeper than JSON parsers like:
 ``{"strategy": "every-k", "n_layers": 6, "params": {"k": 2}, "checkpoints": [[0, 2], [2, 4], [4, 6]]}``.
-``from_dict`` also accepts a nested ``"items"`` list:
-``[{"store": 0}, {"checkpoint": [1, 4], "inner": [{"store": 1}, ...]}]``.
+Plans that use selective options add ``"options"``: one name per layer (``"store"`` for the
+rest). ``from_dict`` also accepts a nested ``"items"`` list:
+``[{"store": 0}, {"checkpoint": [1, 4], "inner": [{"store": 1, "option": "sac-compute"}, ...]}]``.
 """
 from __future__ import annotations
 
@@ -31,11 +36,17 @@ from ..errors import SpecError
 PLAN_FORMAT = "ckplan.plan/1"
 
 
+STORE = "store"
+
+
 @dataclass(frozen=True)
 class Store:
-    """Layer ``layer`` runs forward once, keeping everything it saves for backward."""
+    """Layer ``layer`` runs forward keeping what it saves for backward: everything (option
+    ``store``) or, with a selective option (``Option`` in chain.py, e.g. ``sac-compute``), the
+    outputs of some ops only, the rest recomputed at the start of its backward."""
 
     layer: int
+    option: str = STORE
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,40 @@ class Plan:
         return tuple(LayerDecision(i, depth[i] == 0, depth[i], 1 + depth[i])
                      for i in range(self.n_layers))
 
+    def options(self) -> tuple[str, ...]:
+        """Each layer's option (``store`` unless a selective one was chosen)."""
+        out = [STORE] * self.n_layers
+        for it, _ in self.walk():
+            if isinstance(it, Store):
+                out[it.layer] = it.option
+        return tuple(out)
+
+    @property
+    def uses_options(self) -> bool:
+        return any(o != STORE for o in self.options())
+
+    def with_options(self, options: dict[int, str] | list[str] | tuple[str, ...]) -> Plan:
+        """The same checkpoints with each layer's option set (a per-layer list, or a dict of
+        the layers that are not ``store``)."""
+        if isinstance(options, dict):
+            per = [STORE] * self.n_layers
+            for i, o in options.items():
+                if not isinstance(i, int) or not 0 <= i < self.n_layers:
+                    raise SpecError(f"plan option for layer {i!r} is outside the chain [0, {self.n_layers})")
+                per[i] = o
+        else:
+            per = list(options)
+            if len(per) != self.n_layers:
+                raise SpecError(f"plan options list {len(per)} layers but the plan has {self.n_layers}")
+        for i, o in enumerate(per):
+            if not isinstance(o, str) or not o:
+                raise SpecError(f"plan option of layer {i} must be a name such as 'store', got {o!r}")
+
+        def redo(items: tuple[Item, ...]) -> tuple[Item, ...]:
+            return tuple(Store(it.layer, per[it.layer]) if isinstance(it, Store)
+                         else Checkpoint(it.start, it.stop, redo(it.inner)) for it in items)
+        return Plan(self.strategy, self.n_layers, redo(self.items), dict(self.params))
+
     @property
     def n_checkpoints(self) -> int:
         return sum(isinstance(it, Checkpoint) for it, _ in self.walk())
@@ -128,7 +173,7 @@ class Plan:
             if isinstance(it, str):
                 out.append(it)
             elif isinstance(it, Store):
-                out.append(f"S{it.layer}")
+                out.append(f"S{it.layer}" if it.option == STORE else f"S{it.layer}:{it.option}")
             else:
                 out.append(f"C[{it.start},{it.stop}){{")
                 stack.append("}")
@@ -137,13 +182,16 @@ class Plan:
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "strategy": self.strategy,
             "n_layers": self.n_layers,
             "params": dict(self.params),
             "checkpoints": [[r.start, r.stop] for r in self.recomputed_ranges()],
         }
+        if self.uses_options:
+            d["options"] = list(self.options())
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> Plan:
@@ -164,7 +212,18 @@ class Plan:
         else:
             raise SpecError("a plan needs a 'checkpoints' list (or nested 'items')",
                             tip='e.g. {"n_layers": 4, "checkpoints": [[0, 2], [2, 4]]}')
-        return cls(strategy, n, items, dict(params))
+        plan = cls(strategy, n, items, dict(params))
+        if d.get("options") is not None:
+            opts = d["options"]
+            if isinstance(opts, dict):
+                try:
+                    opts = {int(k): v for k, v in opts.items()}
+                except ValueError:
+                    raise SpecError("plan 'options' keys must be layer indices") from None
+            elif not isinstance(opts, list):
+                raise SpecError("plan 'options' must be a list with one option name per layer")
+            plan = plan.with_options(opts)
+        return plan
 
 
 def items_from_ranges(n_layers: int, ranges: list[tuple[int, int]]) -> tuple[Item, ...]:
@@ -220,8 +279,9 @@ def _items_from_json(raw: Any, where: str) -> tuple[Item, ...]:
     items: list[Item] = []
     for k, obj in enumerate(raw):
         here = f"{where}[{k}]"
-        if isinstance(obj, dict) and set(obj) == {"store"} and isinstance(obj["store"], int):
-            items.append(Store(obj["store"]))
+        if (isinstance(obj, dict) and set(obj) in ({"store"}, {"store", "option"})
+                and isinstance(obj["store"], int) and isinstance(obj.get("option", STORE), str)):
+            items.append(Store(obj["store"], obj.get("option", STORE)))
         elif (isinstance(obj, dict) and set(obj) == {"checkpoint", "inner"}
               and isinstance(obj["checkpoint"], list) and len(obj["checkpoint"]) == 2
               and all(isinstance(v, int) for v in obj["checkpoint"])):

@@ -23,6 +23,9 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain output's gradient.
 * ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``
   (its input gradient and parameter gradients appear, its saved tensors and incoming gradient go).
+* ``Store(i)`` with a selective option (``chain.Option``): the same ops with the option's
+  ``xbar``, ``fwd_tmp`` and ``bwd_tmp`` (the tensors it recomputes live inside that backward
+  transient), and its ``recompute_ms`` counts as recompute, wherever the layer is stored.
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
@@ -40,7 +43,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .chain import Chain
-from .plan import Item, Plan, Store
+from .plan import STORE, Item, Plan, Store
 
 PRE, OPT = -1, None
 
@@ -126,7 +129,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             again = ctx is not None
             for it in seq:
                 if isinstance(it, Store):
-                    ly = L[it.layer]
+                    ly = L[it.layer] if it.option == STORE else L[it.layer].option(it.option)
                     live = mem + ly.xbar_bytes
                     op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
                     mem = live
@@ -151,6 +154,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             if isinstance(it, Store):
                 i = it.layer
                 ly = L[i]
+                if it.option != STORE:  # a selective option redoes part of its forward first
+                    recompute_ms += ly.option_ms(it.option)
+                    ly = ly.option(it.option)
                 d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
                 after = mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
                 op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
@@ -246,3 +252,9 @@ def _check(chain: Chain, plan: Plan) -> None:
     if plan.n_layers != chain.n_layers:
         raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",
                         tip="re-plan for this model, or pass the profile the plan was made from")
+    for i, name in enumerate(plan.options()):
+        if name != STORE and all(o.name != name for o in chain.layers[i].options):
+            known = ", ".join([STORE, *(o.name for o in chain.layers[i].options)])
+            raise SpecError(f"the plan stores layer {i} with option {name!r}, which its profile does "
+                            f"not have (it has: {known})",
+                            tip="profile with options (`ckplan profile --options`) or re-plan")

@@ -1,0 +1,91 @@
+"""Selective recomputation inside a layer: the policies ckplan measures and installs.
+
+Each policy runs a layer under PyTorch's selective activation checkpointing (SAC,
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``): one non-reentrant checkpoint
+around the layer whose policy says, op by op, whether its output is kept from the forward
+(``MUST_SAVE``) or recomputed in the backward (``PREFER_RECOMPUTE``). In the backward the layer's
+forward runs again, the kept outputs are taken from the cache and the other ops are redone. So
+a policy keeps the outputs of its saved ops (and the layer's input and output); its recompute
+time is the forward time of the other ops.
+
+``sac-compute``  keep the outputs of compute-heavy ops (matmuls, attention kernels, convolution),
+                 recompute the cheap ones (pointwise, norms, activations, dropout): the policy
+                 of torch's SAC documentation, and ckplan's ``sac-policy`` peer.
+``sac-linear``   keep the outputs of linear layers and convolutions only; recompute the
+                 attention core (scores, softmax, dropout, attention kernels) and the pointwise
+                 ops: Megatron-LM's "selective recomputation" plus the cheap ops.
+``sac-attn``     keep every op's output except the attention core's: Megatron-LM's selective
+                 recomputation as published (Korthikanti et al. 2022, "Reducing activation
+                 recomputation in large transformer models").
+
+Two more ways to treat a layer need no policy: ``store`` (keep everything, no checkpoint) and
+``full`` (recompute the whole layer: ``Checkpoint(i, i + 1)``). On a layer without the ops a
+policy names, the policy keeps (almost) nothing or everything; the profile measures each one
+and the planner drops the options another beats on both memory and time.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from .errors import SpecError
+from .planner.chain import STORE
+
+
+def _ops(names: list[str]) -> frozenset:
+    aten = torch.ops.aten
+    return frozenset(getattr(aten, n) for n in names if hasattr(aten, n))  # every overload
+
+
+_ATTN_KERNELS = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                 "_flash_attention_forward", "_efficient_attention_forward"]
+LINEAR_OPS = _ops(["mm", "addmm", "convolution", "_convolution", "linear"])
+COMPUTE_OPS = LINEAR_OPS | _ops(["bmm", "baddbmm", *_ATTN_KERNELS])
+ATTENTION_CORE_OPS = _ops(["bmm", "baddbmm", "_softmax", "_safe_softmax", "native_dropout",
+                           "softmax", *_ATTN_KERNELS])
+
+POLICY_DOC: dict[str, str] = {
+    "sac-compute": "keep matmul/attention/conv outputs, recompute pointwise, norms, activations",
+    "sac-linear": "keep linear/conv outputs, recompute the attention core and pointwise ops",
+    "sac-attn": "keep everything but the attention core (Megatron-LM selective)",
+}
+POLICIES: tuple[str, ...] = tuple(POLICY_DOC)
+
+
+def _save_if_in(ops: frozenset, ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op.overloadpacket in ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _save_unless_in(ops: frozenset, ctx, op, *args, **kwargs):
+    return CheckpointPolicy.PREFER_RECOMPUTE if op.overloadpacket in ops else CheckpointPolicy.MUST_SAVE
+
+
+_POLICY_FN = {
+    "sac-compute": functools.partial(_save_if_in, COMPUTE_OPS),
+    "sac-linear": functools.partial(_save_if_in, LINEAR_OPS),
+    "sac-attn": functools.partial(_save_unless_in, ATTENTION_CORE_OPS),
+}
+
+
+def policy_fn(name: str):
+    """The SAC policy function of option ``name``."""
+    try:
+        return _POLICY_FN[name]
+    except KeyError:
+        raise SpecError(f"unknown selective option {name!r}",
+                        tip=f"use one of: {', '.join(POLICIES)} (or 'store')") from None
+
+
+def context_fn(name: str):
+    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` applying option ``name``."""
+    return functools.partial(create_selective_checkpoint_contexts, policy_fn(name))
+
+
+def run_with_option(fn, name: str, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` as a layer stored with option ``name`` (``store``: as is)."""
+    if name == STORE or not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn(name), **kwargs)
