@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
@@ -101,7 +101,7 @@ class _Call:
     """
 
     __slots__ = ("args", "autocast", "cpu_rng", "device_rng", "device_type", "devices", "kwargs",
-                 "leaves", "slots")
+                 "leaves", "sac", "slots")
 
     def __init__(self, args: tuple, kwargs: dict, links: list[tuple[int | str, int]]):
         a, k = list(args), dict(kwargs)
@@ -121,6 +121,7 @@ class _Call:
         else:
             self.devices, self.device_rng = [], []
         self.autocast = _get_autocast_kwargs(self.device_type)
+        self.sac = None  # a selective option's recompute context, filled by its parent's recompute
 
     def replay(self, forward, inputs: list[torch.Tensor]):
         a, k = list(self.args), dict(self.kwargs)
@@ -178,6 +179,14 @@ class _Segment:
         for f in self.open:
             f.frame.forward_completed = True
         self.open.clear()
+
+
+def _drop(t: torch.Tensor) -> None:
+    return None
+
+
+def _dropped(_: None) -> None:  # pragma: no cover - the filled graph is never backwarded
+    raise RuntimeError("ckplan: a selective option's cache-filling pass was backwarded")
 
 
 def _alias(t: torch.Tensor | None, value: torch.Tensor) -> bool:
@@ -320,13 +329,26 @@ class PlanExecutor:
                 frame.save_inputs(*inputs)
             seg.open.append(_Frame(item, frame, _checkpoint_hook(frame)))
         seg.calls[i] = _Call(args, kwargs, links)
+        hook, own = seg.open[-1].hook, None
+        if self._option[i] != STORE:
+            # Stored with a selective option inside a checkpoint: its own frame, as a nested
+            # checkpoint of one layer (its input saved to the parent), whose recompute runs the
+            # option's SAC recompute from the cache its parent's recompute fills (_replay).
+            own = _CheckpointFrame(functools.partial(self._option_recompute, seg.calls, i),
+                                   _early_stop(), None, _metadata_fn)
+            with hook:
+                own.save_inputs(*inputs)
+            hook = _checkpoint_hook(own)
         try:
-            with seg.open[-1].hook:
+            with hook:
                 out = orig(*args, **kwargs)
         except BaseException:
             tls.seg = None
             seg.close()
             raise
+        finally:
+            if own is not None:
+                own.forward_completed = True
         seg.last = i
         while seg.open and seg.open[-1].item.stop == i + 1:
             seg.open.pop().frame.forward_completed = True
@@ -356,15 +378,39 @@ class PlanExecutor:
                 leaves = tensor_leaves(out)
                 inputs = [leaves[li] for li in calls[j].leaves]
             first = False
-            if isinstance(item, Store):
-                fwd = functools.partial(self._call_module, j)
-                if item.option != STORE:
-                    fwd = functools.partial(run_with_option, fwd, item.option)
-                out = calls[j].replay(fwd, inputs)
+            if isinstance(item, Store) and item.option != STORE:
+                out = self._option_fill(calls, j, item.option, inputs)
+            elif isinstance(item, Store):
+                out = calls[j].replay(functools.partial(self._call_module, j), inputs)
             else:
                 out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,
                                  use_reentrant=False, preserve_rng_state=False)
         return out
+
+    def _option_fill(self, calls: dict[int, _Call], j: int, option: str,
+                     inputs: list[torch.Tensor]):
+        """In a parent's recompute: run layer ``j`` under its option's SAC forward context, which
+        keeps the saved ops' outputs (and nothing else: autograd's saved tensors are dropped,
+        the layer's own frame recomputes them in its backward), then save its input to the
+        parent as the first forward did. Saving after the run lets the parent stop early."""
+        fwd_ctx, rec_ctx = create_selective_checkpoint_contexts(policy_fn(option))
+        with torch.autograd.graph.saved_tensors_hooks(_drop, _dropped), fwd_ctx:
+            out = calls[j].replay(functools.partial(self._call_module, j), inputs)
+        calls[j].sac = rec_ctx
+        _CheckpointFrame(None, False, None, None).save_inputs(*inputs)
+        return out
+
+    def _option_recompute(self, calls: dict[int, _Call], j: int, *inputs: torch.Tensor):
+        """The recompute of a layer stored with a selective option inside a checkpoint."""
+        call = calls[j]
+        rec_ctx, call.sac = call.sac, None
+        if rec_ctx is None:  # no cache (a second backward): fill it now, then recompute
+            fwd_ctx, rec_ctx = create_selective_checkpoint_contexts(policy_fn(self._option[j]))
+            with torch.random.fork_rng(devices=call.devices, device_type=call.device_type), \
+                    torch.autograd.graph.saved_tensors_hooks(_drop, _dropped), fwd_ctx:
+                call.replay(functools.partial(self._call_module, j), list(inputs))
+        with torch.random.fork_rng(devices=call.devices, device_type=call.device_type), rec_ctx:
+            return call.replay(functools.partial(self._call_module, j), list(inputs))
 
     def _call_module(self, j: int, *args, **kwargs):
         """Recompute layer ``j`` through its module call, so its hooks run as in the first forward

@@ -14,9 +14,12 @@ time is the forward time of the other ops.
 ``sac-linear``   keep the outputs of linear layers and convolutions only; recompute the
                  attention core (scores, softmax, dropout, attention kernels) and the pointwise
                  ops: Megatron-LM's "selective recomputation" plus the cheap ops.
-``sac-attn``     keep every op's output except the attention core's: Megatron-LM's selective
-                 recomputation as published (Korthikanti et al. 2022, "Reducing activation
-                 recomputation in large transformer models").
+``sac-attn``     keep the outputs of linear layers, norms and activations; recompute the
+                 attention core and the other pointwise ops: close to Megatron-LM's selective
+                 recomputation (Korthikanti et al. 2022, "Reducing activation recomputation in
+                 large transformer models"), which keeps everything outside the attention core.
+                 (A policy that saves every op but the core would cache tensors that attention's
+                 decomposed math then changes in place, which SAC refuses.)
 
 Two more ways to treat a layer need no policy: ``store`` (keep everything, no checkpoint) and
 ``full`` (recompute the whole layer: ``Checkpoint(i, i + 1)``). On a layer without the ops a
@@ -44,13 +47,16 @@ _ATTN_KERNELS = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_fla
                  "_flash_attention_forward", "_efficient_attention_forward"]
 LINEAR_OPS = _ops(["mm", "addmm", "convolution", "_convolution", "linear"])
 COMPUTE_OPS = LINEAR_OPS | _ops(["bmm", "baddbmm", *_ATTN_KERNELS])
-ATTENTION_CORE_OPS = _ops(["bmm", "baddbmm", "_softmax", "_safe_softmax", "native_dropout",
-                           "softmax", *_ATTN_KERNELS])
+# Outside the attention core: what Megatron keeps (its pointwise ops are recomputed here: they are
+# cheap, and attention's own pointwise ops cannot be told apart at the dispatcher).
+NON_CORE_OPS = LINEAR_OPS | _ops(["native_layer_norm", "_fused_rms_norm", "native_batch_norm",
+                                  "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+                                  "gelu", "silu", "relu", "tanh", "sigmoid", "_fused_rms_norm"])
 
 POLICY_DOC: dict[str, str] = {
     "sac-compute": "keep matmul/attention/conv outputs, recompute pointwise, norms, activations",
     "sac-linear": "keep linear/conv outputs, recompute the attention core and pointwise ops",
-    "sac-attn": "keep everything but the attention core (Megatron-LM selective)",
+    "sac-attn": "keep linear, norm and activation outputs; recompute the attention core",
 }
 POLICIES: tuple[str, ...] = tuple(POLICY_DOC)
 
@@ -59,14 +65,10 @@ def _save_if_in(ops: frozenset, ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op.overloadpacket in ops else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _save_unless_in(ops: frozenset, ctx, op, *args, **kwargs):
-    return CheckpointPolicy.PREFER_RECOMPUTE if op.overloadpacket in ops else CheckpointPolicy.MUST_SAVE
-
-
 _POLICY_FN = {
     "sac-compute": functools.partial(_save_if_in, COMPUTE_OPS),
     "sac-linear": functools.partial(_save_if_in, LINEAR_OPS),
-    "sac-attn": functools.partial(_save_unless_in, ATTENTION_CORE_OPS),
+    "sac-attn": functools.partial(_save_if_in, NON_CORE_OPS),
 }
 
 
