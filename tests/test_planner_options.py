@@ -104,7 +104,8 @@ def check_against_brute(chain: Chain) -> None:
     assert simulate(chain, min_peak_plan(chain)).peak_bytes == lowest
     solver = DPSolver(chain)
     assert solver.exact and solver.pareto is not None and not solver.options_ignored
-    used = False
+    slots = DPSolver(chain, max_slots=10**9)  # the cost table in gcd slots (1 byte here)
+    assert slots.exact and slots.pareto is None and not slots.options_ignored
     for b in budgets(scores):
         want = best(b)
         plan = solver.solve(b) if b < solver.none_peak else plan_none(chain.n_layers)
@@ -115,8 +116,12 @@ def check_against_brute(chain: Chain) -> None:
         sc = simulate(chain, plan)
         assert sc.peak_bytes <= b
         assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, plan.describe())
+        if b < slots.none_peak:
+            sp = slots.solve(b)
+            assert sp is not None
+            ss = simulate(chain, sp)
+            assert ss.peak_bytes <= b and ss.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9)
         assert simulate(chain, min_peak_plan(chain, b)).peak_bytes <= max(b, lowest)
-        used |= plan.uses_options
         back = Plan.from_dict(plan.to_dict())
         assert back == plan and back.options() == plan.options()
     # the public entry at a few budgets (each builds its own table, pruned for that budget)
@@ -186,14 +191,18 @@ def test_slot_grouped_and_autocast_tables_plan_without_options():
     lo, lo_plain = min_peak(ch), min_peak(plain)
     hi = simulate(ch, plan_none(8)).peak_bytes
     mid = (lo_plain + hi) // 2
-    # explicit slots: store and full only, said in the notes; the plan fits
-    res = plan_dp(ch, mid, max_slots=400)
-    assert OPTIONS_IGNORED in res.notes and not res.exact and not res.plan.uses_options
-    assert simulate(ch, res.plan).peak_bytes <= mid
+    # rounded slots on single layers take options too; the plan fits, no worse than without
+    for b in (lo, (lo + lo_plain) // 2, mid):
+        res = plan_dp(ch, b, max_slots=400)
+        assert OPTIONS_IGNORED not in res.notes and not res.exact
+        assert simulate(ch, res.plan).peak_bytes <= b
+        if b >= lo_plain:
+            assert (simulate(ch, res.plan).recompute_ms
+                    <= simulate(ch, plan_dp(plain, b, max_slots=400).plan).recompute_ms + 1e-9)
     # grouped: fits, and below the smallest peak without options it falls back to options
     for b in sorted({lo, (lo + lo_plain) // 2, mid}):
         r = plan_dp(ch, b, mode="grouped", groups=3)
-        assert simulate(ch, r.plan).peak_bytes <= b and not r.exact
+        assert simulate(ch, r.plan).peak_bytes <= b and not r.exact and OPTIONS_IGNORED in r.notes
         if b < lo_plain:
             assert r.plan.uses_options
     # autocast copies: min_peak and plans as without options

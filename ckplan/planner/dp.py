@@ -35,7 +35,8 @@ arithmetic as ``store`` with the option's ``xbar``, ``fwd_tmp`` and ``bwd_tmp``)
 ``opt_ms[s, o]`` more; the recursion takes the best option of every stored layer (the min-peak
 table, the Pareto frontiers and the plan readers alike), so plans are optimal over every nested
 plan and every option of every layer, and ``min_peak`` is the smallest peak with options. The
-slot tables, grouped long chains and autocast chains plan without options
+nested slot table on single layers (``CostTable``) takes options the same way (exact with gcd
+slots). Grouped long chains (and their depth-1 table) and autocast chains plan without options
 (``chain.without_options()``, said in ``DPResult.notes``); where only options reach a budget
 (between the smallest peak with and without them) they return the smallest-peak plan, with
 options, spending the slack greedily.
@@ -216,16 +217,19 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     return plan_from(chain, t.units, *t.peaks.parts(avail), params)
 
 
+Parts = tuple[list[tuple[int, int]], dict[int, int]]  # checkpointed ranges, {unit: option}
+
+
 @dataclass(frozen=True)
 class _Reader:
     """One DP table seen from the top."""
 
     name: str
     need_bytes: int  # the least bytes above the chain's start any plan of this table needs
-    ranges: Callable[[int], list[tuple[int, int]]]  # checkpointed ranges for exact avail bytes
+    parts: Callable[[int], Parts]  # checkpointed ranges and options for exact avail bytes
     slot_bytes: int
     top: np.ndarray  # the table's least recompute at each slot
-    slot_ranges: Callable[[int], list[tuple[int, int]]]  # the table's own plan at a slot
+    slot_parts: Callable[[int], Parts]  # the table's own plan at a slot
 
 
 class DPSolver:
@@ -278,9 +282,10 @@ class DPSolver:
                 self.slot_bytes, self.M, self.exact = 1, self.span, True
                 self._estimate = None
                 return
-        # The slot tables plan without selective options.
-        self.options_ignored = chain.has_options
-        chain = chain.without_options()
+        # The cost table on single layers takes options; grouped and autocast tables do not.
+        if self.grouped or chain.has_casts:
+            self.options_ignored = chain.has_options
+            chain = chain.without_options()
         layers = layer_tables(chain)
         if grouped_units is None:
             self.units, pairs, peaks = layers.units, layers.pairs, layers.peaks
@@ -291,8 +296,8 @@ class DPSolver:
         M = int(self.span // q)
         table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
         self._estimate = None if self.grouped else table.estimate
-        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.ranges(a, peaks),
-                                q, table.C[0, U], table.slot_ranges)]
+        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
+                                q, table.C[0, U], table.slot_parts)]
         if flat if flat is not None else self.grouped:
             lu = layers.units
             N = lu.size
@@ -301,7 +306,8 @@ class DPSolver:
             fq = choose_slot(lu, self.span, g, slots)
             ft = FlatTable(lu, layers.pairs, fq, int(self.span // fq), "up" if fq == g else rounding,
                            max_len)
-            self.readers.append(_Reader("flat", int(ft.R1[0]), ft.ranges, fq, ft.C[0], ft.slot_ranges))
+            self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
+                                        ft.C[0], lambda m: (ft.slot_ranges(m), {})))
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts and not self.options_ignored
@@ -370,8 +376,7 @@ class DPSolver:
         if pt.cost(avail) == INF:
             raise RuntimeError(f"exact dp found no plan at budget {budget_bytes} above the "
                                f"smallest peak {min_peak(self.chain)}: planner bug")
-        ranges, chosen = pt.parts(avail)
-        return self._plan(ranges, budget_bytes, budget_bytes, "exact bytes", chosen)
+        return self._plan(*pt.parts(avail), budget_bytes, budget_bytes, "exact bytes")
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
         """The least-recompute plan read at ``read_bytes`` that fits ``budget_bytes``, and the
@@ -384,7 +389,7 @@ class DPSolver:
         for r in self.readers:
             if r.need_bytes > avail:
                 continue
-            for plan in (self._plan(r.ranges(avail), read_bytes, budget_bytes, r.name),
+            for plan in (self._plan(*r.parts(avail), read_bytes, budget_bytes, r.name),
                          self._scan(r, read_bytes, budget_bytes)):
                 if plan is not None:
                     sc = simulate(self.chain, plan)
@@ -394,9 +399,9 @@ class DPSolver:
                         best = (sc.recompute_ms, plan)
         return (None if best is None else best[1]), (min(overs) if overs else None)
 
-    def _plan(self, ranges: list[tuple[int, int]], read_bytes: int, budget_bytes: int,
-              name: str, chosen: dict[int, int] | None = None) -> Plan:
-        plan = plan_from(self.chain, self.units, ranges, chosen or {}, {"budget_bytes": budget_bytes})
+    def _plan(self, ranges: list[tuple[int, int]], chosen: dict[int, int], read_bytes: int,
+              budget_bytes: int, name: str) -> Plan:
+        plan = plan_from(self.chain, self.units, ranges, chosen, {"budget_bytes": budget_bytes})
         peak = simulate(self.chain, plan).peak_bytes
         if peak > read_bytes and not self.cast_bytes:  # exact feasibility forbids this
             raise RuntimeError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}: planner bug")
@@ -406,12 +411,11 @@ class DPSolver:
         """The table's own plan at the budget's slot, or at the next lower slots while it
         overshoots (rounding): often better than the exact-bytes read, never needed for
         feasibility."""
-        n = self.chain.n_layers
         m = min((read_bytes - base_bytes(self.chain)) // r.slot_bytes, len(r.top) - 1)
         for _ in range(CAST_SCAN_READS if self.cast_bytes else SCAN_READS):
             if m < 0 or r.top[m] == INF:
                 return None
-            plan = Plan("dp", n, items_from_ranges(n, r.slot_ranges(m)), {"budget_bytes": budget_bytes})
+            plan = plan_from(self.chain, self.units, *r.slot_parts(m), {"budget_bytes": budget_bytes})
             peak = simulate(self.chain, plan).peak_bytes
             if peak <= read_bytes:
                 return plan

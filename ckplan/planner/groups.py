@@ -149,6 +149,8 @@ def size_gcd(chain: Chain) -> int:
             chain.post.bwd_tmp_bytes, chain.post.grad_bytes]
     for ly in chain.layers:
         vals += [ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes]
+        for o in ly.options:
+            vals += [o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes]
     for v in vals:
         g = gcd(g, int(v))
     return g or 1

@@ -203,7 +203,8 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
 
 
 class CostTable:
-    """``C[s, e, m]``: least recompute of every sub-sequence, for slots ``m = 0..M``."""
+    """``C[s, e, m]``: least recompute of every sub-sequence, for slots ``m = 0..M``;
+    ``Store(s)`` takes the best of the unit's selective options (``Units.opt_*``)."""
 
     def __init__(self, u: Units, pc: PairCosts, slot: int, M: int, rounding: str):
         self.u, self.pc, self.slot, self.M = u, pc, slot, M
@@ -219,6 +220,10 @@ class CostTable:
         self.store_slots = div(pc.store_req, slot)
         self.inner_slots = div(pc.inner_extra, slot)
         self.fnone_slots = np.minimum(div(pc.fnone, slot), M + 1)
+        n_opt = u.n_options
+        self.opt_hold_slots = div(u.opt_hold, slot)
+        self.opt_store_slots = div(pc.opt_store_req, slot)
+        self.opts = [[o for o in range(1, n_opt) if np.isfinite(u.opt_ms[s, o])] for s in range(U)]
         P = pc.fwd_prefix_ms
         C = np.empty((U, U + 1, M + 1), dtype=DTYPE)  # every C[s, e] with s < e is written below
         mgrid = np.arange(M + 1)
@@ -232,6 +237,14 @@ class CostTable:
                 else:
                     store = shift(C[j + 1, e], int(self.hold_slots[j]), M, DTYPE)
                 store[:req] = INF
+                for o in self.opts[j]:  # Store(j) with a selective option
+                    ms = float(u.opt_ms[j, o])
+                    if j + 1 == e:
+                        so = np.full(M + 1, ms, dtype=DTYPE)
+                    else:
+                        so = shift(C[j + 1, e], int(self.opt_hold_slots[j, o]), M, DTYPE) + DTYPE(ms)
+                    so[:max(0, min(int(self.opt_store_slots[o, j, e]), M + 1))] = INF
+                    np.minimum(store, so, out=store)
                 np.minimum(store, best[j] - float(P[j]), out=C[j, e])
                 if j == 0:
                     continue
@@ -250,13 +263,15 @@ class CostTable:
 
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
         P = self.pc.fwd_prefix_ms
-        best: tuple[float, int | None]
-        if m < self.store_slots[s, e]:
-            best = (INF, None)
-        elif s + 1 == e:
-            best = (0.0, None)
-        else:
-            best = (self._at(s + 1, e, m - int(self.hold_slots[s])), None)
+        best: tuple[float, int | None] = (INF, None)
+        bo = 0
+        for o in [0, *self.opts[s]]:
+            if m < self.opt_store_slots[o, s, e]:
+                continue
+            ms = float(self.u.opt_ms[s, o])
+            v = ms if s + 1 == e else self._at(s + 1, e, m - int(self.opt_hold_slots[s, o])) + ms
+            if o == 0 or v < best[0]:
+                best, bo = (v, None), o
         for j in range(s + 1, e):
             if m < self.fnone_slots[s, j]:
                 continue
@@ -270,13 +285,17 @@ class CostTable:
             raise RuntimeError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
         pick = best[1]
         if pick is None:
-            return None, m - int(self.hold_slots[s]), None, 0
+            return None, m - int(self.opt_hold_slots[s, bo]), None, bo
         return pick, m - int(self.x_slots[pick - 1]), min(m - int(self.inner_slots[pick, e]), self.M), 0
 
     def slot_ranges(self, m: int) -> list[tuple[int, int]]:
         """The table's own optimal plan at slot ``m``: the same arithmetic as the table, in
         scalars (its peak may overshoot the budget by the rounding; the caller checks)."""
-        return reconstruct(self.u.bounds, self.u.size, m, self._slot_choose)
+        return self.slot_parts(m)[0]
+
+    def slot_parts(self, m: int) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``slot_ranges`` and the selective option of each unit stored with one."""
+        return reconstruct_options(self.u.bounds, self.u.size, m, self._slot_choose)
 
     def estimate(self, s: int, e: int, avail: int, fallback: float) -> float:
         """The table's recompute for [s, e) with ``avail`` exact bytes."""
@@ -292,8 +311,12 @@ class CostTable:
         if its own needs and its sub-chains' smallest needs fit), and among feasible options
         the cost table's estimate picks; so the plan always fits, whatever the rounding, and
         with gcd-sized slots it is the optimum."""
-        return reconstruct(self.u.bounds, self.u.size, avail,
-                           exact_chooser(self.u, self.pc, pt.R, pt.K, self.estimate))
+        return self.parts(avail, pt)[0]
+
+    def parts(self, avail: int, pt: PeakTable) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``ranges`` and the selective option of each unit stored with one."""
+        return reconstruct_options(self.u.bounds, self.u.size, avail,
+                                   exact_chooser(self.u, self.pc, pt.R, pt.K, self.estimate))
 
 
 class FlatTable:
