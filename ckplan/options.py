@@ -35,6 +35,7 @@ class Strategy(_Names):
     sqrtn = "sqrtn"
     chen = "chen"
     dp = "dp"
+    selective = "selective"  # every layer stored with one selective policy (needs options)
 
 
 class StrategyOrAll(_Names):
@@ -45,6 +46,7 @@ class StrategyOrAll(_Names):
     sqrtn = "sqrtn"
     chen = "chen"
     dp = "dp"
+    selective = "selective"
     all = "all"
 
 

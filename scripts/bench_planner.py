@@ -5,6 +5,8 @@
     python scripts/bench_planner.py --gap 200 --seeds 1 --fracs 0 0.001 0.01
     python scripts/bench_planner.py --breakpoints 8 30 --seeds 4     # at every budget breakpoint
     python scripts/bench_planner.py --speed 100 --casts              # mixed precision
+    python scripts/bench_planner.py --speed 24 100 --options 2        # selective options
+    python scripts/bench_planner.py --gap 24 100 --options 2         # their exactness gap
 
 Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
 million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
@@ -19,6 +21,12 @@ feasible peak (0) to the peak without checkpointing (1).
 * reference: the exact DP in bytes (``tables.ParetoTable``) bounded to the budget and to the
   cheaper of the two plans' recompute, which is exact by construction (tests check it against
   brute force and against the gcd-slot DP); slow on long chains (minutes at 200 layers).
+
+``--options K``: every layer gets K selective options (``synthetic.with_options``). ``--speed``
+then also times the same chain without options at the same fraction of its own range
+(``plain_s``; ``ratio`` = after_s / plain_s) and reports both overheads; ``--gap``'s reference is the exact DP with options (``before`` ignores
+them: slot tables), and ``plain_gap`` is the exact plan without options against it (what the
+options gain).
 
 Gap = recompute / reference - 1 (0 is optimal). No figure here is asserted anywhere.
 """
@@ -40,8 +48,10 @@ from ckplan.planner.tables import ParetoTable
 WIDE = 1_000_003
 
 
-def make_chain(n: int, seed: int, scaled: bool):
-    return random_chain(n, seed, scale=WIDE) if scaled else random_chain(n, seed, max_size=WIDE)
+def make_chain(n: int, seed: int, scaled: bool, options: int = 0):
+    if scaled:
+        return random_chain(n, seed, scale=WIDE, options=options)
+    return random_chain(n, seed, max_size=WIDE, options=options)
 
 
 def timed(fn):
@@ -62,12 +72,15 @@ def header(what: str) -> None:
 
 
 def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, casts: bool,
-                compare: bool) -> None:
-    header("seconds per dp plan" + (" with autocast copies" if casts else ""))
-    print("layers seed  budget  after_s  exact  overhead" + ("  before_s  overhead" if compare else ""))
+                compare: bool, options: int = 0) -> None:
+    header("seconds per dp plan" + (" with autocast copies" if casts else "")
+           + (f" with {options} selective options per layer" if options else ""))
+    print("layers seed  budget  after_s  exact  overhead" + ("  before_s  overhead" if compare else "")
+          + ("   plain_s  overhead  ratio" if options else ""))
+    ratios: list[float] = []
     for n in sizes:
         for seed in range(seeds):
-            ch = make_chain(n, seed, scaled)
+            ch = make_chain(n, seed, scaled, options)
             if casts:
                 ch = with_casts(ch, seed)
             lo = min_peak(ch)  # cached per chain: timed plans below include the tables
@@ -82,15 +95,27 @@ def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, 
                     layer_tables.cache_clear()
                     p, t0 = timed(lambda: before(ch, b))
                     line += f"  {t0:8.2f}  {simulate(ch, p).overhead:8.2%}"
+                if options:  # the same chain without options, at the same fraction of its range
+                    plain = ch.without_options()
+                    bp = int(min_peak(plain) + f * (hi - min_peak(plain)))
+                    layer_tables.cache_clear()
+                    rp, tp = timed(lambda: plan_chain(plain, "dp", bp))
+                    ratios.append(t / tp)
+                    line += f"  {tp:8.2f}  {rp.score.overhead:8.2%}  {t / tp:5.2f}"
                 print(line, flush=True)
+    if ratios:
+        print(f"# time with options / without: median {statistics.median(ratios):.2f}, "
+              f"max {max(ratios):.2f} over {len(ratios)} plans")
 
 
-def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool) -> None:
-    header(f"gap to the exact optimum at {n} layers, {seeds} chains")
-    print("layers seed  budget  before_gap  after_gap  before_s  after_s  ref_s")
+def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int = 0) -> None:
+    header(f"gap to the exact optimum at {n} layers, {seeds} chains"
+           + (f", {options} selective options per layer" if options else ""))
+    print("layers seed  budget  before_gap  after_gap  before_s  after_s  ref_s"
+          + ("  plain_gap" if options else ""))
     rows: dict[float, list[tuple[float, float]]] = {f: [] for f in fracs}
     for seed in range(seeds):
-        ch = make_chain(n, seed, scaled)
+        ch = make_chain(n, seed, scaled, options)
         lo = min_peak(ch)
         hi = simulate(ch, plan_none(n)).peak_bytes
         t = layer_tables(ch)
@@ -107,8 +132,15 @@ def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool) -> None:
             gap = (lambda r: r / r0 - 1 if r0 > 0 else (0.0 if r == 0 else float("inf")))
             g_old, g_new = gap(so.recompute_ms), gap(sn.recompute_ms)
             rows[f].append((g_old, g_new))
-            print(f"{n:6d} {seed:4d}  {f:6.1%}  {g_old:10.2%}  {g_new:9.2%}  {t_old:8.2f}  "
-                  f"{t_new:7.2f}  {t_ref:5.1f}", flush=True)
+            line = (f"{n:6d} {seed:4d}  {f:6.1%}  {g_old:10.2%}  {g_new:9.2%}  {t_old:8.2f}  "
+                    f"{t_new:7.2f}  {t_ref:5.1f}")
+            if options:
+                plain = ch.without_options()
+                if b >= min_peak(plain):
+                    line += f"  {gap(plan_chain(plain, 'dp', b).score.recompute_ms):9.2%}"
+                else:
+                    line += "  infeasible"
+            print(line, flush=True)
     print(f"# summary at {n} layers: gap per budget, max / median over {seeds} chains")
     print("budget   before_max  before_med   after_max  after_med")
     for f, gs in rows.items():
@@ -160,17 +192,20 @@ def main() -> None:
     ap.add_argument("--scaled", action="store_true", help="sizes multiples of 1000003 bytes")
     ap.add_argument("--casts", action="store_true", help="add autocast copies to the timed chains")
     ap.add_argument("--before", action="store_true", help="--speed: also time the previous solver")
+    ap.add_argument("--options", type=int, default=0,
+                    help="selective options per layer (--speed: also time without them; --gap: "
+                         "gap of the plan without them)")
     args = ap.parse_args()
     if not args.speed and not args.gap and not args.breakpoints:
         args.speed = [10, 30, 100, 300, 1000]
     if args.speed:
         bench_speed(args.speed, args.seeds, args.fracs or [0.0, 0.1, 0.5, 0.9], args.scaled,
-                    args.casts, args.before)
+                    args.casts, args.before, args.options)
     for n in args.breakpoints:
         bench_breakpoints(n, args.seeds, args.scaled)
     for n in args.gap:
         bench_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9],
-                  args.scaled)
+                  args.scaled, args.options)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Modules, imports flowing one way (each imports only those above it):
 * ``tables``: the DP's tables and the one plan reader.
 * ``casts``: mixed precision, the top-level frontiers that make min peak and feasibility exact.
 * ``dp``: the solver and its entry points (plan_dp, min_peak, min_peak_plan).
-* ``strategies``: plan_chain, compare, sweep.
+* ``strategies``: plan_chain, compare, sweep (``selective``: one SAC policy on every layer).
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
 * ``synthetic``: synthetic chains for tests and benchmarks.
 """
@@ -36,9 +36,20 @@ from .dp import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
 from .floor import Floor, floor_of, infeasible_error
 from .plan import Checkpoint, LayerDecision, Plan, RecomputedRange, Store
 from .simulate import Score, TraceEvent, simulate, trace
-from .strategies import STRATEGIES, FrontierPoint, PlanResult, compare, infeasible_budget, plan_chain, sweep
+from .strategies import (
+    ALL_STRATEGIES,
+    STRATEGIES,
+    FrontierPoint,
+    PlanResult,
+    compare,
+    infeasible_budget,
+    plan_chain,
+    plan_selective,
+    sweep,
+)
 
 __all__ = [
+    "ALL_STRATEGIES",
     "STRATEGIES",
     "Budget",
     "Chain",
@@ -76,6 +87,7 @@ __all__ = [
     "plan_dp",
     "plan_every_k",
     "plan_none",
+    "plan_selective",
     "plan_sqrtn",
     "predicted_peak_none",
     "simulate",

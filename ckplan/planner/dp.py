@@ -28,6 +28,19 @@ layers or more the plan of coarse 500-slot tables): nothing dearer is part of an
 and a tight bound prunes most breakpoints. Measured with scripts/bench_planner.py; passing
 ``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
 
+**Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
+redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
+``opt_hold[s, o]``, needs ``opt_store_req[o, s, e]`` (``groups.py``/``tables.py``: the same
+arithmetic as ``store`` with the option's ``xbar``, ``fwd_tmp`` and ``bwd_tmp``) and costs
+``opt_ms[s, o]`` more; the recursion takes the best option of every stored layer (the min-peak
+table, the Pareto frontiers and the plan readers alike), so plans are optimal over every nested
+plan and every option of every layer, and ``min_peak`` is the smallest peak with options. The
+nested slot table on single layers (``CostTable``) takes options the same way (exact with gcd
+slots). Grouped long chains (and their depth-1 table) and autocast chains plan without options
+(``chain.without_options()``, said in ``DPResult.notes``); where only options reach a budget
+(between the smallest peak with and without them) they return the smallest-peak plan, with
+options, spending the slack greedily.
+
 **Slots (mixed precision, long chains, explicit ``max_slots``).**
 ``m`` is counted in slots of ``slot_bytes``, the same for every budget (one table serves a
 whole frontier). When every size is a multiple of the slot (``slot_bytes`` = gcd of all sizes,
@@ -96,6 +109,9 @@ from .plan import Plan, items_from_ranges
 from .simulate import peak_of, simulate
 from .tables import INF, CostTable, FlatTable, PairCosts, ParetoTable, PeakTable, base_bytes, fixed_peak
 
+OPTIONS_IGNORED = ("selective options ignored by these tables: planned with store and full "
+                   "checkpoints only")
+
 __all__ = ["DPResult", "DPSolver", "base_bytes", "cast_frontier", "choose_slot", "fixed_peak",
            "infeasible_error", "layer_tables", "min_peak", "min_peak_plan", "plan_dp"]
 
@@ -151,9 +167,19 @@ def _units_for(chain: Chain, mode: str, groups: int | None, cuts: str = "cheap")
     return make_units(chain, cheap_cuts(chain, g) if cuts == "cheap" else equal_cuts(n, g))
 
 
+def plan_from(chain: Chain, units: Units, ranges: list[tuple[int, int]], chosen: dict[int, int],
+              params: dict) -> Plan:
+    """A ``dp`` plan from checkpointed ranges and ``{unit: option column}`` (``reconstruct_options``)."""
+    n = chain.n_layers
+    plan = Plan("dp", n, items_from_ranges(n, ranges), params)
+    return plan.with_options(units.option_names(chosen)) if chosen else plan
+
+
 @lru_cache(maxsize=16)
 def cast_frontier(chain: Chain) -> CastFrontier:
-    """The top-level frontiers of a chain with autocast copies (``casts.py``), once per chain."""
+    """The top-level frontiers of a chain with autocast copies (``casts.py``), once per chain;
+    selective options are ignored (the frontiers plan store and full checkpoints only)."""
+    chain = chain.without_options()
     t = layer_tables(chain)
     top = simulate(chain, plan_none(chain.n_layers)).peak_bytes
     return CastFrontier(chain, t.units, t.pairs, t.peaks, top)
@@ -161,8 +187,9 @@ def cast_frontier(chain: Chain) -> CastFrontier:
 
 @lru_cache(maxsize=16)
 def min_peak(chain: Chain) -> int:
-    """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit;
-    with autocast copies, the top-level frontiers of ``casts.py``)."""
+    """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit,
+    selective options included; with autocast copies, the top-level frontiers of ``casts.py``,
+    without options)."""
     if chain.has_casts:
         lowest = cast_frontier(chain).min_peak()
         return simulate(chain, plan_none(chain.n_layers)).peak_bytes if lowest is None else lowest
@@ -172,7 +199,8 @@ def min_peak(chain: Chain) -> int:
 
 def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     """A plan reaching ``min_peak`` (or fitting ``budget_bytes``, which must be at least
-    that), storing wherever the slack allows; exact, but not least-recompute."""
+    that), storing wherever the slack allows, with selective options where the chain has
+    them (not with autocast copies); exact, but not least-recompute."""
     n = chain.n_layers
     params = {"budget_bytes": budget_bytes, "min_peak": True}
     base = base_bytes(chain)
@@ -186,7 +214,10 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     t = layer_tables(chain)
     need = int(t.peaks.R[0, t.units.size])
     avail = need if budget_bytes is None else max(need, budget_bytes - base)
-    return Plan("dp", n, items_from_ranges(n, t.peaks.ranges(avail)), params)
+    return plan_from(chain, t.units, *t.peaks.parts(avail), params)
+
+
+Parts = tuple[list[tuple[int, int]], dict[int, int]]  # checkpointed ranges, {unit: option}
 
 
 @dataclass(frozen=True)
@@ -195,10 +226,10 @@ class _Reader:
 
     name: str
     need_bytes: int  # the least bytes above the chain's start any plan of this table needs
-    ranges: Callable[[int], list[tuple[int, int]]]  # checkpointed ranges for exact avail bytes
+    parts: Callable[[int], Parts]  # checkpointed ranges and options for exact avail bytes
     slot_bytes: int
     top: np.ndarray  # the table's least recompute at each slot
-    slot_ranges: Callable[[int], list[tuple[int, int]]]  # the table's own plan at a slot
+    slot_parts: Callable[[int], Parts]  # the table's own plan at a slot
 
 
 class DPSolver:
@@ -224,11 +255,11 @@ class DPSolver:
                  pareto: bool | None = None, lowest_bytes: int | None = None):
         if rounding not in ("nearest", "up"):
             raise ValueError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
+        self.options_ignored = False  # True when the chain has options the tables do not use
         self.chain = chain
-        layers = layer_tables(chain)
-        grouped_units = _units_for(chain, mode, groups, cuts)
+        grouped_units = _units_for(chain.without_options(), mode, groups, cuts)
         if grouped_units is None:
-            self.units, pairs, peaks = layers.units, layers.pairs, layers.peaks
+            self.units = layer_tables(chain).units
         else:
             self.units = grouped_units
             pairs = PairCosts(grouped_units)
@@ -251,6 +282,13 @@ class DPSolver:
                 self.slot_bytes, self.M, self.exact = 1, self.span, True
                 self._estimate = None
                 return
+        # The cost table on single layers takes options; grouped and autocast tables do not.
+        if self.grouped or chain.has_casts:
+            self.options_ignored = chain.has_options
+            chain = chain.without_options()
+        layers = layer_tables(chain)
+        if grouped_units is None:
+            self.units, pairs, peaks = layers.units, layers.pairs, layers.peaks
         g = size_gcd(chain)
         U = self.units.size
         slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
@@ -258,8 +296,8 @@ class DPSolver:
         M = int(self.span // q)
         table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
         self._estimate = None if self.grouped else table.estimate
-        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.ranges(a, peaks),
-                                q, table.C[0, U], table.slot_ranges)]
+        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
+                                q, table.C[0, U], table.slot_parts)]
         if flat if flat is not None else self.grouped:
             lu = layers.units
             N = lu.size
@@ -268,10 +306,11 @@ class DPSolver:
             fq = choose_slot(lu, self.span, g, slots)
             ft = FlatTable(lu, layers.pairs, fq, int(self.span // fq), "up" if fq == g else rounding,
                            max_len)
-            self.readers.append(_Reader("flat", int(ft.R1[0]), ft.ranges, fq, ft.C[0], ft.slot_ranges))
+            self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
+                                        ft.C[0], lambda m: (ft.slot_ranges(m), {})))
         self.slot_bytes = int(q)
         self.M = M
-        self.exact = q == g and not self.grouped and not chain.has_casts
+        self.exact = q == g and not self.grouped and not chain.has_casts and not self.options_ignored
 
     def solve(self, budget_bytes: int) -> Plan | None:
         """The best plan the tables give at this budget, or None when none of them reaches
@@ -337,8 +376,7 @@ class DPSolver:
         if pt.cost(avail) == INF:
             raise RuntimeError(f"exact dp found no plan at budget {budget_bytes} above the "
                                f"smallest peak {min_peak(self.chain)}: planner bug")
-        ranges = pt.ranges(avail)
-        return self._plan(ranges, budget_bytes, budget_bytes, "exact bytes")
+        return self._plan(*pt.parts(avail), budget_bytes, budget_bytes, "exact bytes")
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
         """The least-recompute plan read at ``read_bytes`` that fits ``budget_bytes``, and the
@@ -351,7 +389,7 @@ class DPSolver:
         for r in self.readers:
             if r.need_bytes > avail:
                 continue
-            for plan in (self._plan(r.ranges(avail), read_bytes, budget_bytes, r.name),
+            for plan in (self._plan(*r.parts(avail), read_bytes, budget_bytes, r.name),
                          self._scan(r, read_bytes, budget_bytes)):
                 if plan is not None:
                     sc = simulate(self.chain, plan)
@@ -361,10 +399,9 @@ class DPSolver:
                         best = (sc.recompute_ms, plan)
         return (None if best is None else best[1]), (min(overs) if overs else None)
 
-    def _plan(self, ranges: list[tuple[int, int]], read_bytes: int, budget_bytes: int,
-              name: str) -> Plan:
-        n = self.chain.n_layers
-        plan = Plan("dp", n, items_from_ranges(n, ranges), {"budget_bytes": budget_bytes})
+    def _plan(self, ranges: list[tuple[int, int]], chosen: dict[int, int], read_bytes: int,
+              budget_bytes: int, name: str) -> Plan:
+        plan = plan_from(self.chain, self.units, ranges, chosen, {"budget_bytes": budget_bytes})
         peak = simulate(self.chain, plan).peak_bytes
         if peak > read_bytes and not self.cast_bytes:  # exact feasibility forbids this
             raise RuntimeError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}: planner bug")
@@ -374,12 +411,11 @@ class DPSolver:
         """The table's own plan at the budget's slot, or at the next lower slots while it
         overshoots (rounding): often better than the exact-bytes read, never needed for
         feasibility."""
-        n = self.chain.n_layers
         m = min((read_bytes - base_bytes(self.chain)) // r.slot_bytes, len(r.top) - 1)
         for _ in range(CAST_SCAN_READS if self.cast_bytes else SCAN_READS):
             if m < 0 or r.top[m] == INF:
                 return None
-            plan = Plan("dp", n, items_from_ranges(n, r.slot_ranges(m)), {"budget_bytes": budget_bytes})
+            plan = plan_from(self.chain, self.units, *r.slot_parts(m), {"budget_bytes": budget_bytes})
             peak = simulate(self.chain, plan).peak_bytes
             if peak <= read_bytes:
                 return plan
@@ -396,7 +432,19 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     ``NEAR_MIN_UNITS`` units, the exact DP on groups cut at the smallest-peak plan's boundaries
     (reachable by construction) and at ``NEAR_MIN_GROUPS`` cheap ones. The cheapest; it fits
     (checked by the simulator), and is near-optimal, not optimal. Also returns how it was
-    found, for the notes."""
+    found, for the notes.
+
+    With selective options: the better of the smallest-peak plan with options (slack spent
+    greedily) and, when the budget is reachable without options, this search without them."""
+    if chain.has_options:
+        best = min_peak_plan(chain, budget_bytes)
+        how = "returned the smallest-peak plan with selective options"
+        plain = chain.without_options()
+        if budget_bytes >= min_peak(plain):
+            alt, alt_how = near_min_plan(plain, budget_bytes)
+            if simulate(chain, alt).recompute_ms < simulate(chain, best).recompute_ms:
+                best, how = alt, alt_how + " (without selective options)"
+        return best, how
     n = chain.n_layers
     start = min_peak_plan(chain, budget_bytes)
     ranges = [(r.start, r.stop) for r in start.recomputed_ranges()]
@@ -481,8 +529,11 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
             raise infeasible_error(chain, budget_bytes, lowest)
         found, how = near_min_plan(chain, budget_bytes)
         exact = False
-        notes.append("the grouped tables cannot reach a budget this close to the smallest peak: "
+        which = "grouped" if solver.grouped else "slot"
+        notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
                      + how)
+    if solver.options_ignored:
+        notes.append(OPTIONS_IGNORED)
     if solver.grouped:
         notes.append(f"long chain: best of nested plans on {solver.units.size - 1} groups of "
                      f"layers and single-level plans on all {chain.n_layers} layers (near-optimal)")

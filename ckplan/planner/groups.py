@@ -18,7 +18,7 @@ from math import gcd
 
 import numpy as np
 
-from .chain import Chain
+from .chain import STORE, Chain
 
 BIG = np.int64(2**62)  # a requirement nothing satisfies (the post is never checkpointed)
 
@@ -36,10 +36,26 @@ class Units:
     fn_next: np.ndarray  # same when the previous unit's output is still live
     grad: np.ndarray  # sum of parameter-gradient bytes
     fwd_ms: np.ndarray
+    # Selective options of single-layer units (U x O; column 0 is ``store``, i.e. the values
+    # above; a unit without option o has BIG bytes and inf ms there). n_opt = 1 without options.
+    opt_hold: np.ndarray  # hold with option o
+    opt_fwd_req: np.ndarray  # fwd_req with option o
+    opt_bwd_req: np.ndarray  # bwd_req with option o
+    opt_ms: np.ndarray  # forward time option o redoes in the unit's backward (0 for store)
+    opt_names: tuple[tuple[str, ...], ...]  # per unit, the names of its valid columns
 
     @property
     def size(self) -> int:
         return len(self.bounds)
+
+    @property
+    def n_options(self) -> int:
+        """O: columns of the option arrays (1 + the most options of a unit)."""
+        return int(self.opt_hold.shape[1])
+
+    def option_names(self, chosen: dict[int, int]) -> dict[int, str]:
+        """``{unit: option column}`` (as the plan readers return it) as ``{layer: name}``."""
+        return {self.bounds[s][0]: self.opt_names[s][o] for s, o in chosen.items() if o}
 
 
 def effective_bwd_tmp(chain: Chain) -> list[int]:
@@ -55,7 +71,10 @@ def effective_bwd_tmp(chain: Chain) -> list[int]:
 def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     """Units for ``chain``; ``cuts`` are the layer indices where a new unit starts (0 included).
 
-    ``cuts=None`` gives one unit per layer (the exact DP).
+    ``cuts=None`` gives one unit per layer (the exact DP). Single-layer units get the layer's
+    selective options (``Layer.options``) as extra columns of the ``opt_*`` arrays, computed as
+    for the layer itself with the option's ``xbar``, ``fwd_tmp`` and ``bwd_tmp``; the post never
+    has any.
     """
     L = chain.layers
     n = len(L)
@@ -97,8 +116,30 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     grad.append(post.grad_bytes)
     fwd_ms.append(post.fwd_ms)
     i64 = lambda v: np.asarray(v, dtype=np.int64)
+    U = len(bounds)
+    single = [b - a == 1 for a, b in bounds[:-1]] + [False]
+    n_opt = 1 + max((len(L[a].options) for (a, _), one in zip(bounds, single) if one), default=0)
+    opt_hold = np.full((U, n_opt), BIG, dtype=np.int64)
+    opt_fwd = np.full((U, n_opt), BIG, dtype=np.int64)
+    opt_bwd = np.full((U, n_opt), BIG, dtype=np.int64)
+    opt_ms = np.full((U, n_opt), np.inf)
+    opt_hold[:, 0], opt_fwd[:, 0], opt_bwd[:, 0], opt_ms[:, 0] = hold, fwd_req, bwd_req, 0.0
+    names: list[tuple[str, ...]] = []
+    for s, ((a, _), one) in enumerate(zip(bounds, single)):
+        opts = L[a].options if one else ()
+        names.append((STORE, *(o.name for o in opts)))
+        if opts:
+            ly = L[a]
+            d = L[a - 1].x_bytes if a > 0 else chain.delta_in_bytes
+            for c, o in enumerate(opts, start=1):
+                bt = max(o.bwd_tmp_bytes, d + ly.grad_bytes - o.xbar_bytes - ly.x_bytes)
+                opt_hold[s, c] = o.xbar_bytes
+                opt_fwd[s, c] = o.xbar_bytes + o.fwd_tmp_bytes
+                opt_bwd[s, c] = o.xbar_bytes + ly.x_bytes + bt
+                opt_ms[s, c] = o.recompute_ms
     return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
-                 i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64))
+                 i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
+                 opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names))
 
 
 def size_gcd(chain: Chain) -> int:
@@ -108,6 +149,8 @@ def size_gcd(chain: Chain) -> int:
             chain.post.bwd_tmp_bytes, chain.post.grad_bytes]
     for ly in chain.layers:
         vals += [ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes]
+        for o in ly.options:
+            vals += [o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes]
     for v in vals:
         g = gcd(g, int(v))
     return g or 1

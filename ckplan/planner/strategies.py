@@ -1,9 +1,12 @@
 """Every strategy returns a :class:`Plan`, and only the simulator scores them.
 
 The baselines (``none``, ``every-k``, ``sqrtn``, ``chen``) are in ``baselines.py``; ``dp``, the
-optimal nested plan under a budget (rotor), is in ``dp.py``. ``plan_chain`` is the public entry
-point; ``compare`` runs several strategies at one budget and ``sweep`` draws each strategy's
-memory/time frontier.
+optimal nested plan under a budget (rotor), is in ``dp.py`` and chooses among each stored
+layer's selective options when the chain has them. ``selective`` (Megatron-style selective
+recomputation) stores every layer with one selective policy (``plan_selective``); it needs a
+chain profiled with options, and ``compare``/``sweep`` leave it out on chains without.
+``plan_chain`` is the public entry point; ``compare`` runs several strategies at one budget and
+``sweep`` draws each strategy's memory/time frontier.
 
 Budgets below the smallest feasible peak: ``plan_chain`` raises
 :class:`ckplan.errors.InfeasibleBudgetError` for ``dp`` and ``chen`` alike (the strategies that
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import InfeasibleBudgetError, UsageError
+from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from . import dp
 from .baselines import (
     baseline_candidates,
@@ -28,14 +31,15 @@ from .baselines import (
 )
 from .chain import Chain
 from .floor import infeasible_error
-from .plan import Plan
+from .plan import Plan, Store
 from .simulate import Score, simulate
 
-__all__ = ["STRATEGIES", "FrontierPoint", "PlanResult", "baseline_candidates", "chen_grid",
-           "compare", "plan_chain", "plan_chen", "plan_chen_threshold", "plan_every_k", "plan_none",
-           "plan_sqrtn", "sweep"]
+__all__ = ["ALL_STRATEGIES", "STRATEGIES", "FrontierPoint", "PlanResult", "baseline_candidates",
+           "chen_grid", "common_policies", "compare", "plan_chain", "plan_chen", "plan_chen_threshold",
+           "plan_every_k", "plan_none", "plan_selective", "plan_sqrtn", "sweep"]
 
-STRATEGIES = ("none", "every-k", "sqrtn", "chen", "dp")
+STRATEGIES = ("none", "every-k", "sqrtn", "chen", "dp")  # the ones every chain can run
+ALL_STRATEGIES = (*STRATEGIES, "selective")  # selective needs a chain with options
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
             lowest = dp.min_peak(chain)
             if budget_bytes < lowest:
                 raise infeasible_error(chain, budget_bytes, lowest)
+    elif strategy == "selective":
+        plan, notes = plan_selective(chain, budget_bytes)
     elif strategy == "dp":
         target = dp.min_peak(chain) if budget_bytes is None else budget_bytes
         res = dp.plan_dp(chain, target, max_slots=max_slots, mode=mode,
@@ -115,10 +121,50 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
             notes += extra
     else:
         raise UsageError(f"unknown strategy {strategy!r}",
-                         tip=f"choose one of {', '.join(STRATEGIES)}")
+                         tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
     score = simulate(chain, plan)
     fits = None if budget_bytes is None else score.peak_bytes <= budget_bytes
     return PlanResult(strategy, plan, score, budget_bytes, fits, slot, exact, tuple(notes))
+
+
+def common_policies(chain: Chain) -> tuple[str, ...]:
+    """The selective options every layer of ``chain`` has, in the first layer's order."""
+    names = [o.name for o in chain.layers[0].options]
+    return tuple(nm for nm in names if all(any(o.name == nm for o in ly.options) for ly in chain.layers))
+
+
+def selective_plans(chain: Chain) -> list[Plan]:
+    """One plan per common policy: every layer stored with it (``selective``'s candidates)."""
+    if not chain.has_options:
+        raise SpecError("the selective strategy needs a profile with selective options, and this "
+                        "profile has no options",
+                        tip="profile with options (`ckplan profile --options`) or use --strategy dp")
+    pols = common_policies(chain)
+    if not pols:
+        have = sorted({o.name for ly in chain.layers for o in ly.options})
+        raise SpecError(f"the selective strategy needs a policy every layer has; the profile's "
+                        f"options ({', '.join(have)}) are not on every layer",
+                        tip="use --strategy dp, which chooses an option per layer")
+    n = chain.n_layers
+    return [Plan("selective", n, tuple(Store(i, p) for i in range(n)), {"policy": p}) for p in pols]
+
+
+def plan_selective(chain: Chain, budget_bytes: int | None = None) -> tuple[Plan, tuple[str, ...]]:
+    """Megatron-style selective recomputation: every layer stored with one policy (a selective
+    option every layer has). The fastest whose peak fits the budget, else the lowest peak; with
+    no budget, the lowest peak (ties: the fastest). Raises :class:`SpecError` when the chain
+    has no options (or no policy common to every layer)."""
+    scored = [(simulate(chain, p), p) for p in selective_plans(chain)]
+    lowest = min(scored, key=lambda sp: (sp[0].peak_bytes, sp[0].recompute_ms))
+    if budget_bytes is None:
+        plan = lowest[1]
+        return plan, (f"no budget: policy {plan.params['policy']} has the lowest peak",)
+    fit = [sp for sp in scored if sp[0].peak_bytes <= budget_bytes]
+    if fit:
+        plan = min(fit, key=lambda sp: (sp[0].recompute_ms, sp[0].peak_bytes))[1]
+        return plan, (f"policy {plan.params['policy']}: the fastest of {len(scored)} that fits",)
+    plan = lowest[1]
+    return plan, (f"no policy fits the budget: policy {plan.params['policy']} has the lowest peak",)
 
 
 def _safety_net(chain: Chain, plan: Plan, budget: int, k: int) -> tuple[Plan, tuple[str, ...]]:
@@ -147,10 +193,13 @@ def compare(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     ``fits=False`` (``dp``'s row holds the smallest-peak plan, ``chen``'s its lowest-peak grid
     point) and the ``dp``/``chen`` rows carry the infeasibility message as their last note. A
     CLI prints the table, then exits with :class:`ckplan.errors.InfeasibleBudgetError`'s code
-    (3); ``infeasible_budget(rows)`` says when.
+    (3); ``infeasible_budget(rows)`` says when. ``selective`` has no row on a chain without
+    selective options.
     """
     rows: list[PlanResult] = []
     for s in strategies:
+        if s == "selective" and not chain.has_options:
+            continue  # nothing to compare: the profile has no selective options
         try:
             rows.append(plan_chain(chain, s, budget_bytes, k, **dp_options))
         except InfeasibleBudgetError as err:
@@ -183,6 +232,7 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     ``dp``: ``n_points`` budgets evenly spaced from the smallest feasible peak to the peak
     without checkpointing, all read from one DP table. ``every-k``: k = 1..16, then doubling,
     up to n. ``chen``: its threshold grid. ``sqrtn`` / ``none``: one point each.
+    ``selective``: one point per policy every layer has (none on a chain without options).
     """
     n = chain.n_layers
     rows: list[FrontierPoint] = []
@@ -198,10 +248,13 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
         elif s == "chen":
             rows.extend(_point(s, chain, plan_chen_threshold(chain, b), threshold=b)
                         for b in chen_grid(chain))
+        elif s == "selective":
+            if chain.has_options and common_policies(chain):
+                rows.extend(_point(s, chain, p) for p in selective_plans(chain))
         elif s == "dp":
             pass  # below, once the baselines' points are known
         else:
-            raise UsageError(f"unknown strategy {s!r}", tip=f"choose one of {', '.join(STRATEGIES)}")
+            raise UsageError(f"unknown strategy {s!r}", tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
     if "dp" in strategies:
         baselines = list(rows) or [_point(s, chain, p) for s, p in
                                    (("every-k", plan_every_k(n, 1)), ("sqrtn", plan_sqrtn(n)))]

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .chain import Chain, Layer, Post, Pre
+from .chain import Chain, Layer, Option, Post, Pre
 
 
 def uniform_chain(n: int, *, x_bytes: int, xbar_bytes: int | None = None, fwd_ms: float = 1.0,
@@ -19,9 +19,10 @@ def uniform_chain(n: int, *, x_bytes: int, xbar_bytes: int | None = None, fwd_ms
 
 
 def random_chain(n: int, seed: int | np.random.Generator = 0, *, scale: int = 1,
-                 max_size: int = 20) -> Chain:
+                 max_size: int = 20, options: int = 0) -> Chain:
     """Heterogeneous layers with integer sizes in units of ``scale`` bytes (small ints keep the
-    DP exact, which is what brute-force tests need)."""
+    DP exact, which is what brute-force tests need). ``options`` > 0 adds that many selective
+    options per layer (``with_options``, drawn from the same generator)."""
     rng = np.random.default_rng(seed)
 
     def r(lo: int, hi: int) -> int:
@@ -40,8 +41,38 @@ def random_chain(n: int, seed: int | np.random.Generator = 0, *, scale: int = 1,
     pre = Pre(x_in + r(0, max_size), r(0, max_size // 2), r(0, max_size // 2), r(0, max_size // 2),
               float(rng.uniform(0.1, 1.0)), float(rng.uniform(0.1, 1.0)))
     delta_in = x_in if rng.random() < 0.5 else 0
-    return Chain(tuple(layers), pre, post, x_in_bytes=x_in, delta_in_bytes=delta_in,
-                 persistent_bytes=persistent, opt_step_peak_bytes=persistent + r(0, 3 * max_size))
+    chain = Chain(tuple(layers), pre, post, x_in_bytes=x_in, delta_in_bytes=delta_in,
+                  persistent_bytes=persistent, opt_step_peak_bytes=persistent + r(0, 3 * max_size))
+    return with_options(chain, rng, options=options) if options else chain
+
+
+OPTION_NAMES = ("sac-a", "sac-b", "sac-c", "sac-d")
+
+
+def with_options(chain: Chain, seed: int | np.random.Generator = 0, *, options: int = 2,
+                 share: float = 1.0) -> Chain:
+    """``chain`` with ``options`` selective options on about ``share`` of its layers, named
+    ``sac-a``, ``sac-b``, ... on every such layer: each keeps between the output and about the
+    whole ``xbar`` (sometimes more), with its own transients (the backward's usually larger:
+    recomputed tensors live there) and a recompute of up to the layer's forward time. Sizes are
+    arbitrary integers, so they rarely divide evenly."""
+    if not 0 < options <= len(OPTION_NAMES):
+        raise ValueError(f"options must be in 1..{len(OPTION_NAMES)}, got {options}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for ly in chain.layers:
+        if rng.random() >= share:
+            out.append(replace(ly, options=()))
+            continue
+        extra = ly.xbar_bytes - ly.x_bytes
+        opts = []
+        for name in OPTION_NAMES[:options]:
+            keep = int(rng.integers(0, int(extra * 1.1) + 2))
+            opts.append(Option(name, ly.x_bytes + keep, float(rng.uniform(0.0, 1.0)) * ly.fwd_ms,
+                               int(rng.integers(0, ly.fwd_tmp_bytes + 2)),
+                               int(rng.integers(0, max(1, ly.bwd_tmp_bytes + extra - keep + 2)))))
+        out.append(replace(ly, options=tuple(opts)))
+    return replace(chain, layers=tuple(out))
 
 
 def with_casts(chain: Chain, seed: int | np.random.Generator = 0, *, share: float = 0.8) -> Chain:

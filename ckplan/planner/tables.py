@@ -12,9 +12,11 @@ Legend (the names follow rotor's paper and stay short because the array code is 
 * ``fwd_prefix_ms[j]``: forward time of units ``< j`` (rotor's P), so a checkpoint ``[s, j)``
   recomputes ``fwd_prefix_ms[j] - fwd_prefix_ms[s]``.
 * Pair costs (:class:`PairCosts`, exact bytes): ``store_req[s, e]`` what ``Store(s)`` needs in a
-  sequence ending at ``e``; ``inner_extra[j, e]`` how much more the inner plan of a checkpoint
-  ending at ``j`` starts with; ``fnone[s, j]`` the peak of the forward of ``[s, j)`` keeping no
-  activations; ``grads[j, e]`` the parameter gradients of units ``j..e-1``.
+  sequence ending at ``e`` (``opt_store_req[o, s, e]`` the same with selective option ``o``,
+  ``o = 0`` being ``store``; options are the ``opt_*`` columns of ``Units``);
+  ``inner_extra[j, e]`` how much more the inner plan of a checkpoint ending at ``j`` starts with;
+  ``fnone[s, j]`` the peak of the forward of ``[s, j)`` keeping no activations; ``grads[j, e]``
+  the parameter gradients of units ``j..e-1``.
 * ``*_slots``: the same quantities rounded to slots (``hold_slots``, ``x_slots``,
   ``store_slots``, ``inner_slots``, ``fnone_slots``, ``thr_slots``).
 * ``C``: least recompute; ``R``: least bytes (min-peak table); ``K``: recompute of the plan
@@ -37,9 +39,10 @@ INF = np.inf
 BIG = np.int64(2**62)  # bytes nothing satisfies
 SMALL_UNITS = 64  # tables up to this many units use float64
 
-# A reconstruction step: (j, m for the rest, m for the inner plan). ``j`` is None for
-# ``Store(s)``, else the checkpoint is ``[s, j)``; an inner plan of None means "store all".
-Step = tuple["int | None", int, "int | None"]
+# A reconstruction step: (j, m for the rest, m for the inner plan, option). ``j`` is None for
+# ``Store(s)`` (with option column ``option``, 0 = ``store``), else the checkpoint is ``[s, j)``
+# (option 0); an inner plan of None means "store all".
+Step = tuple["int | None", int, "int | None", int]
 Chooser = Callable[[int, int, int], Step]
 
 
@@ -108,10 +111,16 @@ class PairCosts:
         # than the sequence [., e) it belongs to: the rest's gradients and x[j-1]'s gradient are
         # there, x[e-1]'s gradient is gone.
         self.inner_extra = np.zeros((U + 1, U + 1), dtype=np.int64)
+        n_opt = u.n_options
+        self.opt_store_req = np.zeros((n_opt, U, U + 1), dtype=np.int64)  # [0] is store_req
+        self.store_req = self.opt_store_req[0]
         for e in range(1, U + 1):
             starts = np.arange(e)
-            self.store_req[:e, e] = np.maximum(u.fwd_req[:e],
-                                               u.bwd_req[:e] + self.grads[starts + 1, e] - xo[e - 1])
+            later = self.grads[starts + 1, e] - xo[e - 1]
+            self.store_req[:e, e] = np.maximum(u.fwd_req[:e], u.bwd_req[:e] + later)
+            for o in range(1, n_opt):  # BIG (+ small) where unit s has no option o
+                self.opt_store_req[o, :e, e] = np.maximum(u.opt_fwd_req[:e, o],
+                                                          u.opt_bwd_req[:e, o] + later)
             j = np.arange(1, e)
             self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
         # fnone[s, j]: forward-without-saving peak of units s..j-1 (j <= U-1).
@@ -123,16 +132,27 @@ class PairCosts:
 
 def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
                 start: int = 0) -> list[tuple[int, int]]:
+    """The checkpointed *layer* ranges of ``reconstruct_options``' plan."""
+    return reconstruct_options(bounds, stop, m0, choose, start)[0]
+
+
+def reconstruct_options(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
+                        start: int = 0) -> tuple[list[tuple[int, int]], dict[int, int]]:
     """The one plan reader: walk units ``[start, stop)`` taking ``choose``'s step at every unit,
-    and the inner plan of every checkpoint the same way; return the checkpointed *layer* ranges.
+    and the inner plan of every checkpoint the same way; return the checkpointed *layer* ranges
+    and ``{unit: option column}`` for the units stored with a selective option (every unit is
+    stored exactly once, at its innermost depth; ``Units.option_names`` gives the names).
     Iterative: plans can nest deeper than Python's recursion limit."""
     out: list[tuple[int, int]] = []
+    opts: dict[int, int] = {}
     todo = [(start, stop, m0)]
     while todo:
         s, e, m = todo.pop()
         while s < e:
-            j, m_rest, m_inner = choose(s, e, m)
+            j, m_rest, m_inner, o = choose(s, e, m)
             if j is None:
+                if o:
+                    opts[s] = o
                 s += 1
             else:
                 out.append((bounds[s][0], bounds[j - 1][1]))
@@ -140,22 +160,31 @@ def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose:
                     todo.append((s, j, m_inner))
                 s = j
             m = m_rest
-    return out
+    return out, opts
 
 
 def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                   estimate: Callable[[int, int, int, float], float]) -> Chooser:
     """Steps in exact bytes: an option is taken only if its own needs and its sub-chains'
-    smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks."""
+    smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks (plus the
+    recompute of a selective option of ``Store(s)``)."""
     P, xo = pc.fwd_prefix_ms, u.x_out
+    n_opt = u.n_options
 
     def choose(s: int, e: int, mb: int) -> Step:
         best: tuple[float, int | None] | None = None
-        if s + 1 == e:
-            if pc.store_req[s, e] <= mb:
-                best = (0.0, None)
-        elif max(pc.store_req[s, e], u.hold[s] + R[s + 1, e]) <= mb:
-            best = (estimate(s + 1, e, mb - int(u.hold[s]), K[s + 1, e]), None)
+        bo = 0
+        for o in range(n_opt):
+            h, ms = int(u.opt_hold[s, o]), float(u.opt_ms[s, o])
+            if o and ms == INF:
+                continue
+            if s + 1 == e:
+                if pc.opt_store_req[o, s, e] <= mb and (best is None or ms < best[0]):
+                    best, bo = (ms, None), o
+            elif max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= mb:
+                est = estimate(s + 1, e, mb - h, K[s + 1, e]) + ms
+                if best is None or est < best[0]:
+                    best, bo = (est, None), o
         for j in range(s + 1, e):
             if max(pc.fnone[s, j], xo[j - 1] + R[j, e], pc.inner_extra[j, e] + R[s, j]) > mb:
                 continue
@@ -167,14 +196,15 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
             raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
         pick = best[1]
         if pick is None:
-            return None, mb - int(u.hold[s]), None
-        return pick, mb - int(xo[pick - 1]), mb - int(pc.inner_extra[pick, e])
+            return None, mb - int(u.opt_hold[s, bo]), None, bo
+        return pick, mb - int(xo[pick - 1]), mb - int(pc.inner_extra[pick, e]), 0
 
     return choose
 
 
 class CostTable:
-    """``C[s, e, m]``: least recompute of every sub-sequence, for slots ``m = 0..M``."""
+    """``C[s, e, m]``: least recompute of every sub-sequence, for slots ``m = 0..M``;
+    ``Store(s)`` takes the best of the unit's selective options (``Units.opt_*``)."""
 
     def __init__(self, u: Units, pc: PairCosts, slot: int, M: int, rounding: str):
         self.u, self.pc, self.slot, self.M = u, pc, slot, M
@@ -190,6 +220,10 @@ class CostTable:
         self.store_slots = div(pc.store_req, slot)
         self.inner_slots = div(pc.inner_extra, slot)
         self.fnone_slots = np.minimum(div(pc.fnone, slot), M + 1)
+        n_opt = u.n_options
+        self.opt_hold_slots = div(u.opt_hold, slot)
+        self.opt_store_slots = div(pc.opt_store_req, slot)
+        self.opts = [[o for o in range(1, n_opt) if np.isfinite(u.opt_ms[s, o])] for s in range(U)]
         P = pc.fwd_prefix_ms
         C = np.empty((U, U + 1, M + 1), dtype=DTYPE)  # every C[s, e] with s < e is written below
         mgrid = np.arange(M + 1)
@@ -203,6 +237,14 @@ class CostTable:
                 else:
                     store = shift(C[j + 1, e], int(self.hold_slots[j]), M, DTYPE)
                 store[:req] = INF
+                for o in self.opts[j]:  # Store(j) with a selective option
+                    ms = float(u.opt_ms[j, o])
+                    if j + 1 == e:
+                        so = np.full(M + 1, ms, dtype=DTYPE)
+                    else:
+                        so = shift(C[j + 1, e], int(self.opt_hold_slots[j, o]), M, DTYPE) + DTYPE(ms)
+                    so[:max(0, min(int(self.opt_store_slots[o, j, e]), M + 1))] = INF
+                    np.minimum(store, so, out=store)
                 np.minimum(store, best[j] - float(P[j]), out=C[j, e])
                 if j == 0:
                     continue
@@ -221,13 +263,15 @@ class CostTable:
 
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
         P = self.pc.fwd_prefix_ms
-        best: tuple[float, int | None]
-        if m < self.store_slots[s, e]:
-            best = (INF, None)
-        elif s + 1 == e:
-            best = (0.0, None)
-        else:
-            best = (self._at(s + 1, e, m - int(self.hold_slots[s])), None)
+        best: tuple[float, int | None] = (INF, None)
+        bo = 0
+        for o in [0, *self.opts[s]]:
+            if m < self.opt_store_slots[o, s, e]:
+                continue
+            ms = float(self.u.opt_ms[s, o])
+            v = ms if s + 1 == e else self._at(s + 1, e, m - int(self.opt_hold_slots[s, o])) + ms
+            if o == 0 or v < best[0]:
+                best, bo = (v, None), o
         for j in range(s + 1, e):
             if m < self.fnone_slots[s, j]:
                 continue
@@ -241,13 +285,17 @@ class CostTable:
             raise RuntimeError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
         pick = best[1]
         if pick is None:
-            return None, m - int(self.hold_slots[s]), None
-        return pick, m - int(self.x_slots[pick - 1]), min(m - int(self.inner_slots[pick, e]), self.M)
+            return None, m - int(self.opt_hold_slots[s, bo]), None, bo
+        return pick, m - int(self.x_slots[pick - 1]), min(m - int(self.inner_slots[pick, e]), self.M), 0
 
     def slot_ranges(self, m: int) -> list[tuple[int, int]]:
         """The table's own optimal plan at slot ``m``: the same arithmetic as the table, in
         scalars (its peak may overshoot the budget by the rounding; the caller checks)."""
-        return reconstruct(self.u.bounds, self.u.size, m, self._slot_choose)
+        return self.slot_parts(m)[0]
+
+    def slot_parts(self, m: int) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``slot_ranges`` and the selective option of each unit stored with one."""
+        return reconstruct_options(self.u.bounds, self.u.size, m, self._slot_choose)
 
     def estimate(self, s: int, e: int, avail: int, fallback: float) -> float:
         """The table's recompute for [s, e) with ``avail`` exact bytes."""
@@ -263,8 +311,12 @@ class CostTable:
         if its own needs and its sub-chains' smallest needs fit), and among feasible options
         the cost table's estimate picks; so the plan always fits, whatever the rounding, and
         with gcd-sized slots it is the optimum."""
-        return reconstruct(self.u.bounds, self.u.size, avail,
-                           exact_chooser(self.u, self.pc, pt.R, pt.K, self.estimate))
+        return self.parts(avail, pt)[0]
+
+    def parts(self, avail: int, pt: PeakTable) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``ranges`` and the selective option of each unit stored with one."""
+        return reconstruct_options(self.u.bounds, self.u.size, avail,
+                                   exact_chooser(self.u, self.pc, pt.R, pt.K, self.estimate))
 
 
 class FlatTable:
@@ -332,7 +384,7 @@ class FlatTable:
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
         U, P = self.u.size, self.pc.fwd_prefix_ms
         if s == U - 1:  # the post: always stored
-            return None, m, None
+            return None, m, None, 0
         store = INF
         if m >= self.store_slots[s] and m - self.hold_slots[s] >= 0:
             store = float(self.C[s + 1, m - int(self.hold_slots[s])])
@@ -342,9 +394,9 @@ class FlatTable:
         if min(store, vals[k]) == INF:
             raise RuntimeError(f"flat DP reconstruction reached an infeasible state ({s}, {m})")
         if store <= vals[k]:
-            return None, m - int(self.hold_slots[s]), None
+            return None, m - int(self.hold_slots[s]), None, 0
         j = s + 1 + k
-        return j, m - int(self.x_slots[j - 1]), None
+        return j, m - int(self.x_slots[j - 1]), None, 0
 
     def slot_ranges(self, m: int) -> list[tuple[int, int]]:
         """The table's own optimal plan at slot ``m`` (see ``CostTable.slot_ranges``)."""
@@ -354,7 +406,7 @@ class FlatTable:
         u, pc, U, slot, M = self.u, self.pc, self.u.size, self.slot, self.M
         P = pc.fwd_prefix_ms
         if s == U - 1:  # the post: always stored
-            return None, mb, None
+            return None, mb, None, 0
 
         def est(rows: np.ndarray, left: np.ndarray) -> np.ndarray:
             idx = np.clip((left + self.half) // slot, 0, M)
@@ -373,9 +425,9 @@ class FlatTable:
         if min(store, vals[k]) == INF:
             raise RuntimeError(f"flat DP reconstruction: no feasible option at ({s}, {mb})")
         if store <= vals[k]:
-            return None, mb - int(u.hold[s]), None
+            return None, mb - int(u.hold[s]), None, 0
         j = int(js[k])
-        return j, mb - int(u.x_out[j - 1]), None
+        return j, mb - int(u.x_out[j - 1]), None, 0
 
     def ranges(self, avail: int) -> list[tuple[int, int]]:
         """Like ``CostTable.ranges``: exact feasibility from R1, the table's estimates pick."""
@@ -401,7 +453,8 @@ def _diag(v: np.ndarray, off: int, n: int, ns: int) -> np.ndarray:
 
 class PeakTable:
     """``R[s, e]``: the least bytes above the start for which [s, e) has a plan (exact ints),
-    with ``K[s, e]`` the least recompute among the options reaching it (a tie-break only)."""
+    with ``K[s, e]`` the least recompute among the options reaching it (a tie-break only).
+    ``Store(s)`` takes the best of the unit's selective options (``Units.opt_*``)."""
 
     def __init__(self, u: Units, pc: PairCosts):
         # Sub-chains are solved by increasing length n = e - s, all starts at once: every
@@ -415,7 +468,10 @@ class PeakTable:
         ok = (en <= U) & (st < U)
         sc, ec = np.where(ok, st, 0), np.where(ok, en, 0)
         FN = np.where(ok, pc.fnone[sc, ec], BIG)  # FN[k, s] = fnone(s, s + k)
-        SR = np.where(ok, pc.store_req[sc, ec], BIG)  # SR[n, s] = store_req(s, s + n)
+        n_opt = u.n_options
+        # SR[o][n, s] = opt_store_req(o, s, s + n)
+        SR = [np.where(ok, pc.opt_store_req[o][sc, ec], BIG) for o in range(n_opt)]
+        opt_ok = [np.isfinite(u.opt_ms[:, o]) for o in range(n_opt)]
         # DL[n, j] = inner_extra(j, j + n)
         DL = np.where(en <= U, pc.inner_extra[st, np.where(en <= U, en, 0)], 0)
         P = pc.fwd_prefix_ms
@@ -425,13 +481,23 @@ class PeakTable:
         for n in range(1, U + 1):
             ns = U - n + 1
             if n == 1:
-                D[1, :ns], KD[1, :ns] = SR[1, :ns], 0.0
+                D[1, :ns], KD[1, :ns] = SR[0][1, :ns], 0.0
+                for o in range(1, n_opt):  # the least need, then the least recompute
+                    r1, k1 = SR[o][1, :ns], u.opt_ms[:ns, o]
+                    better = opt_ok[o][:ns] & ((r1 < D[1, :ns]) | ((r1 == D[1, :ns]) & (k1 < KD[1, :ns])))
+                    D[1, :ns] = np.where(better, r1, D[1, :ns])
+                    KD[1, :ns] = np.where(better, k1, KD[1, :ns])
                 continue
-            sr = np.maximum(SR[n, :ns], u.hold[:ns] + D[n - 1, 1:ns + 1])
+            sr = np.maximum(SR[0][n, :ns], u.hold[:ns] + D[n - 1, 1:ns + 1])
+            sk = KD[n - 1, 1:ns + 1]
+            for o in range(1, n_opt):
+                ro = np.maximum(SR[o][n, :ns], u.opt_hold[:ns, o] + D[n - 1, 1:ns + 1])
+                ko = KD[n - 1, 1:ns + 1] + u.opt_ms[:ns, o]
+                better = opt_ok[o][:ns] & ((ro < sr) | ((ro == sr) & (ko < sk)))
+                sr, sk = np.where(better, ro, sr), np.where(better, ko, sk)
             v = np.maximum(FN[1:n, :ns], _diag(xo, 0, n, ns) + _skew(D, n, ns))
             np.maximum(v, _skew(DL, n, ns) + D[1:n, :ns], out=v)
             vmin = v.min(axis=0)
-            sk = KD[n - 1, 1:ns + 1]
             kc = (_diag(P, 1, n, ns) - P[:ns]) + _skew(KD, n, ns) + KD[1:n, :ns]
             kmin = np.where(v == vmin, kc, INF).min(axis=0)
             store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
@@ -447,8 +513,13 @@ class PeakTable:
         """Checkpointed layer ranges of a plan fitting ``avail`` exact bytes (at least
         ``R[0, U]``): like ``CostTable.ranges``, with K, the recompute of the smallest-peak
         completions, as the estimate. Slack is spent greedily on storing."""
-        return reconstruct(self.u.bounds, self.u.size, avail,
-                           exact_chooser(self.u, self.pc, self.R, self.K, lambda s, e, mb, k: k))
+        return self.parts(avail)[0]
+
+    def parts(self, avail: int) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``ranges`` and the selective option of each unit stored with one (see
+        ``reconstruct_options``)."""
+        return reconstruct_options(self.u.bounds, self.u.size, avail,
+                                   exact_chooser(self.u, self.pc, self.R, self.K, lambda s, e, mb, k: k))
 
 
 # ---- The exact DP in bytes (Pareto frontiers) ---------------------------------------------
@@ -486,8 +557,9 @@ _EMPTY: Frontier = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=
 
 class ParetoTable:
     """Exact frontiers ``F[(s, e)] = (mem, cost, choice)`` of the sub-chains a plan of the whole
-    chain with at most ``top_bytes`` available can reach; ``choice`` is ``-1`` for ``Store(s)``
-    or ``j`` for the checkpoint ``[s, j)``. ``R`` is the min-peak table (``PeakTable.R``).
+    chain with at most ``top_bytes`` available can reach; ``choice`` is ``-1 - o`` for
+    ``Store(s)`` with option column ``o`` (``-1``: store, ``Units.opt_*``) or ``j`` for the
+    checkpoint ``[s, j)``. ``R`` is the min-peak table (``PeakTable.R``).
 
     ``top_bytes`` bounds the work: ``cap[s, e]`` (:func:`reach_caps`), the most bytes [s, e)
     can be given, cuts every frontier above it, and sub-chains no plan reaches (their least
@@ -501,12 +573,14 @@ class ParetoTable:
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         U = u.size
         P = pc.fwd_prefix_ms
-        hold, xo = u.hold, u.x_out
+        xo = u.x_out
         # A plan's parts cost no more than the plan: with an upper bound on the optimum (a
         # plan that fits), dearer breakpoints and checkpoints are never part of an optimal plan.
         ub = np.inf if max_cost is None else float(max_cost) * (1 + 1e-9) + 1e-9
         self.max_cost = ub
         cap = reach_caps(u, pc, R, self.top, ub)
+        ohold, oms = u.opt_hold, u.opt_ms
+        opts = [[o for o in range(u.n_options) if o == 0 or oms[s, o] <= ub] for s in range(U)]
         self.ok = True
         self.n_points = 0
         F: dict[tuple[int, int], Frontier] = {}
@@ -517,17 +591,18 @@ class ParetoTable:
                 c_se = int(cap[s, e])
                 if c_se < R[s, e]:
                     continue  # no plan within top_bytes reaches [s, e)
-                sr = int(pc.store_req[s, e])
                 mems, costs, chs = [], [], []
-                if s + 1 == e:
-                    mems.append(np.array([sr], dtype=i64))
-                    costs.append(np.zeros(1))
-                    chs.append(np.full(1, STORE, dtype=i64))
-                elif max(sr, int(hold[s]) + int(R[s + 1, e])) <= c_se:
-                    rm, rc, _ = F[(s + 1, e)]
-                    mems.append(np.maximum(rm + int(hold[s]), sr))
-                    costs.append(rc)
-                    chs.append(np.full(len(rm), STORE, dtype=i64))
+                for o in opts[s]:  # Store(s) with each of its options (o = 0: store)
+                    sr, ho, ms = int(pc.opt_store_req[o, s, e]), int(ohold[s, o]), float(oms[s, o])
+                    if s + 1 == e:
+                        mems.append(np.array([sr], dtype=i64))
+                        costs.append(np.full(1, ms))
+                        chs.append(np.full(1, STORE - o, dtype=i64))
+                    elif max(sr, ho + int(R[s + 1, e])) <= c_se:
+                        rm, rc, _ = F[(s + 1, e)]
+                        mems.append(np.maximum(rm + ho, sr))
+                        costs.append(rc + ms if o else rc)
+                        chs.append(np.full(len(rm), STORE - o, dtype=i64))
                 if e - s >= 2:
                     js = np.arange(s + 1, e)
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
@@ -571,15 +646,20 @@ class ParetoTable:
         if k < 0:
             raise RuntimeError(f"Pareto DP reconstruction: no plan of [{s}, {e}) fits {mb} bytes")
         j = int(ch[k])
-        if j == STORE:
-            return None, mb - int(self.u.hold[s]), None
-        return j, mb - int(self.u.x_out[j - 1]), mb - int(self.pc.inner_extra[j, e])
+        if j <= STORE:
+            o = STORE - j
+            return None, mb - int(self.u.opt_hold[s, o]), None, o
+        return j, mb - int(self.u.x_out[j - 1]), mb - int(self.pc.inner_extra[j, e]), 0
 
     def ranges(self, avail: int) -> list[tuple[int, int]]:
         """Checkpointed layer ranges of the optimal plan with ``avail`` bytes above the start."""
+        return self.parts(avail)[0]
+
+    def parts(self, avail: int) -> tuple[list[tuple[int, int]], dict[int, int]]:
+        """``ranges`` and the selective option of each unit stored with one."""
         if avail > self.top:
             raise ValueError(f"the table answers up to {self.top} bytes, not {avail}")
-        return reconstruct(self.u.bounds, self.u.size, avail, self._choose)
+        return reconstruct_options(self.u.bounds, self.u.size, avail, self._choose)
 
 
 def _splits(s: int, e: int, js: np.ndarray, shifted: dict[tuple[int, int], Frontier],
@@ -643,10 +723,11 @@ def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
     """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes can give the
     sub-chain [s, e) (below ``R[s, e]`` when none can). Top-down by decreasing length: a
     sub-chain passes its cap minus what an option keeps to that option's sub-chains, for each
-    option whose least need fits its cap (checkpoints recomputing more than ``ub`` ms never
-    do)."""
+    option (``Store(s)`` with each selective option included) whose least need fits its cap
+    (checkpoints and options recomputing more than ``ub`` ms never do)."""
     U = u.size
-    hold, xo = u.hold, u.x_out
+    xo = u.x_out
+    n_opt = u.n_options
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
     cap[0, U] = top
     for n in range(U, 1, -1):
@@ -655,8 +736,10 @@ def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
             c = cap[s, e]
             if c < R[s, e]:
                 continue
-            if max(pc.store_req[s, e], hold[s] + R[s + 1, e]) <= c:
-                cap[s + 1, e] = max(cap[s + 1, e], c - hold[s])
+            for o in range(n_opt):
+                h = u.opt_hold[s, o]
+                if (o == 0 or u.opt_ms[s, o] <= ub) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
+                    cap[s + 1, e] = max(cap[s + 1, e], c - h)
             js = np.arange(s + 1, e)
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)

@@ -1,0 +1,261 @@
+"""Selective options in the DP against brute force over every plan and every option.
+
+Oracle: every nested plan of rotor's grammar (as in test_planner_dp.py) times every assignment
+of an option (``store`` or one of the layer's selective options) to every layer, each scored by
+the simulator. Every layer is stored exactly once in a plan, so the assignments are all
+distinct plans. Chains are random with sizes up to ~1000 bytes that share no divisor, so the
+exact-bytes DP (not slots) is what is checked.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckplan.errors import InfeasibleBudgetError, SpecError
+from ckplan.planner import (
+    Plan,
+    compare,
+    min_peak,
+    min_peak_plan,
+    plan_chain,
+    plan_dp,
+    plan_none,
+    simulate,
+    sweep,
+)
+from ckplan.planner.chain import STORE, Chain
+from ckplan.planner.dp import OPTIONS_IGNORED, DPSolver
+from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.simulate import peak_of
+from ckplan.planner.synthetic import random_chain, with_casts, with_options
+
+SIZE = 997  # sizes drawn up to this: they do not divide evenly
+
+
+@cache
+def plans(n: int) -> tuple:
+    """Every item sequence of rotor's grammar covering [0, n) (a checkpoint never ends an
+    inner sequence)."""
+
+    @cache
+    def seqs(s: int, e: int, last_free: bool) -> tuple:
+        if s == e:
+            return ((),)
+        out = [(Store(s),) + rest for rest in seqs(s + 1, e, last_free)]
+        for j in range(s + 1, e + 1):
+            if j == e and not last_free:
+                continue
+            for inner in seqs(s, j, False):
+                for rest in seqs(j, e, last_free):
+                    out.append((Checkpoint(s, j, inner),) + rest)
+        return tuple(out)
+
+    return seqs(0, n, True)
+
+
+def _assign(items: tuple, names: tuple[str, ...]) -> tuple:
+    return tuple(Store(it.layer, names[it.layer]) if isinstance(it, Store)
+                 else Checkpoint(it.start, it.stop, _assign(it.inner, names)) for it in items)
+
+
+def brute(chain: Chain) -> list[tuple[int, float]]:
+    """(peak, recompute) of every plan with every option of every layer."""
+    choices = [(STORE, *(o.name for o in ly.options)) for ly in chain.layers]
+    return [peak_of(chain, _assign(items, names))
+            for items in plans(chain.n_layers) for names in itertools.product(*choices)]
+
+
+class Best:
+    """The least brute-force recompute at each budget (a running minimum over sorted peaks)."""
+
+    def __init__(self, scores: list[tuple[int, float]]):
+        arr = np.array(scores, dtype=np.float64)
+        order = np.argsort(arr[:, 0], kind="stable")
+        self.peaks = arr[order, 0]
+        self.least = np.minimum.accumulate(arr[order, 1])
+
+    def __call__(self, budget: int) -> float:
+        k = int(np.searchsorted(self.peaks, budget, side="right")) - 1
+        return math.inf if k < 0 else float(self.least[k])
+
+
+def budgets(scores: list[tuple[int, float]]) -> list[int]:
+    """Every distinct brute-force peak, one byte below each, and the midpoints between them."""
+    peaks = sorted({p for p, _ in scores})
+    return sorted(set(peaks) | {p - 1 for p in peaks} | {(a + b) // 2 for a, b in zip(peaks, peaks[1:])})
+
+
+def option_chains(max_n: int):
+    return st.builds(lambda n, seed, k: random_chain(n, seed, max_size=SIZE, options=k),
+                     st.integers(1, max_n), st.integers(0, 2**32), st.integers(2, 3))
+
+
+def check_against_brute(chain: Chain) -> None:
+    scores = brute(chain)
+    best = Best(scores)
+    lowest = min(p for p, _ in scores)
+    assert min_peak(chain) == lowest
+    assert simulate(chain, min_peak_plan(chain)).peak_bytes == lowest
+    solver = DPSolver(chain)
+    assert solver.exact and solver.pareto is not None and not solver.options_ignored
+    slots = DPSolver(chain, max_slots=10**9)  # the cost table in gcd slots (1 byte here)
+    assert slots.exact and slots.pareto is None and not slots.options_ignored
+    for b in budgets(scores):
+        want = best(b)
+        plan = solver.solve(b) if b < solver.none_peak else plan_none(chain.n_layers)
+        if want == math.inf:
+            assert plan is None
+            continue
+        assert plan is not None
+        sc = simulate(chain, plan)
+        assert sc.peak_bytes <= b
+        assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, plan.describe())
+        if b < slots.none_peak:
+            sp = slots.solve(b)
+            assert sp is not None
+            ss = simulate(chain, sp)
+            assert ss.peak_bytes <= b and ss.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9)
+        assert simulate(chain, min_peak_plan(chain, b)).peak_bytes <= max(b, lowest)
+        back = Plan.from_dict(plan.to_dict())
+        assert back == plan and back.options() == plan.options()
+    # the public entry at a few budgets (each builds its own table, pruned for that budget)
+    for b in budgets(scores)[:: max(1, len(scores) // 5)][:6]:
+        if b < lowest:
+            with pytest.raises(InfeasibleBudgetError) as err:
+                plan_dp(chain, b)
+            assert err.value.min_peak_bytes == lowest
+            continue
+        res = plan_dp(chain, b)
+        sc = simulate(chain, res.plan)
+        assert res.exact and sc.peak_bytes <= b
+        assert sc.recompute_ms == pytest.approx(best(b), rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(option_chains(4))
+def test_dp_with_options_equals_brute_force(chain):
+    check_against_brute(chain)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_dp_with_options_equals_brute_force_five_layers(seed):
+    """394 plans x 3^5 option assignments per chain."""
+    check_against_brute(random_chain(5, seed, max_size=SIZE, options=2))
+
+
+def test_options_lower_the_smallest_peak_and_are_used():
+    """Across seeds, options often lower the smallest peak (never raise it), and the DP's plans
+    then use them."""
+    lowered = 0
+    for seed in range(20):
+        ch = random_chain(6, seed, max_size=SIZE, options=2)
+        plain = ch.without_options()
+        assert min_peak(ch) <= min_peak(plain)
+        if min_peak(ch) < min_peak(plain):
+            lowered += 1
+            assert min_peak_plan(ch).uses_options
+            assert plan_chain(ch, "dp").plan.uses_options
+            with pytest.raises(InfeasibleBudgetError):
+                plan_chain(plain, "dp", min_peak(ch))
+        # never worse than without options at any budget
+        hi = simulate(ch, plan_none(6)).peak_bytes
+        for t in range(5):
+            b = min_peak(plain) + (hi - min_peak(plain)) * t // 5
+            with_o, without = plan_chain(ch, "dp", b), plan_chain(plain, "dp", b)
+            assert with_o.fits and with_o.score.recompute_ms <= without.score.recompute_ms + 1e-9
+    assert lowered >= 3
+
+
+def test_unit_option_columns_match_the_simulator():
+    """A single stored layer: the option's hold and needs as the simulator sees them."""
+    ch = random_chain(1, 3, max_size=SIZE, options=3)
+    for o in ch.layers[0].options:
+        p = Plan("dp", 1, (Store(0, o.name),))
+        alone = simulate(ch, p)
+        as_layer = simulate(ch.without_options().__class__(
+            (ch.layers[0].option(o.name),), ch.pre, ch.post, ch.x_in_bytes, ch.delta_in_bytes,
+            ch.persistent_bytes, ch.opt_step_peak_bytes), plan_none(1))
+        assert alone.peak_bytes == as_layer.peak_bytes
+        assert alone.recompute_ms == pytest.approx(o.recompute_ms)
+
+
+def test_slot_grouped_and_autocast_tables_plan_without_options():
+    ch = random_chain(8, 11, max_size=SIZE, options=2)
+    plain = ch.without_options()
+    lo, lo_plain = min_peak(ch), min_peak(plain)
+    hi = simulate(ch, plan_none(8)).peak_bytes
+    mid = (lo_plain + hi) // 2
+    # rounded slots on single layers take options too; the plan fits, no worse than without
+    for b in (lo, (lo + lo_plain) // 2, mid):
+        res = plan_dp(ch, b, max_slots=400)
+        assert OPTIONS_IGNORED not in res.notes and not res.exact
+        assert simulate(ch, res.plan).peak_bytes <= b
+        if b >= lo_plain:
+            assert (simulate(ch, res.plan).recompute_ms
+                    <= simulate(ch, plan_dp(plain, b, max_slots=400).plan).recompute_ms + 1e-9)
+    # grouped: fits, and below the smallest peak without options it falls back to options
+    for b in sorted({lo, (lo + lo_plain) // 2, mid}):
+        r = plan_dp(ch, b, mode="grouped", groups=3)
+        assert simulate(ch, r.plan).peak_bytes <= b and not r.exact and OPTIONS_IGNORED in r.notes
+        if b < lo_plain:
+            assert r.plan.uses_options
+    # autocast copies: min_peak and plans as without options
+    cast = with_casts(ch, 5)
+    assert min_peak(cast) == min_peak(cast.without_options())
+    r = plan_dp(cast, (min_peak(cast) + hi) // 2)
+    assert not r.plan.uses_options and OPTIONS_IGNORED in r.notes
+
+
+def _selective_oracle(chain: Chain, budget: int | None) -> tuple[int, float]:
+    """(peak, recompute) the selective strategy must return: over the policies on every layer,
+    the fastest all-layers plan that fits, else the lowest peak."""
+    names = set.intersection(*({o.name for o in ly.options} for ly in chain.layers))
+    scored = [peak_of(chain, tuple(Store(i, nm) for i in range(chain.n_layers))) for nm in names]
+    fit = [s for s in scored if budget is not None and s[0] <= budget]
+    if fit:
+        return min(fit, key=lambda s: (s[1], s[0]))
+    return min(scored)
+
+
+@settings(max_examples=30, deadline=None)
+@given(option_chains(8), st.floats(-0.1, 1.1))
+def test_selective_strategy(chain, frac):
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    lo = min_peak(chain)
+    budget = int(lo + frac * (hi - lo))
+    for b in (None, budget):
+        r = plan_chain(chain, "selective", b)
+        assert (r.score.peak_bytes, r.score.recompute_ms) == pytest.approx(_selective_oracle(chain, b))
+        pol = r.plan.params["policy"]
+        assert r.plan.options() == (pol,) * chain.n_layers and r.plan.n_checkpoints == 0
+        assert r.fits is (None if b is None else r.score.peak_bytes <= b)
+        if b is not None and r.fits and b >= lo:  # dp is never worse than selective
+            assert plan_chain(chain, "dp", b).score.recompute_ms <= r.score.recompute_ms + 1e-9
+
+
+def test_selective_needs_options():
+    ch = random_chain(5, 2)
+    with pytest.raises(SpecError, match="no options"):
+        plan_chain(ch, "selective")
+    # compare and sweep leave it out on a chain without options, keep it on one with
+    assert [r.strategy for r in compare(ch, ("dp", "selective"))] == ["dp"]
+    assert not [p for p in sweep(ch, ("none", "selective")) if p.strategy == "selective"]
+    opt = random_chain(5, 2, max_size=SIZE, options=3)
+    assert [r.strategy for r in compare(opt, ("dp", "selective"))] == ["dp", "selective"]
+    assert len([p for p in sweep(opt, ("selective",)) if p.strategy == "selective"]) == 3
+    # options on some layers only: no policy common to every layer
+    some = with_options(random_chain(5, 2), 1, share=0.5)
+    if any(not ly.options for ly in some.layers):
+        with pytest.raises(SpecError, match="every layer"):
+            plan_chain(some, "selective")
+
+
+def test_random_chain_without_options_is_unchanged():
+    assert random_chain(7, 4) == random_chain(7, 4, options=0)
+    assert random_chain(7, 4, options=2).without_options() == random_chain(7, 4)
