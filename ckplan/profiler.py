@@ -17,6 +17,13 @@ allocated it (the live-tensor tracker knows who allocated what), parameters and 
 Under autocast, ``cast_bytes`` are the low-precision weight copies a stage's forward makes
 (``aten._to_copy`` of a parameter): autocast caches them until its region ends, checkpoint or not.
 
+Selective options (``options=``, names from ckplan.sac): per option one more measured step (and
+``repeats`` timed ones) with every chain layer under it, as ckplan.execute runs ``Store(i, option)``.
+A layer's kept bytes are then live bytes (what its forward window made that is alive when the
+forward ends), since the checkpoint's saved-tensor hooks hide the SAC cache from pack hooks; its
+recompute time is the clock around the recompute (on meta: the recomputed FLOPs at the assumed rate,
+so ops without FLOPs, pointwise ones, are free there). See ``_option_pass``.
+
 On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
 (ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
 
