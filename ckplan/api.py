@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import DependencyError, InfeasibleBudgetError, SpecError, UsageError
 from .options import DEVICES, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS, STRATEGIES, Device, Strategy
-from .records import CHAIN, POST, PRE, Profile, StageRecord, Totals
+from .records import CHAIN, POST, PRE, OptionRecord, Profile, StageRecord, Totals
 from .spec import Spec, batch_bytes, build_model, check_overrides, load_spec, make_batch, to_loss
 
 Progress = Callable[[str], None]  # told what a long step is doing now (a spinner, a bar)
@@ -97,11 +97,12 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
 
 
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
-            force: bool = False, progress: Progress | None = None, note: Note | None = None) -> Profile:
+            force: bool = False, progress: Progress | None = None, note: Note | None = None,
+            options: bool | Sequence[str] = False) -> Profile:
     """Build the spec's model and batch on ``device`` and profile one training step.
 
     On cpu/cuda a meta pass first checks that the step fits (:func:`preflight`); ``force=True``
-    runs anyway.
+    runs anyway. ``options``: also measure selective options (see :func:`profile_model`).
     """
     check_positive("repeats", repeats)
     check_positive("warmup", warmup, minimum=0)
@@ -110,12 +111,31 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
+    names = option_names(options)
     _tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
-                    + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)"))
+                    + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)")
+                    + (f", then {len(names)} selective options" if names else ""))
     return profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
-                         spec=spec.model_dump(mode="json"))
+                         spec=spec.model_dump(mode="json"), options=names)
+
+
+def option_names(options: bool | Sequence[str] | None) -> tuple[str, ...]:
+    """The selective options to measure: True for all of ckplan.sac.POLICIES, False/None for none,
+    or the names themselves (checked)."""
+    if options is None or options is False:
+        return ()
+    from .sac import POLICIES
+    if options is True:
+        return POLICIES
+    if isinstance(options, str):
+        options = [options]
+    names = tuple(dict.fromkeys(str(o) for o in options))
+    unknown = [o for o in names if o not in POLICIES]
+    if unknown:
+        raise UsageError(f"unknown selective option {unknown[0]!r}", tip=f"use some of: {', '.join(POLICIES)}")
+    return names
 
 
 def check_positive(name: str, value, *, minimum: int = 1) -> None:
@@ -135,11 +155,13 @@ def check_train_args(*, optimizer: str, precision: str, accum: int) -> None:
 def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, optimizer: str = "adamw",
                   precision: str = "fp32", accum: int = 1, lr: float = 1e-4, repeats: int = 3,
                   warmup: int = 1, spec: dict | None = None, loss_fn=to_loss,
-                  meta_target: str | None = None) -> Profile:
+                  meta_target: str | None = None, options: bool | Sequence[str] = False) -> Profile:
     """Profile any model on a sample batch; the model is not changed.
 
     On ``device="meta"``, ``meta_target`` ('cpu' or 'cuda'; default: cuda when this machine has
     one, else cpu) is the device whose attention kernels the fake pass follows.
+    ``options``: also measure the chain layers' selective options (:mod:`ckplan.sac`; True: all
+    of ``POLICIES``, or a list of names), one more measured step (and ``repeats`` timed ones) each.
     """
     import torch
 
@@ -152,7 +174,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     precision = str(precision)
     dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
-                     repeats=repeats, warmup=warmup, accum=accum, meta_target=meta_target)
+                     repeats=repeats, warmup=warmup, accum=accum, meta_target=meta_target,
+                     options=option_names(options))
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     opt_state, opt_tmp = optimizer_memory(trainable, optimizer, lr, dev.type)
@@ -233,6 +256,27 @@ def _number_problem(where: str, value: Any, kind: str, *, optional: bool = False
     return None
 
 
+def _options_problem(where: str, options: Any) -> str | None:
+    """What is wrong with a row's measured selective options, or None."""
+    if not isinstance(options, list):
+        return f"{where} is not a list"
+    kinds = {f.name: str(f.type) for f in fields(OptionRecord)}
+    for j, o in enumerate(options):
+        if not isinstance(o, dict):
+            return f"{where}[{j}] is not an object"
+        missing = [k for k in kinds if k not in o]
+        if missing:
+            return f"{where}[{j}].{missing[0]} is missing"
+        if not isinstance(o["name"], str) or not o["name"] or o["name"] in ("store", "full"):
+            return f"{where}[{j}].name is {o['name']!r}, not the name of a selective option"
+        for key, kind in kinds.items():
+            if kind in ("int", "float"):
+                problem = _number_problem(f"{where}[{j}].{key}", o[key], kind)
+                if problem:
+                    return problem
+    return None
+
+
 def profile_problem(data: Any) -> str | None:
     """What is wrong with a profile document (one field named), or None when the planner can trust it.
 
@@ -252,7 +296,7 @@ def profile_problem(data: Any) -> str | None:
     for i, row in enumerate(layers):
         if not isinstance(row, dict):
             return f"layers[{i}] is not an object"
-        missing = [k for k in kinds if k not in row]
+        missing = [k for k in kinds if k not in row and k != "options"]  # older profiles: no options
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -267,6 +311,9 @@ def profile_problem(data: Any) -> str | None:
                 problem = _number_problem(f"layers[{i}].{key}", row[key], kind)
                 if problem:
                     return problem
+        problem = _options_problem(f"layers[{i}].options", row.get("options", []))
+        if problem:
+            return problem
     if not isinstance(totals, dict):
         return "totals is not an object"
     for f in fields(Totals):
@@ -288,8 +335,10 @@ def profile_problem(data: Any) -> str | None:
 def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
           steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
           plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
-          force: bool = False, note: Note | None = None):
+          force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False):
     """Profile the spec's model, plan every strategy, and run measured training steps.
+
+    ``options``: the profile also measures selective options (see :func:`profile_model`).
 
     Every argument is checked before anything runs; on cpu/cuda a meta pass first checks that the
     step fits (:func:`preflight`; ``force=True`` runs anyway).
@@ -300,6 +349,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
+    names = option_names(options)
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)
@@ -309,7 +359,8 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     batch = make_batch(spec, str(dev))
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
-                         accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"))
+                         accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"),
+                         options=names)
     budget_bytes = resolve_budget(budget, prof).bytes if budget is not None else None
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
@@ -335,14 +386,15 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          budget: str | int | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
-         parallel: str = "fsdp"):
+         parallel: str = "fsdp", options: bool | Sequence[str] = False):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
     which fixes the model and batch (giving both, or overrides with it, is an error).
     ``world_size`` > 1 plans for one rank of ``parallel`` (``fsdp``: FSDP2 with every chain layer
     one unit; ``ddp``) with :func:`ckplan.planner.parallel.per_rank_chain_from_profile`: the budget
-    and every peak are per rank.
+    and every peak are per rank. ``options``: profiling the spec also measures selective options
+    (:func:`profile_model`); a saved profile has the ones it was made with.
     """
     from .plan_report import PlanReport
     from .planner import compare, infeasible_budget, no_gain_reason, plan_chain
@@ -350,7 +402,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options)
     _tick(progress, f"planning {strategy} for {prof.model}")
     chain = _chain_for(prof, world_size, parallel)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
@@ -380,13 +432,13 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
           device: str | Device | None = None, points: int = 20, strategies: tuple[str, ...] | None = None,
           overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
-          note: Note | None = None):
+          note: Note | None = None, options: bool | Sequence[str] = False):
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
     from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
     check_positive("points", points, minimum=2)
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options)
     _tick(progress, f"sweeping {points} budgets for {prof.model}")
     chain = chain_from_profile(prof)
     reason = no_gain_reason(chain)
@@ -495,7 +547,8 @@ def export(rep, target: str):
     return ex, closest_peak
 
 
-def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note) -> Profile:
+def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note,
+                      options: bool | Sequence[str] = False) -> Profile:
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if profile_path is not None:
         ignored = (["SPEC (spec)"] if spec is not None else []) + \
@@ -511,7 +564,7 @@ def _profile_for_plan(spec, profile_path, device, overrides, force, progress, no
         raise UsageError("plan needs a SPEC or --profile saved.json",
                          tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
     spec = load(spec, **given)
-    return profile(spec, device=device, force=force, progress=progress, note=note)
+    return profile(spec, device=device, force=force, progress=progress, note=note, options=options)
 
 
 def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:

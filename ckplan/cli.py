@@ -116,6 +116,9 @@ FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
+OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
+                           "recompute options (sac-compute, sac-linear, sac-attn): one more measured step "
+                           "each; --no-options skips them.")
 PARALLEL_OPT = typer.Option(None, "--parallel", help="With --world-size / --nproc: fsdp (FSDP2, every chain "
                              "layer one unit) or ddp (default: the spec's parallel.kind, else fsdp).")
 WIDE_OPT = typer.Option(False, "--wide", help="Every column of the tables, however wide the terminal.")
@@ -160,6 +163,7 @@ def profile(
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = OUT_OPT,
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats (the median is reported)."),
+    options: bool = OPTIONS_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -171,7 +175,8 @@ def profile(
         api.check_output_file(output)
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
-        prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note)
+        prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
+                           options=options)
     doc = report.profile_doc(prof)
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
@@ -208,6 +213,7 @@ def plan(
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also print the snippet that "
                                                   "applies the plan in hf, torchtitan, lightning or fsdp "
                                                   "(or the closest plan it can express)."),
+    options: bool = OPTIONS_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -219,7 +225,8 @@ def plan(
         api.check_output_dir(out_dir)
         with _working("sweeping") as (progress, note):
             prof, pts = api.sweep(spec, profile_path=profile_file, device=device, points=points,
-                                  overrides=_given(overrides), force=force, progress=progress, note=note)
+                                  overrides=_given(overrides), force=force, progress=progress, note=note,
+                                  options=options)
         files = report.write_sweep(out_dir, prof.model, pts)
         render.info("wrote " + ", ".join(str(f) for f in files))
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
@@ -249,7 +256,7 @@ def plan(
     with _working("planning") as (progress, note):
         rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
                        overrides=_given(overrides), force=force, progress=progress, note=note,
-                       world_size=sizes[0], parallel=parallel)
+                       world_size=sizes[0], parallel=parallel, options=options)
     render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
     exported = None
@@ -310,6 +317,7 @@ def bench(
                                         "launcher; gloo on CPU, NCCL on CUDA) under --parallel and report "
                                         "per-rank peaks (default: the spec's parallel.world_size when > 1)."),
     parallel: Optional[Parallel] = PARALLEL_OPT,
+    options: bool = OPTIONS_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -340,7 +348,7 @@ def bench(
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
-                        force=force)
+                        force=force, options=options)
     # The results first, then the files: a failed write must not take the table with it.
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0

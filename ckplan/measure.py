@@ -75,6 +75,10 @@ class LiveTensorTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.live
 
+    def live_storages(self) -> dict[int, int]:
+        """``id(storage) -> nbytes`` of every counted storage still alive."""
+        return dict(self._known)
+
     def _free(self, key: int, nbytes: int) -> None:
         if self._known.pop(key, None) is not None:
             self.live -= nbytes

@@ -17,6 +17,13 @@ allocated it (the live-tensor tracker knows who allocated what), parameters and 
 Under autocast, ``cast_bytes`` are the low-precision weight copies a stage's forward makes
 (``aten._to_copy`` of a parameter): autocast caches them until its region ends, checkpoint or not.
 
+Selective options (``options=``, names from ckplan.sac): per option one more measured step (and
+``repeats`` timed ones) with every chain layer under it, as ckplan.execute runs ``Store(i, option)``.
+A layer's kept bytes are then live bytes (what its forward window made that is alive when the
+forward ends), since the checkpoint's saved-tensor hooks hide the SAC cache from pack hooks; its
+recompute time is the clock around the recompute (on meta: the recomputed FLOPs at the assumed rate,
+so ops without FLOPs, pointwise ones, are free there). See ``_option_pass``.
+
 On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
 (ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
 
@@ -26,10 +33,11 @@ times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``), and autoca
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -38,7 +46,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from .chainfind import first_tensor, resolve_chain
 from .errors import ModelRunError, UsageError
 from .measure import Clock, LiveTensorTracker, unique_storage_bytes
-from .records import CHAIN, POST, PRE, StageRecord
+from .records import CHAIN, POST, PRE, OptionRecord, StageRecord
+from .sac import policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
 
@@ -164,6 +173,7 @@ class _Instrument:
             loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
         self.mark("B", self.n)
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
+        self.live_at_end = self._live_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
         return loss.detach()
@@ -176,6 +186,18 @@ class _Instrument:
             if st is None or window is None or window[0] != "F":
                 continue  # freed already, or not made during this forward (inputs, buffers)
             out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def _live_by_stage(self) -> dict[int, int]:
+        """Bytes of the storages each stage's forward window allocated that are still alive."""
+        tracker = self.meter.tracker if self.meter is not None else None
+        if tracker is None:
+            return {}
+        out: dict[int, int] = {}
+        for k, nbytes in tracker.live_storages().items():
+            window = self.alloc_window.get(k)
+            if window is not None and window[0] == "F":
+                out[window[1]] = out.get(window[1], 0) + nbytes
         return out
 
     def windows(self) -> dict[tuple[str, int], dict]:
@@ -210,8 +232,12 @@ class StepMeasurement:
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
                  device: torch.device, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
-                 accum: int = 1, meta_target: str | None = None) -> StepMeasurement:
+                 accum: int = 1, meta_target: str | None = None,
+                 options: tuple[str, ...] = ()) -> StepMeasurement:
     """Profile one training forward+backward of ``model`` on the batch; the model is left as found.
+
+    ``options`` (names from ckplan.sac.POLICIES) are measured too: per option, one more measured
+    step (and ``repeats`` timed ones, not on meta) with every chain layer under that option.
 
     On meta, attention follows the kernels that ``meta_target`` ("cpu" or "cuda"; default: cuda
     when this machine has a GPU, else cpu) would run (see ckplan.sdpa); ``notes`` say which.
@@ -239,7 +265,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
         times = {} if meta else _timing_passes(inst, step, params, repeats)
+        option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
+                         for name in options]
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
+    rows = _with_options(rows, measured, option_passes, meta)
     notes = (step.sdpa_note,) if step.sdpa_note else ()
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
                            chain_path, detected, notes)
@@ -253,15 +282,36 @@ class _Step:
         self.model, self.args, self.kwargs, self.loss_fn = model, args, kwargs, loss_fn
         self.precision, self.device, self.meta_target = precision, device, meta_target
         self.sdpa_note = ""
+        self.sdpa: SdpaOnMeta | None = None  # the meta attention mode of the step running now
 
     def run(self, inst: _Instrument) -> None:
         if self.meta_target is None:
             inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
             return
-        sdpa = SdpaOnMeta(self.meta_target)
-        with sdpa:
-            inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
+        sdpa = self.sdpa = SdpaOnMeta(self.meta_target)
+        try:
+            with sdpa:
+                inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
+        finally:
+            self.sdpa = None
         self.sdpa_note = sdpa.note()
+
+    @contextmanager
+    def recomputing(self):
+        """Around a recompute in the backward: the autograd engine does not carry torch-function
+        modes into it, so on meta the attention mode is entered again (else the recompute would
+        take another SDPA path than the forward and selective checkpointing's cache would miss)."""
+        sdpa = self.sdpa
+        if sdpa is None or sdpa in _function_modes():
+            yield
+            return
+        with sdpa:
+            yield
+
+
+def _function_modes() -> list:
+    from torch.overrides import _get_current_function_mode_stack
+    return list(_get_current_function_mode_stack())
 
 
 def _zero(params: list[nn.Parameter]) -> None:
@@ -333,6 +383,8 @@ class _MeasuredPass:
     x_in_requires_grad: bool
     grad_window: dict[int, int]  # id(parameter) -> stage whose backward first holds its gradient
     cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
+    # every storage a stage's forward made that is alive when the forward ends (saved or not)
+    live_at_end: dict[int, int] = field(default_factory=dict)
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -363,7 +415,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op)
-    inst.flops = FlopCounterMode(display=False)
+    inst.flops = _flop_counter()
     with inst.flops, tracker:
         inst.meter = _Meter(step.device, tracker)
         step.run(inst)
@@ -372,9 +424,34 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
     result = _MeasuredPass(
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
-        x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes)
+        x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
+        live_at_end=inst.live_at_end)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
+
+
+class _GlobalOnly:
+    """FlopCounterMode's module tracker, replaced: every FLOP counts under "Global" only.
+
+    The real one hooks every module call, recomputes in the backward included, and what those
+    hooks keep holds recomputed tensors alive (torch 2.13: a selective checkpoint's backward peak
+    grew by ~100 KB per layer of a tiny GPT); the profile needs totals only.
+    """
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _flop_counter() -> FlopCounterMode:
+    counter = FlopCounterMode(display=False)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _GlobalOnly()
+    return counter
 
 
 def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -440,3 +517,118 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             cast_bytes=measured.cast_bytes.get(s, 0),
         ))
     return tuple(rows)
+
+
+# ---- selective options (ckplan.sac) -------------------------------------------------------------
+#
+# Per option, every chain layer runs under ``ckplan.sac.run_with_option`` (one non-reentrant
+# checkpoint with the option's SAC policy), exactly as ckplan.execute installs a top-level
+# ``Store(i, option)``, and the step is measured again. The checkpoint's own saved-tensor hooks hide
+# what the layer keeps from the instrument's pack hook, so a layer's kept bytes are the storages its
+# forward window made that are still alive when the forward ends (the SAC cache and the output).
+# The recompute is the second call of the layer's forward (the first is the forward itself), timed
+# by the same clock; on meta its time is its FLOPs (backward FLOPs with the option minus without) at
+# the assumed rate, as every meta time is.
+
+
+class _OptionForward:
+    """A chain layer's forward under one option, its recompute (the second call) timed."""
+
+    def __init__(self, fwd, name: str, index: int, clock: Clock, recompute_ms: dict[int, list[float]],
+                 step: _Step):
+        self.fwd, self.name, self.index, self.clock, self.recompute_ms = fwd, name, index, clock, recompute_ms
+        self.step = step
+
+    def __call__(self, *args, **kwargs):
+        calls = 0
+
+        def timed(*a, **k):
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return self.fwd(*a, **k)
+            t0 = self.clock.now_ms()
+            try:  # non-reentrant recompute stops early by raising once it has what it needs
+                with self.step.recomputing():
+                    return self.fwd(*a, **k)
+            finally:
+                self.recompute_ms.setdefault(self.index, []).append(self.clock.now_ms() - t0)
+
+        return run_with_option(timed, self.name, *args, **kwargs)
+
+
+@contextmanager
+def _layers_under_option(layers: list[nn.Module], name: str, clock: Clock, step: _Step):
+    """Every chain layer's forward under option ``name``; yields layer -> recompute times (ms)."""
+    recompute_ms: dict[int, list[float]] = {}
+    had = [("forward" in layer.__dict__, layer.__dict__.get("forward")) for layer in layers]
+    for i, layer in enumerate(layers):
+        fwd = layer.__dict__["forward"] if "forward" in layer.__dict__ else \
+            functools.partial(type(layer).forward, layer)
+        layer.forward = _OptionForward(fwd, name, i, clock, recompute_ms, step)
+    try:
+        yield recompute_ms
+    finally:
+        for layer, (own, fwd) in zip(layers, had):
+            if own:
+                layer.forward = fwd
+            else:
+                layer.__dict__.pop("forward", None)
+
+
+@dataclass(frozen=True)
+class _OptionPass:
+    name: str
+    measured: _MeasuredPass
+    times: dict[tuple[str, int], list[float]]  # window -> milliseconds of the timed passes
+    recompute_ms: dict[int, list[float]]  # chain layer -> its recompute's milliseconds, per timed pass
+
+
+def _option_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], model: nn.Module,
+                 name: str, repeats: int, accum: int) -> _OptionPass:
+    """The measured pass (and ``repeats`` timed ones) with every chain layer under option ``name``."""
+    policy_fn(name)  # an unknown option fails before anything runs
+    with _layers_under_option(inst.layers, name, inst.clock, step) as recompute_ms:
+        if accum > 1:
+            step.run(inst)  # the measured micro-batch finds the gradients there, as in measure_step
+        measured = _measured_pass(inst, step, params, model)
+        _zero(params)
+        recompute_ms.clear()
+        times: dict[tuple[str, int], list[float]] = {}
+        for _ in range(repeats):
+            step.run(inst)
+            _zero(params)
+            for key, w in inst.windows().items():
+                times.setdefault(key, []).append(w["ms"])
+    return _OptionPass(name, measured, times, {i: list(v) for i, v in recompute_ms.items()})
+
+
+def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: list[_OptionPass],
+                  meta: bool) -> tuple[StageRecord, ...]:
+    """The chain rows with one OptionRecord per measured option."""
+    if not passes:
+        return rows
+    out = []
+    for r in rows:
+        if r.role != CHAIN:
+            out.append(r)
+            continue
+        i = r.index
+        opts = []
+        for p in passes:
+            fw, bw = p.measured.windows[("F", i)], p.measured.windows.get(("B", i))
+            bwd_flops = bw["flops"] if bw else 0
+            plain_bw = plain.windows.get(("B", i))
+            flops = max(0, bwd_flops - (plain_bw["flops"] if plain_bw else 0))
+            if meta:
+                recompute_ms = flops / ASSUMED_FLOPS_PER_S * 1e3
+                bwd_ms = bwd_flops / ASSUMED_FLOPS_PER_S * 1e3
+            else:
+                recompute_ms = statistics.median(p.recompute_ms[i]) if p.recompute_ms.get(i) else 0.0
+                bwd_ms = statistics.median(p.times[("B", i)]) if p.times.get(("B", i)) else r.bwd_ms
+            opts.append(OptionRecord(
+                name=p.name, saved_bytes=p.measured.live_at_end.get(i, 0),
+                recompute_ms=float(recompute_ms), recompute_flops=int(flops), bwd_ms=float(bwd_ms),
+                fwd_peak_bytes=fw["peak"], bwd_peak_bytes=bw["peak"] if bw else 0))
+        out.append(replace(r, options=tuple(opts)))
+    return tuple(out)

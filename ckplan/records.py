@@ -15,6 +15,31 @@ PRE, CHAIN, POST = "pre", "chain", "post"
 
 
 @dataclass(frozen=True)
+class OptionRecord:
+    """A chain layer measured with one selective option (ckplan.sac): every chain layer of the
+    step ran under that option's policy, so peaks are those of the step with all layers so.
+
+    ``saved_bytes`` are the storages the layer's forward window allocated that are still alive
+    when the forward ends (the SAC cache of kept op outputs, and the layer's output); the
+    checkpoint's own saved-tensor hooks hide them from ``saved_tensors_hooks``, so they are
+    counted as live bytes, not as packed tensors. ``recompute_ms`` is the time of the forward
+    that the option redoes in the layer's backward (the policy's unsaved ops), measured by
+    clock (on meta: ``recompute_flops`` at the assumed rate).
+    """
+
+    name: str  # the policy: sac-compute | sac-linear | sac-attn
+    saved_bytes: int  # kept for backward with the option, the output included
+    recompute_ms: float
+    recompute_flops: int  # backward FLOPs with the option minus without (the forward redone)
+    bwd_ms: float  # the backward window with the option, recompute included
+    fwd_peak_bytes: int  # as StageRecord's, in the step with every chain layer under the option
+    bwd_peak_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """One row of a profile: what comes before the chain, one chain layer, or what comes after.
 
@@ -44,9 +69,22 @@ class StageRecord:
     # autocast's cache holds them until the forward ends, whatever the plan; 0 in fp32. A stored
     # (not checkpointed) stage's saved_bytes already contains the copies its matmuls saved.
     cast_bytes: int = 0
+    # Selective options measured for a chain layer (empty for pre/post, or when not measured).
+    options: tuple[OptionRecord, ...] = ()
+
+    def option(self, name: str) -> OptionRecord | None:
+        return next((o for o in self.options if o.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["options"] = [o.to_dict() for o in self.options]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StageRecord:
+        d = dict(d)
+        d["options"] = tuple(OptionRecord(**o) for o in d.get("options", ()))
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -94,6 +132,11 @@ class Profile:
         return tuple(r for r in self.layers if r.role == CHAIN)
 
     @property
+    def option_names(self) -> tuple[str, ...]:
+        """The selective options measured for the chain layers, in the order measured."""
+        return tuple(dict.fromkeys(o.name for r in self.chain_layers for o in r.options))
+
+    @property
     def pre(self) -> StageRecord:
         return self.layers[0]
 
@@ -116,7 +159,7 @@ class Profile:
             raise ValueError(f"profile schema_version {version} is not {SCHEMA_VERSION}")
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in names}
-        d["layers"] = tuple(StageRecord(**r) for r in d["layers"])
+        d["layers"] = tuple(StageRecord.from_dict(r) for r in d["layers"])
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)

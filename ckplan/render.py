@@ -132,6 +132,45 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
                   if prof.device_free_bytes is not None else ""), soft_wrap=True)
     for note in prof.notes:
         out.print(escape(f"note: {note}"), soft_wrap=True)
+    if prof.option_names:
+        options_table(prof, wide=wide, console=out)
+
+
+def options_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
+    """Each chain layer's selective options: bytes kept for backward and the forward time redone.
+
+    ``*`` marks an option the planner leaves out: ``store``, ``full`` (recompute the layer: keeps
+    its output, redoes its forward) or another option keeps no more and redoes no more.
+    """
+    out = console or stdout
+    names = prof.option_names
+    kept = _kept_options(prof)
+    cols = [_Col("#"), _Col("layer", 2, left=True, fold=True), _Col("store"), _Col("full", 1)]
+    cols += [_Col(n) for n in names]
+    rows = []
+    for r in prof.chain_layers:
+        row = [str(r.index), escape(r.name), format_bytes(max(r.saved_bytes, r.output_bytes)),
+               f"{format_bytes(r.output_bytes)} +{format_ms(r.fwd_ms)}"]
+        for n in names:
+            o = r.option(n)
+            row.append("-" if o is None else
+                       f"{format_bytes(max(o.saved_bytes, r.output_bytes))} +{format_ms(o.recompute_ms)}"
+                       + ("" if kept is None or n in kept[r.index] else "*"))
+        rows.append(row)
+    _print_table(out, cols, rows, wide, title="selective options: kept for backward +forward redone")
+    if kept is not None and any(o.name not in kept[r.index] for r in prof.chain_layers for o in r.options):
+        out.print("*: beaten by store, full or another option on both memory and time; "
+                  "the planner leaves it out", soft_wrap=True)
+
+
+def _kept_options(prof: Profile) -> list[set[str]] | None:
+    """The options the planner keeps for each chain layer (None when the profile cannot be planned)."""
+    from .planner.calibrate import chain_from_profile
+    try:
+        chain = chain_from_profile(prof)
+    except (ValueError, KeyError):
+        return None
+    return [{o.name for o in ly.options} for ly in chain.layers]
 
 
 def info(msg: str) -> None:

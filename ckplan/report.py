@@ -95,8 +95,25 @@ def write_dist_bench(out_dir: str | Path, result) -> list[Path]:
 
 
 def profile_frame(prof: Profile):
+    """One row per stage; each measured selective option adds columns ``<option>_<field>``."""
     import pandas as pd
-    return pd.DataFrame([r.to_dict() for r in prof.layers])
+    names = prof.option_names
+    rows = []
+    for r in prof.layers:
+        d = r.to_dict()
+        d.pop("options")
+        for n in names:
+            o = r.option(n)
+            for k, v in (o.to_dict() if o is not None else {}).items():
+                if k != "name":
+                    d[f"{n}_{k}"] = v
+        rows.append(d)
+    frame = pd.DataFrame(rows)
+    for n in names:  # pre and post have no options: keep the sizes whole numbers beside the blanks
+        for col in (f"{n}_saved_bytes", f"{n}_recompute_flops", f"{n}_fwd_peak_bytes", f"{n}_bwd_peak_bytes"):
+            if col in frame:
+                frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 # ---- writing files -----------------------------------------------------------------------------

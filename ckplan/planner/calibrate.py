@@ -4,6 +4,11 @@
 so that simulating the plan without checkpointing reproduces every measured window peak: a
 transient is the measured peak minus what the simulator itself holds at that point, so the
 model and the simulator cannot disagree about the baseline.
+
+Selective options (``StageRecord.options``, measured with every chain layer under one option) become
+``Layer.options``, their transients calibrated the same way on the plan that stores every layer
+with that option; an option that another way to run the layer beats on both kept bytes and
+recompute time (``store``, ``full`` or another option) is dropped.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from dataclasses import replace
 from ..errors import SpecError
 from ..records import Profile, StageRecord
 from .baselines import plan_none
-from .chain import Chain, Layer, Post, Pre
+from .chain import STORE, Chain, Layer, Option, Post, Pre
 from .simulate import simulate, trace
 
 
@@ -55,7 +60,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         optimizer=profile.optimizer,
         grads_in_persistent=accum,
     )
-    return calibrate(chain, profile)
+    return with_options(calibrate(chain, profile), profile)
 
 
 def calibrate(chain: Chain, profile: Profile) -> Chain:
@@ -98,3 +103,51 @@ def predicted_peak_none(profile: Profile) -> int:
     """
     chain = chain_from_profile(profile)
     return simulate(chain, plan_none(chain.n_layers)).peak_bytes
+
+
+def with_options(chain: Chain, profile: Profile) -> Chain:
+    """``chain`` with each layer's measured selective options, calibrated, dominated ones dropped.
+
+    Option P's transients: (peak measured with every layer under P) - (what the simulator holds
+    at that op in the plan storing every layer with P), as :func:`calibrate` does for ``store``.
+    """
+    rows = profile.chain_layers
+    names = profile.option_names
+    if not names:
+        return chain
+    options: list[list[Option]] = [[] for _ in rows]
+    p = chain.persistent_bytes
+    for name in names:
+        have = [r.option(name) for r in rows]
+        base = replace(chain, layers=tuple(
+            replace(ly, options=(Option(name, max(o.saved_bytes, ly.x_bytes), o.recompute_ms, 0, 0,
+                                        o.recompute_flops),) if o is not None else ())
+            for ly, o in zip(chain.layers, have)))
+        per = [name if o is not None else STORE for o in have]
+        live: dict[tuple[str, int | None], int] = {}
+        for ev in trace(base, plan_none(chain.n_layers).with_options(per)):
+            if ev.op in ("F", "B"):
+                live[(ev.op, ev.stage)] = ev.live_bytes
+        for i, (ly, o) in enumerate(zip(base.layers, have)):
+            if o is None:
+                continue
+            opt = ly.options[0]
+            options[i].append(replace(opt, fwd_tmp_bytes=max(0, p + o.fwd_peak_bytes - live[("F", i)]),
+                                      bwd_tmp_bytes=max(0, p + o.bwd_peak_bytes - live[("B", i)])))
+    return replace(chain, layers=tuple(replace(ly, options=undominated(ly, opts))
+                                       for ly, opts in zip(chain.layers, options)))
+
+
+def undominated(layer: Layer, options: list[Option]) -> tuple[Option, ...]:
+    """The options no other choice of the layer beats on (kept bytes, recompute ms): ``store``
+    (xbar, 0), ``full`` (x, fwd_ms) or another option; on a tie the earlier choice stays."""
+    choices = [(layer.xbar_bytes, 0.0), (layer.x_bytes, layer.fwd_ms)] + \
+        [(o.xbar_bytes, o.recompute_ms) for o in options]
+    kept = []
+    for j, o in enumerate(options, start=2):
+        mine = choices[j]
+        beaten = any(c[0] <= mine[0] and c[1] <= mine[1] and (c != mine or k < j)
+                     for k, c in enumerate(choices) if k != j)
+        if not beaten:
+            kept.append(o)
+    return tuple(kept)
