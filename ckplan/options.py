@@ -36,6 +36,7 @@ class Strategy(_Names):
     chen = "chen"
     dp = "dp"
     selective = "selective"  # every layer stored with one selective policy (needs options)
+    dp_layer = "dp-layer"  # dp without selective options: whole layers stored or recomputed
 
 
 class StrategyOrAll(_Names):
@@ -47,6 +48,7 @@ class StrategyOrAll(_Names):
     chen = "chen"
     dp = "dp"
     selective = "selective"
+    dp_layer = "dp-layer"
     all = "all"
 
 

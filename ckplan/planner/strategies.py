@@ -39,7 +39,11 @@ __all__ = ["ALL_STRATEGIES", "STRATEGIES", "FrontierPoint", "PlanResult", "basel
            "plan_every_k", "plan_none", "plan_selective", "plan_sqrtn", "sweep"]
 
 STRATEGIES = ("none", "every-k", "sqrtn", "chen", "dp")  # the ones every chain can run
-ALL_STRATEGIES = (*STRATEGIES, "selective")  # selective needs a chain with options
+# Both need a chain with selective options: ``selective`` stores every layer with one policy;
+# ``dp-layer`` is ``dp`` without options (store or recompute whole layers: rotor's plan space),
+# the baseline that shows what the options are worth.
+ALL_STRATEGIES = (*STRATEGIES, "selective", "dp-layer")
+NEEDS_OPTIONS = ("selective", "dp-layer")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,13 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
                 raise infeasible_error(chain, budget_bytes, lowest)
     elif strategy == "selective":
         plan, notes = plan_selective(chain, budget_bytes)
+    elif strategy == "dp-layer":
+        r = plan_chain(chain.without_options(), "dp", budget_bytes, k, max_slots=max_slots,
+                       mode=mode, groups=groups)
+        plan = replace(r.plan, strategy="dp-layer")
+        slot, exact = r.slot_bytes, r.exact
+        notes = r.notes + ("layer-level plan: every layer stored whole or recomputed whole "
+                           "(selective options left out)",)
     elif strategy == "dp":
         target = dp.min_peak(chain) if budget_bytes is None else budget_bytes
         res = dp.plan_dp(chain, target, max_slots=max_slots, mode=mode,
@@ -198,12 +209,16 @@ def compare(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     """
     rows: list[PlanResult] = []
     for s in strategies:
-        if s == "selective" and not chain.has_options:
+        if s in NEEDS_OPTIONS and not chain.has_options:
             continue  # nothing to compare: the profile has no selective options
         try:
             rows.append(plan_chain(chain, s, budget_bytes, k, **dp_options))
         except InfeasibleBudgetError as err:
-            plan = dp.min_peak_plan(chain) if s == "dp" else plan_chen(chain, budget_bytes)
+            if s == "selective":
+                raise
+            plan = (dp.min_peak_plan(chain) if s == "dp" else
+                    replace(dp.min_peak_plan(chain.without_options()), strategy="dp-layer")
+                    if s == "dp-layer" else plan_chen(chain, budget_bytes))
             rows.append(PlanResult(s, plan, simulate(chain, plan), budget_bytes, False,
                                    notes=(INFEASIBLE_NOTE + err.message,)))
     return tuple(rows)
@@ -251,7 +266,7 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
         elif s == "selective":
             if chain.has_options and common_policies(chain):
                 rows.extend(_point(s, chain, p) for p in selective_plans(chain))
-        elif s == "dp":
+        elif s in ("dp", "dp-layer"):
             pass  # below, once the baselines' points are known
         else:
             raise UsageError(f"unknown strategy {s!r}", tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
@@ -259,6 +274,12 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
         baselines = list(rows) or [_point(s, chain, p) for s, p in
                                    (("every-k", plan_every_k(n, 1)), ("sqrtn", plan_sqrtn(n)))]
         rows.extend(_dp_frontier(chain, max(2, n_points), dp_options, baselines))
+    if "dp-layer" in strategies and chain.has_options:
+        plain = chain.without_options()
+        pts = _dp_frontier(plain, max(2, n_points), dp_options,
+                           [_point("every-k", plain, plan_every_k(n, 1)),
+                            _point("sqrtn", plain, plan_sqrtn(n))])
+        rows.extend(replace(p, strategy="dp-layer") for p in pts if p.strategy == "dp")
     return tuple(rows)
 
 
