@@ -356,8 +356,16 @@ def _compile_entries(entries: list[_Entry], model, chain, budget_bytes: int | No
 
 
 def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+    """``Type: first line`` of an error; a wrapped one (Dynamo's ``BackendCompilerFailed``) by its cause."""
+    root = err
+    for _ in range(8):  # a chain of causes, bounded
+        inner = root.__cause__ or getattr(root, "inner_exception", None)
+        if not isinstance(inner, BaseException):
+            break
+        root = inner
+    text = str(root).strip().splitlines()
+    where = f"{type(err).__name__} from " if root is not err else ""
+    return f"{where}{type(root).__name__}: {text[0][:200] if text else ''}"
 
 
 def _compile_notes(run: _Run, entries: list[_Entry], notes: list[str]) -> None:
