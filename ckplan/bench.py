@@ -38,7 +38,14 @@ faster than none, some slower) the slowdown is inside the noise: ``slowdown_with
 JSON/CSV, ``~1.00x (within noise)`` in the table (:func:`within_noise`).
 
 Peers (:mod:`ckplan.peers`, rows of kind ``peer``) run in the same steps: ``hf``, ``sac-policy``,
-and ``torch-compile``/``torch-compile-nobudget`` (``unavailable`` rows with the reason for now).
+and ``torch-compile``/``torch-compile-nobudget``: a compiled copy of the model sharing its
+parameters (:class:`ckplan.peers.CompiledPeer`). They compile in the gradient check (their first
+step: its time is reported in the row's message, never in the step time), then warm up with the
+others. On CPU the live-tensor tracker does not see a compiled step (it runs eagerly under a
+dispatch mode), so their memory step is read from the PyTorch profiler's allocator events instead
+(:func:`profiled_step_memory`: every allocation and free of the CPU allocator, the compiled
+kernels' buffers included); when compiled rows run, ``none`` is read both ways and a note gives
+both figures. Where TorchInductor cannot run the rows are ``unavailable`` with the reason.
 
 On CPU the memory step also reads the process's resident high-water mark
 (:class:`ckplan.measure.ResidentPeak`): live-tensor bytes are exact, but under glibc's malloc
@@ -46,9 +53,11 @@ the resident set does not follow them (freed blocks stay mapped); see the bench 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +80,7 @@ from .peers import (
     COMPILE_PEERS,
     PEER_NAMES,
     UNAVAILABLE,
+    CompiledPeer,
     budget_fraction,
     compile_unavailable,
     hf_checkpointing,
@@ -115,7 +125,11 @@ RSS_NOTE = ("growth tensors / RSS: live-tensor bytes above those resident when t
 PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
               "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
               "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
-              "recomputing the rest (no ckplan prediction)")
+              "recomputing the rest (no ckplan prediction); torch-compile = the model compiled with "
+              "torch.compile (TorchInductor) with torch._functorch.config.activation_memory_budget set from "
+              "the bench's budget (the share of none's activation memory it leaves), so the min-cut "
+              "partitioner recomputes to meet it; torch-compile-nobudget = the same at budget 1.0 (fusion "
+              "and the partitioner's default recomputation only)")
 
 
 @dataclass
@@ -135,6 +149,19 @@ class _Entry:
     mem: dict = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
     kind: str = "ckplan"  # or "peer" (ckplan.peers)
+    compiled: CompiledPeer | None = None  # the torch-compile peers
+    plan_text: str = ""  # the plan column when there is no ckplan plan
+    warm_graphs: int = 0  # graphs the compiled peer had compiled when the warm-up ended
+    mem_source: str = ""  # "profiler" when the CPU memory step was read from the PyTorch profiler
+
+    @property
+    def runnable(self) -> bool:
+        return self.plan is not None or self.compiled is not None
+
+    @property
+    def is_reference(self) -> bool:
+        """Eager and without checkpoints: what the gradient check may judge the others against."""
+        return self.compiled is None and self.plan is not None and self.plan.n_checkpoints == 0
 
 
 def _resident_bytes(model, opt, batch) -> int:
@@ -194,13 +221,21 @@ class _Run:
     stepper: _Stepper | None = None
 
     def step(self, e: _Entry, **callbacks) -> float:
-        """One training step with ``e``'s plan applied."""
+        """One training step with ``e``'s plan applied (on ``e``'s compiled copy for a compiled peer)."""
         with _applied(self, e):
+            self.stepper.model = _model_of(self, e)
             return self.stepper.step(**callbacks)
+
+
+def _model_of(run: _Run, e: _Entry):
+    """The module a row's step calls: the model, or a compiled peer's compiled copy of it."""
+    return e.compiled.module if e.compiled is not None else run.model
 
 
 def _applied(run: _Run, e: _Entry):
     """The context that runs ``e``: ckplan's plan, or a peer's own checkpointing."""
+    if e.compiled is not None:
+        return contextlib.nullcontext()  # the compiled copy runs as it is; the model has no plan on it
     if e.kind == "peer" and e.name == "sac-policy":
         return sac_policy(run.model, run.profile.chain)
     if e.kind == "peer" and e.name == "hf" and is_hf_model(run.model):
@@ -220,14 +255,14 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     notes = list(profile.notes)
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
-    _compile_entries(entries, chain, budget_bytes, device)
+    _compile_entries(entries, model, chain, budget_bytes, device)
     for e in entries:
         if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
             e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
                          "every-k k=1")
     if any(e.kind == "peer" for e in entries):
         notes.append(PEERS_NOTE)
-    runnable = [e for e in entries if e.plan is not None]
+    runnable = [e for e in entries if e.runnable]
     run = _Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
     try:
         _check_gradients(run, runnable, tick, notes)
@@ -238,7 +273,9 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
             if e.status == OK:
                 tick(f"memory: {e.name}")
                 _guarded(run, e, _memory_step)
+        _profiler_cross_check(run, runnable, tick)
         _timed_rounds(run, runnable, steps, tick)
+        _compile_notes(run, runnable, notes)
     finally:
         remove_plan(model)
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
@@ -292,17 +329,63 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     return entries
 
 
-def _compile_entries(entries: list[_Entry], chain, budget_bytes: int | None, device: torch.device) -> None:
-    """The torch-compile peers: the activation-memory fraction ckplan's budget maps to, and why
-    they cannot run here (their rows are ``unavailable`` with the reason, the bench goes on)."""
+def _compile_entries(entries: list[_Entry], model, chain, budget_bytes: int | None, device: torch.device) -> None:
+    """The torch-compile peers: the activation-memory fraction ckplan's budget maps to, and a
+    compiled copy of the model for each (:class:`CompiledPeer`), made before any plan touches the
+    model; where TorchInductor cannot run, the rows are ``unavailable`` with the reason."""
+    compile_rows = [e for e in entries if e.name in COMPILE_PEERS]
+    if not compile_rows:
+        return
     why = compile_unavailable(device.type)
     none_peak = simulate(chain, plan_chain(chain, "none", None, 1).plan).peak_bytes
-    for e in entries:
-        if e.name in COMPILE_PEERS:
-            frac = 1.0 if e.name.endswith("nobudget") else budget_fraction(budget_bytes, chain.persistent_bytes,
-                                                                            none_peak)
-            e.message = f"activation_memory_budget {frac:.2f}; {why}" if why else e.message
+    if not why:
+        torch._dynamo.reset()  # a fresh cache: graphs from earlier benches must not fill its per-code limit
+    for e in compile_rows:
+        frac = 1.0 if e.name.endswith("nobudget") else budget_fraction(budget_bytes, chain.persistent_bytes,
+                                                                        none_peak)
+        e.plan_text = f"torch.compile, budget {frac:.2f}"
+        e.message = f"activation_memory_budget {frac:.2f}"
+        if why:
+            e.status, e.message = UNAVAILABLE, f"{e.message}; {why}"
+            continue
+        try:
+            e.compiled = CompiledPeer(model, frac)
+        except Exception as err:  # a model that cannot be copied (or compiled) is a row that says why
             e.status = UNAVAILABLE
+            e.message = f"{e.message}; torch.compile could not wrap a copy of the model ({_one_line(err)})"
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: first line`` of an error; a wrapped one (Dynamo's ``BackendCompilerFailed``) by its cause."""
+    root = err
+    for _ in range(8):  # a chain of causes, bounded
+        inner = root.__cause__ or getattr(root, "inner_exception", None)
+        if not isinstance(inner, BaseException):
+            break
+        root = inner
+    text = str(root).strip().splitlines()
+    where = f"{type(err).__name__} from " if root is not err else ""
+    return f"{where}{type(root).__name__}: {text[0][:200] if text else ''}"
+
+
+def _compile_notes(run: _Run, entries: list[_Entry], notes: list[str]) -> None:
+    """What the compiled rows' messages add after the run: graphs compiled, recompilations after
+    the warm-up, how their memory was measured."""
+    for e in entries:
+        c = e.compiled
+        if c is None or e.status != OK:
+            continue
+        if c.graphs > e.warm_graphs:
+            e.message += (f"; {c.graphs - e.warm_graphs} graph(s) recompiled after the warm-up (their "
+                          "compile time is in the measured steps)")
+        if e.mem_source == "profiler":
+            e.message += ("; memory: PyTorch profiler allocator events (the live-tensor tracker does not "
+                          "see compiled kernels)")
+    cross = next((e for e in entries if e.name == "none" and "profiler_check" in e.mem), None)
+    if cross is not None:
+        notes.append(f"torch-compile rows' memory on CPU is read from the PyTorch profiler's allocator events; "
+                     f"none read the same way: {cross.mem['profiler_check']} bytes (live-tensor tracker: "
+                     f"{cross.mem['measured']})")
 
 
 def _peer_entry(chain, name: str) -> _Entry:
@@ -343,17 +426,23 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
     Rows outside the tolerance become ``wrong-gradients``, NaN/inf ``non-finite`` (module docstring).
     """
     init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
-    order = sorted(entries, key=lambda e: e.plan.n_checkpoints != 0)  # stable: the first none first
+    order = sorted(entries, key=lambda e: not e.is_reference)  # stable: the first none first
     rtol, atol = GRAD_TOLERANCES.get(run.profile.precision, GRAD_TOLERANCES["fp32"])
     ref: dict[str, torch.Tensor | None] | None = None
     ref_loss = ref_scale = 0.0
     for e in order:
-        tick(f"gradients: {e.name}")
-        e.loss, grads = _loss_and_grads(run, e, init)
+        tick(f"gradients: {e.name}" + (" (compiling)" if e.compiled is not None else ""))
+        if e.compiled is not None:
+            got = _compile_first_step(run, e, init)
+            if got is None:
+                continue
+            e.loss, grads = got
+        else:
+            e.loss, grads = _loss_and_grads(run, e, init)
         bad = _non_finite(e.loss, grads)
         if bad:
             e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
-        elif ref is None and e.plan.n_checkpoints == 0:
+        elif ref is None and e.is_reference:
             ref, ref_loss = grads, e.loss
             ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None), default=0.0)
             e.grad_diff, e.grad_tol = 0.0, rtol * ref_scale + atol
@@ -366,11 +455,35 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
                      "(add none to --compare)")
 
 
+def _compile_first_step(run: _Run, e: _Entry, init: dict):
+    """A compiled peer's first forward+backward, under its partitioner budget: it compiles here, so
+    its time goes into the row's message, never into the step time. A compiler that fails makes the
+    row ``unavailable`` with the reason (None is returned then)."""
+    c = e.compiled
+    assert c is not None
+    t0 = time.perf_counter()
+    try:
+        with c.compiling():
+            got = _loss_and_grads(run, e, init)
+    except ModelRunError:
+        raise
+    except Exception as err:  # inductor's errors are many kinds; the row says which, the bench goes on
+        run.model.zero_grad(set_to_none=True)
+        e.status, e.message = UNAVAILABLE, f"{e.message}; torch.compile failed here ({_one_line(err)})"
+        return None
+    if c.graphs == 0:
+        e.status = UNAVAILABLE
+        e.message += "; Dynamo compiled no graph for this model (it would run eagerly)"
+        return None
+    e.message += f"; compiled {c.graphs} graph(s) in {time.perf_counter() - t0:.1f} s (first step, not timed)"
+    return got
+
+
 def _loss_and_grads(run: _Run, e: _Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
     run.model.load_state_dict(init)
     torch.manual_seed(0)
     with _applied(run, e):
-        st = _Stepper(run.model, None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
+        st = _Stepper(_model_of(run, e), None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
                       run.device)
         st.scaler = None  # gradients compared unscaled
         loss = st.backward()
@@ -418,6 +531,9 @@ def _warm_up(run: _Run, entries: list[_Entry], warmup: int, tick) -> None:
         for e in entries:
             tick(f"warm-up: {e.name}")
             _guarded(run, e, _plain_step)
+    for e in entries:
+        if e.compiled is not None:
+            e.warm_graphs = e.compiled.graphs
 
 
 def _plain_step(run: _Run, e: _Entry) -> None:
@@ -440,12 +556,129 @@ def _memory_step(run: _Run, e: _Entry) -> None:
         return
     limit = None if run.memory_limit_bytes is None else run.memory_limit_bytes - resident
     gc.collect()  # garbage from earlier steps must not count in this step's resident peak
+    if e.compiled is not None:
+        _profiled_memory_step(run, e, resident, limit)
+        return
     with ResidentPeak() as rss, LiveTensorTracker(limit_bytes=limit) as tr:
         run.step(e, after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
                  after_forward=lambda: fb.setdefault("act", tr.live))
     e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"], act=fb["act"], growth=tr.peak)
     if rss.peak_bytes is not None:
         e.mem.update(rss_peak=rss.peak_bytes, rss_growth=rss.growth_bytes)
+
+
+def _profiler_cross_check(run: _Run, entries: list[_Entry], tick) -> None:
+    """When compiled rows were measured with the profiler on CPU, ``none`` is measured that way too
+    (one more step), so the note can show that the two measurements agree on an eager step."""
+    if run.device.type != "cpu" or not any(e.mem_source == "profiler" and e.status == OK for e in entries):
+        return
+    ref = next((e for e in entries if e.name == "none" and e.compiled is None and e.status == OK), None)
+    if ref is None:
+        return
+    tick("memory: none (profiler)")
+
+    def measure(run: _Run, e: _Entry) -> None:
+        resident = _resident_bytes(run.model, run.opt, run.batch)
+        gc.collect()
+        m = profiled_step_memory(lambda fwd, bwd: run.step(e, after_forward=fwd, after_backward=bwd))
+        e.mem["profiler_check"] = resident + m.peak
+
+    _guarded(run, ref, measure)
+
+
+def _profiled_memory_step(run: _Run, e: _Entry, resident: int, limit: int | None) -> None:
+    """A CPU memory step read from the PyTorch profiler instead of the live-tensor tracker (the
+    compiled peers: compiled code allocates its buffers without Python dispatch). The peak is known
+    only after the step, so a ``memory_limit_bytes`` over it makes the row OOM afterwards."""
+    with ResidentPeak() as rss:
+        m = profiled_step_memory(lambda fwd, bwd: run.step(e, after_forward=fwd, after_backward=bwd))
+    if limit is not None and m.peak > limit:
+        raise TrackerLimitExceeded(f"live tensors reached {m.peak} bytes (PyTorch profiler), over the limit "
+                                   f"of {limit}")
+    e.mem = dict(measured=resident + m.peak, fwd_bwd=resident + m.fwd_bwd_peak, act=m.after_forward,
+                 growth=m.peak)
+    e.mem_source = "profiler"
+    if rss.peak_bytes is not None:
+        e.mem.update(rss_peak=rss.peak_bytes, rss_growth=rss.growth_bytes)
+
+
+@contextlib.contextmanager
+def _without_kineto_log():
+    """Kineto writes ``USDT:... profiler_start/stop`` lines to the process's stderr (file descriptor
+    2, past Python); they are dropped, and anything else written there meanwhile is passed on."""
+    import os
+    import sys
+    import tempfile
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith("USDT:")]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+@dataclass(frozen=True)
+class ProfiledMemory:
+    """Bytes above what was allocated when profiling began: the peak, the live bytes after the
+    first forward, and the peak up to the end of the backward."""
+
+    peak: int
+    after_forward: int
+    fwd_bwd_peak: int
+
+
+_MARKS = ("ckplan::after_forward", "ckplan::after_backward")
+
+
+def profiled_step_memory(step: Callable[[Callable[[], None], Callable[[], None]], object]) -> ProfiledMemory:
+    """Run ``step(after_forward, after_backward)`` under the PyTorch profiler with memory events and
+    replay the CPU allocator's allocations and frees in time order. Unlike the live-tensor tracker
+    this sees every allocation of the CPU allocator (compiled kernels' buffers too); the two
+    callbacks mark the moments whose live bytes are reported."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def mark(name: str) -> Callable[[], None]:
+        def at() -> None:
+            with record_function(name):
+                pass
+        return at
+
+    with _without_kineto_log(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(mark(_MARKS[0]), mark(_MARKS[1]))
+    events = prof.profiler.kineto_results.events()
+    marks: dict[str, int] = {}
+    for ev in events:
+        if ev.name() in _MARKS:
+            marks.setdefault(ev.name(), ev.start_ns())
+    cpu = torch._C._autograd.DeviceType.CPU
+    mem = sorted((ev.start_ns(), ev.nbytes()) for ev in events
+                 if ev.name() == "[memory]" and ev.device_type() == cpu)
+    live = peak = 0
+    at_fwd = fb_peak = None
+    fwd_ns, bwd_ns = marks.get(_MARKS[0]), marks.get(_MARKS[1])
+    for ns, nbytes in mem:
+        if at_fwd is None and fwd_ns is not None and ns > fwd_ns:
+            at_fwd = live
+        if fb_peak is None and bwd_ns is not None and ns > bwd_ns:
+            fb_peak = peak
+        live += nbytes
+        peak = max(peak, live)
+    return ProfiledMemory(peak=peak, after_forward=live if at_fwd is None else at_fwd,
+                          fwd_bwd_peak=peak if fb_peak is None else fb_peak)
 
 
 def _timed_rounds(run: _Run, entries: list[_Entry], steps: int, tick) -> None:
@@ -503,7 +736,7 @@ def _row(e: _Entry, none: _Entry | None) -> BenchRow:
     fb = e.mem.get("fwd_bwd") if e.status == OK else None
     fb_err = (abs(fb - e.predicted_fb_peak) / fb if fb and e.predicted_fb_peak is not None else None)
     return BenchRow(
-        strategy=e.name, status=e.status, plan=e.plan.describe() if e.plan else "",
+        strategy=e.name, status=e.status, plan=e.plan.describe() if e.plan else e.plan_text,
         n_checkpoints=e.plan.n_checkpoints if e.plan else 0,
         predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured, peak_error=err,
         predicted_fwd_bwd_peak_bytes=e.predicted_fb_peak, measured_fwd_bwd_peak_bytes=fb,

@@ -9,9 +9,22 @@
                 convolution; ``MUST_SAVE``) and recomputes the rest (``PREFER_RECOMPUTE``):
                 ckplan's ``sac-compute`` option (:mod:`ckplan.sac`) on every layer, so the
                 ``selective`` strategy with that policy predicts it.
+``torch-compile``           the whole model compiled with ``torch.compile`` (TorchInductor), with
+                ``torch._functorch.config.activation_memory_budget`` set to the share of the
+                no-checkpoint activation memory that ckplan's budget leaves (:func:`budget_fraction`),
+                so AOTAutograd's min-cut partitioner recomputes to meet it.
+``torch-compile-nobudget``  the same with budget 1.0: the partitioner's default (fusion, and the
+                recomputation of cheap pointwise ops it always does), so fusion and recomputation
+                are told apart.
+
+Each compiled row runs a copy of the model (``copy.deepcopy`` before any plan is applied) that
+shares the original's parameters and buffers, so it trains the same weights with the same
+optimizer; each copy has its own backend function, and Dynamo's cache guards on the backend,
+so the two budgets never share a compiled graph (:class:`CompiledPeer`).
 """
 from __future__ import annotations
 
+import copy
 import functools
 from contextlib import contextmanager
 
@@ -79,16 +92,58 @@ def budget_fraction(budget_bytes: int | None, persistent_bytes: int, none_peak_b
 def compile_unavailable(device_type: str) -> str:
     """Why the torch-compile peers cannot run here ('' when nothing is known to stop them)."""
     try:
-        import torch._inductor.config  # noqa: F401
+        import torch._functorch.config as functorch_config
+        import torch._inductor.compile_fx
     except Exception as e:  # an inductor that cannot import cannot compile either
-        return f"TorchInductor does not import ({type(e).__name__}: {e})"
+        return f"TorchInductor does not import ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    if not hasattr(functorch_config, "activation_memory_budget"):
+        return (f"torch {torch.__version__} has no torch._functorch.config.activation_memory_budget "
+                "(added in torch 2.4): the partitioner cannot be given a budget")
     if device_type == "cpu":
         import shutil
         if not any(shutil.which(c) for c in _CXX):
             return ("no C++ compiler on PATH (looked for " + ", ".join(_CXX) + "): TorchInductor compiles "
                     "C++ for CPU; install one (apt-get install g++) to run this row")
-    return ("not run: compiled execution inside the bench is not implemented yet (dynamo caches one "
-            "graph per layer code object, so two activation budgets cannot be interleaved on one model)")
+    elif device_type == "cuda":
+        from torch.utils._triton import has_triton
+        if not has_triton():
+            return "Triton is not installed: TorchInductor generates Triton kernels for CUDA (pip install triton)"
+    else:
+        return f"TorchInductor does not compile for device {device_type!r} here"
+    return ""
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters and buffers are the original's own tensors: the
+    same weights, updated by the same optimizer, but separate module objects to compile."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+class CompiledPeer:
+    """One torch-compile row: ``module`` is ``torch.compile`` of a :func:`shared_copy` of the model,
+    with a backend of its own (TorchInductor's ``compile_fx``) that runs with the partitioner's
+    ``activation_memory_budget`` set to ``fraction``: AOTAutograd partitions the joint
+    forward+backward graph when the forward compiles, and the bench also holds the setting around
+    the whole first forward+backward (:meth:`compiling`), so a lazily compiled backward sees it too.
+    ``graphs`` counts the graphs compiled, so the bench can see that something compiled at all, and
+    any recompilation after the warm-up."""
+
+    def __init__(self, model: nn.Module, fraction: float):
+        self.fraction = fraction
+        self.graphs = 0
+        self.module = torch.compile(shared_copy(model), backend=self._backend)
+
+    def compiling(self):
+        """The partitioner's budget set to this row's ``fraction`` (a context manager)."""
+        import torch._functorch.config as functorch_config
+        return functorch_config.patch(activation_memory_budget=self.fraction)
+
+    def _backend(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+        self.graphs += 1
+        with self.compiling():
+            return compile_fx(gm, example_inputs)
 
 
 def is_hf_model(model: nn.Module) -> bool:
