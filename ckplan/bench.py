@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from .errors import InfeasibleBudgetError, ModelRunError
+from .errors import CkplanError, InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
 from .measure import (
     Clock,
@@ -95,6 +95,7 @@ from .planner import (
     no_gain_reason,
     plan_chain,
     simulate,
+    sweep,
     trace,
 )
 from .records import (
@@ -285,7 +286,21 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
                        budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none) for e in entries),
-                       profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes))
+                       profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes),
+                       frontier=frontier_of(chain))
+
+
+FRONTIER_POINTS = 16
+
+
+def frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
+    """dp's predicted frontier (and dp-layer's when the chain has selective options)."""
+    names = ["dp", "dp-layer"] if chain.has_options else ["dp"]
+    try:
+        pts = sweep(chain, names, FRONTIER_POINTS)
+    except CkplanError:  # a frontier is a picture; never fail a bench for it
+        return ()
+    return tuple((p.strategy, p.peak_bytes, 1.0 + p.overhead) for p in pts if p.strategy in names)
 
 
 def _silent(msg: str) -> None:

@@ -240,6 +240,10 @@ class BenchResult:
     rows: tuple[BenchRow, ...]
     profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
     notes: tuple[str, ...] = field(default=())
+    # The planner's predicted memory/time frontier for this profile: (strategy, peak bytes,
+    # predicted slowdown) of dp at evenly spaced budgets (and of dp-layer when the profile has
+    # selective options), for the frontier plot beside the measured rows.
+    frontier: tuple[tuple[str, int, float], ...] = field(default=())
 
     @property
     def failed_rows(self) -> tuple[BenchRow, ...]:
@@ -250,4 +254,5 @@ class BenchResult:
         d = dataclasses.asdict(self)
         d["rows"] = [r.to_dict() for r in self.rows]
         d["notes"] = list(self.notes)
+        d["frontier"] = [{"strategy": s, "peak_bytes": b, "slowdown": t} for s, b, t in self.frontier]
         return d

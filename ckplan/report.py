@@ -378,10 +378,15 @@ def bench_basename(model: str, device: str) -> str:
     return f"bench-{_slug(model)}-{_slug(device)}"
 
 
+def frontier_basename(model: str, device: str) -> str:
+    return f"frontier-{_slug(model)}-{_slug(device)}"
+
+
 def bench_filenames(model: str, device: str) -> tuple[str, ...]:
     """The files :func:`write_bench` writes, for :func:`check_output_dir` before the run."""
     base = bench_basename(model, device)
-    return tuple(f"{base}.{ext}" for ext in ("csv", "json", "png"))
+    return (*(f"{base}.{ext}" for ext in ("csv", "json", "png")),
+            f"{frontier_basename(model, device)}.png")
 
 
 def _plot_sweep(frame, model: str, path: Path) -> None:
@@ -427,7 +432,49 @@ def write_bench(out_dir: str | Path, result) -> list[Path]:
     text = to_json(bench_doc(result))
     return write_files([(Path(f"{base}.csv"), lambda p: frame.to_csv(p, index=False)),
                         (Path(f"{base}.json"), lambda p: p.write_text(text)),
-                        (Path(f"{base}.png"), lambda p: _plot_bench(result, p))], "--out-dir")
+                        (Path(f"{base}.png"), lambda p: _plot_bench(result, p)),
+                        (Path(out_dir) / f"{frontier_basename(result.model, result.device)}.png",
+                         lambda p: _plot_frontier(result, p))], "--out-dir")
+
+
+def _plot_frontier(result, path: Path) -> None:
+    """Memory vs slowdown: the planner's predicted dp frontier (a step curve; dp-layer's too
+    when the profile has selective options), each row's predicted point (hollow) and measured
+    point (filled), peers measured only."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    rows = [r for r in result.rows if r.measured_peak_bytes and r.slowdown]
+    peaks = [r.measured_peak_bytes for r in rows] + [b for _, b, _ in result.frontier]
+    unit, scale = ("GiB", 2**30) if peaks and max(peaks) >= 2**30 else ("MiB", 2**20)
+    styles = {"dp": ("tab:purple", "-", "dp: predicted frontier (options included)"),
+              "dp-layer": ("tab:gray", "--", "dp-layer: predicted frontier (whole layers only)")}
+    for name, (color, ls, label) in styles.items():
+        pts = sorted((b, t) for s, b, t in result.frontier if s == name)
+        if pts:
+            ax.step([b / scale for b, _ in pts], [t for _, t in pts], where="post", color=color,
+                    ls=ls, lw=1.4, label=label, zorder=1)
+    cmap = plt.get_cmap("tab10")
+    for i, r in enumerate(rows):
+        color = cmap(i % 10)
+        marker = "X" if r.kind == "peer" else "o"
+        ax.plot(r.measured_peak_bytes / scale, r.slowdown, marker, color=color, markersize=8,
+                label=f"{r.strategy} (measured)", zorder=3)
+        if r.predicted_peak_bytes and r.predicted_overhead is not None:
+            ax.plot(r.predicted_peak_bytes / scale, 1 + r.predicted_overhead, marker, color=color,
+                    markerfacecolor="none", markersize=11, markeredgewidth=1.4, zorder=2)
+    if result.budget_bytes:
+        ax.axvline(result.budget_bytes / scale, color="k", ls=":", lw=1, label="budget")
+    ax.set_xlabel(f"peak memory of a training step ({unit})")
+    ax.set_ylabel("step time / step time without checkpointing")
+    ax.set_title(f"{result.model} on {result.device_name}: filled = measured, hollow = predicted",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
 
 
 def _plot_bench(result, path: Path) -> None:

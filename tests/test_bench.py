@@ -61,7 +61,8 @@ def test_report_files_are_complete_or_absent(tiny_gpt_spec, tmp_path, monkeypatc
     out = tmp_path / "reports"
     report.write_bench(out, res)
     good = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert len(good) == 3 and json.loads(good[f"bench-{res.model}-cpu.json"])["command"] == "bench"
+    assert len(good) == 4 and json.loads(good[f"bench-{res.model}-cpu.json"])["command"] == "bench"
+    assert json.loads(good[f"bench-{res.model}-cpu.json"])["frontier"]  # the predicted dp curve
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -115,7 +116,7 @@ input: {batch_size: 64, shape: [32], dtype: float32}
                     "step_ms", "slowdown", "predicted_overhead", "max_grad_diff"):
             assert key in row
         assert row["status"] == "ok" and row["peak_error"] < 0.05 and row["max_grad_diff"] < 1e-5
-    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".csv", ".json", ".png"]
+    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".csv", ".json", ".png", ".png"]
 
 
 FLAKY_NET = textwrap.dedent("""

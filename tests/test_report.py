@@ -205,11 +205,11 @@ def test_file_names_keep_the_model_name(tmp_path):
     res = BenchResult(**{**make_bench().__dict__, "model": "llama-3.1-8b"})
     paths = report.write_bench(tmp_path, res)
     assert sorted(p.name for p in paths) == ["bench-llama-3.1-8b-cpu.csv", "bench-llama-3.1-8b-cpu.json",
-                                             "bench-llama-3.1-8b-cpu.png"]
+                                             "bench-llama-3.1-8b-cpu.png", "frontier-llama-3.1-8b-cpu.png"]
     assert json.loads((tmp_path / "bench-llama-3.1-8b-cpu.json").read_text())["model"] == "llama-3.1-8b"
     other = BenchResult(**{**res.__dict__, "model": "llama-3.2-1b"})
     report.write_bench(tmp_path, other)
-    assert len(list(tmp_path.iterdir())) == 6  # two models, two sets: nothing overwritten
+    assert len(list(tmp_path.iterdir())) == 8  # two models, two sets: nothing overwritten
 
 
 def test_sweep_file_names_keep_the_model_name(tmp_path):
