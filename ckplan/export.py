@@ -60,6 +60,9 @@ Closest expressible plan (when ``exact`` is False)
   ``mode = "full"``, c = 0 is ``mode = "none"``). For similar layers that does not raise the peak
   beyond what c single-layer checkpoints give; which layers differ is stated in the message.
 
+Selective options (``Store(i, "sac-...")``) are not expressed by any target: the export applies the
+same checkpoints with those layers stored whole, says so, and is not exact.
+
 Every message also names the exact fallback: ``ckplan.apply_plan(model, "plan.json")`` runs any
 plan, nested checkpoints included, inside the user's own training loop.
 """
@@ -69,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UsageError
-from .planner.plan import Checkpoint, Plan, Store
+from .planner.plan import STORE, Checkpoint, Plan, Store
 
 TARGETS = ("hf", "torchtitan", "lightning", "fsdp")
 
@@ -110,7 +113,21 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     if not chain_path or not isinstance(chain_path, str):
         raise UsageError("export needs the chain path (the dotted path of the layer container), "
                          f"got {chain_path!r}", tip="take it from the profile: Profile.chain, e.g. 'transformer.h'")
-    return _EXPORTERS[key](plan, _Ctx(chain_path, layer_class, model_name))
+    ctx = _Ctx(chain_path, layer_class, model_name)
+    if not plan.uses_options:
+        return _EXPORTERS[key](plan, ctx)
+    # Selective options: none of the targets' one-line settings carries a per-layer SAC policy,
+    # so the export applies the same checkpoints with those layers stored whole.
+    opts = {i: o for i, o in enumerate(plan.options()) if o != STORE}
+    plain = _EXPORTERS[key](plan.with_options({}), ctx)
+    used = ", ".join(f"{i}: {o}" for i, o in opts.items())
+    line = (f"# Not exact: the plan stores layers with selective options ({used}); {key} "
+            "stores them whole here, which keeps more memory than planned.")
+    msg = (f"{key} cannot express selective options (layer: option {used}); the closest it applies "
+           "stores those layers whole, so the peak is higher than planned. " + plain.message)
+    text = plain.text.split("\n")
+    text[0:1] = [*_header(plan, ctx), line]
+    return Export(plain.target, "\n".join(text), False, plain.closest_plan, msg)
 
 
 # ---- what a plan does, in the terms the targets speak ---------------------------------------

@@ -299,3 +299,15 @@ def test_fsdp_snippet_under_fully_shard(one_thread):
             torch.testing.assert_close(g, g0[name], rtol=1e-5, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+def test_selective_options_are_not_exact_and_say_so():
+    """No target carries a per-layer SAC policy: the export stores those layers whole, says which,
+    and is not exact; the header still shows the real plan."""
+    plan = Plan("dp", 4, items_from_ranges(4, [(1, 2)])).with_options(
+        ["sac-compute", "store", "store", "sac-linear"])
+    for target in ("fsdp", "hf", "torchtitan", "lightning"):
+        e = export_plan(plan, target, chain_path="h")
+        assert not e.exact and not e.closest_plan.uses_options
+        assert "0: sac-compute" in e.message and "3: sac-linear" in e.message
+        assert "S0:sac-compute" in e.text.splitlines()[0]
