@@ -44,6 +44,10 @@ class StageRecord:
     # autocast's cache holds them until the forward ends, whatever the plan; 0 in fp32. A stored
     # (not checkpointed) stage's saved_bytes already contains the copies its matmuls saved.
     cast_bytes: int = 0
+    # A chain layer's forward as recomputed in the backward of a checkpoint (measured: the chain's
+    # forward windows times the factor a step with every layer checkpointed showed; see
+    # ckplan.profiler); None on meta, for pre/post and in older profiles: fwd_ms is used.
+    recompute_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
