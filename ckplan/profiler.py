@@ -395,23 +395,28 @@ def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
     is (its windows), one with every chain layer in a checkpoint (its total), order alternating."""
     times: dict[tuple[str, int], list[float]] = {}
     pairs: list[tuple[float, float]] = []
+    checkpointable = True
     for r in range(repeats):
         plain_first = r % 2 == 0
-        ck = 0.0 if plain_first else _checkpointed_pass(inst, step, params)
+        ck = None if plain_first or not checkpointable else _checkpointed_pass(inst, step, params)
         step.run(inst)
         _zero(params)
         plain = inst.marks[-1].t_ms - inst.marks[0].t_ms
         for key, w in inst.windows().items():
             times.setdefault(key, []).append(w["ms"])
-        if plain_first:
+        if plain_first and checkpointable:
             ck = _checkpointed_pass(inst, step, params)
-        pairs.append((plain, ck))
-    return _Times(times, pairs)
+        if ck is None:
+            checkpointable = False  # a model that cannot run checkpointed: recompute at fwd_ms
+        else:
+            pairs.append((plain, ck))
+    return _Times(times, pairs if checkpointable else [])
 
 
-def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter]) -> float:
+def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter]) -> float | None:
     """Milliseconds of one forward+backward with every chain layer in its own non-reentrant
-    checkpoint (every-k k=1, as the executor runs it): what recomputing every layer really adds."""
+    checkpoint (every-k k=1, as the executor runs it): what recomputing every layer really adds.
+    None when the model fails that way (the profile does not: its times stay the windows')."""
     from torch.utils.checkpoint import checkpoint
 
     saved = []
@@ -430,7 +435,11 @@ def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter
     try:
         t0 = inst.clock.now_ms()
         step.run(inst)
-        ms = inst.clock.now_ms() - t0
+        ms: float | None = inst.clock.now_ms() - t0
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception:
+        ms = None
     finally:
         inst.paused = False
         for layer, own in saved:

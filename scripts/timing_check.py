@@ -38,7 +38,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--plans", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (1 is steadier on shared cores)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     overrides = {k: v for k, v in (("batch_size", a.batch_size), ("seq_len", a.seq_len)) if v is not None}
     spec = api.load(a.spec, **overrides)
     torch.manual_seed(0)
