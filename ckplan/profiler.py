@@ -17,6 +17,14 @@ allocated it (the live-tensor tracker knows who allocated what), parameters and 
 Under autocast, ``cast_bytes`` are the low-precision weight copies a stage's forward makes
 (``aten._to_copy`` of a parameter): autocast caches them until its region ends, checkpoint or not.
 
+Times (cpu/cuda): each window is the median of ``repeats`` timed passes. Chain layers of one type
+whose layers all have FLOPs then share that type's measured total in proportion to their FLOPs,
+so equal layers (transformer blocks) get bit-equal costs and the DP's plan does not follow timing
+noise from one profile to the next. Each timed pass is paired with one where every chain layer
+runs in its own checkpoint; the median of (checkpointed - plain) / chain forward is the
+*recompute factor* (recomputing in backward need not cost what the first forward's window
+measured), and ``recompute_ms`` = factor * ``fwd_ms`` per chain layer.
+
 On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
 (ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
 

@@ -71,23 +71,35 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return clock.now_ms() - t0
 
-    times: dict[str, list[float]] = {"fb": [], "fb_k1": [], "opt": []}
+    # Each plan runs twice in a row per round: the first step comes after the other plan's
+    # (as in the bench, whose strategies alternate), the second after its own (as in training).
+    times: dict[str, list[float]] = {"fb": [], "fb_k1": [], "opt": [], "fb_again": [], "fb_k1_again": []}
     for r in range(a.rounds + 1):  # round 0 warms up
         t_fb = fb()
         t_opt = opt_step()
+        t_fb2 = fb()
+        opt_step()
         apply_plan(model, k1, chain=prof.chain)
         t_k1 = fb()
+        opt_step()
+        t_k12 = fb()
         opt_step()
         remove_plan(model)
         if r:
             times["fb"].append(t_fb)
             times["fb_k1"].append(t_k1)
             times["opt"].append(t_opt)
+            times["fb_again"].append(t_fb2)
+            times["fb_k1_again"].append(t_k12)
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = statistics.median(b - a_ for a_, b in zip(times["fb"], times["fb_k1"]))
     print(f"{prof.model}: {n} layers, batch {prof.batch_size}, profile repeats {a.repeats}, rounds {a.rounds}")
     print(f"  base fwd+bwd  profile {chain.base_step_ms:9.1f} ms   measured {med['fb']:9.1f} ms"
           f"   ratio {med['fb'] / chain.base_step_ms:.3f}")
+    print(f"  fwd+bwd, same plan twice in a row: none {med['fb_again']:9.1f} ms   every-k k=1 "
+          f"{med['fb_k1_again']:9.1f} ms   (after the other plan: {med['fb']:.1f} / {med['fb_k1']:.1f})")
+    again = statistics.median(b - a_ for a_, b in zip(times["fb_again"], times["fb_k1_again"]))
+    print(f"  recompute k=1, plans in a row: measured {again:9.1f} ms   factor {again / sum_windows:.3f}")
     print(f"  optimizer step                       measured {med['opt']:9.1f} ms")
     print(f"  recompute k=1 profile {sum_fwd:9.1f} ms   measured {extra:9.1f} ms"
           f"   measured / predicted {extra / sum_fwd:.3f}")
