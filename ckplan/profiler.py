@@ -461,14 +461,21 @@ def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter
 
 # A measured recompute factor outside these bounds is noise, not a property of the model.
 RECOMPUTE_FACTOR_RANGE = (0.25, 2.0)
+# The pairs must agree: every pair's factor within this fraction of the median, else 1.0.
+RECOMPUTE_FACTOR_SPREAD = 0.25
 
 
 def recompute_factor(pairs: list[tuple[float, float]], chain_fwd_ms: float) -> float:
     """What recomputing the chain costs per millisecond of its measured forward windows: the
-    median over pairs of (checkpointed step - plain step) / chain forward; 1.0 without pairs."""
-    if not pairs or chain_fwd_ms <= 0:
+    median over pairs of (checkpointed step - plain step) / chain forward, clamped to
+    RECOMPUTE_FACTOR_RANGE. 1.0 (recompute = forward window) without two pairs, or when the
+    pairs disagree (shared cores: one noisy difference of two steps must not set every cost)."""
+    if len(pairs) < 2 or chain_fwd_ms <= 0:
         return 1.0
-    f = statistics.median((ck - plain) / chain_fwd_ms for plain, ck in pairs)
+    each = [(ck - plain) / chain_fwd_ms for plain, ck in pairs]
+    f = statistics.median(each)
+    if f <= 0 or any(abs(x - f) > RECOMPUTE_FACTOR_SPREAD * f for x in each):
+        return 1.0
     lo, hi = RECOMPUTE_FACTOR_RANGE
     return min(hi, max(lo, f))
 

@@ -58,12 +58,17 @@ def test_smoothing_keeps_each_types_total_and_equalises_equal_flops():
     assert out[3:] == ms[3:]  # a type alone, or with a FLOP-free layer: as measured
 
 
-def test_recompute_factor_is_the_median_pair_clamped():
-    pairs = [(100.0, 110.0), (100.0, 120.0), (90.0, 200.0)]
-    assert recompute_factor(pairs, 20.0) == pytest.approx(1.0)  # median of 0.5, 1.0, 5.5
+def test_recompute_factor_is_the_median_of_agreeing_pairs_clamped():
+    assert recompute_factor([(100.0, 110.0), (100.0, 112.0), (90.0, 101.0)], 20.0) == pytest.approx(0.55)
+    assert recompute_factor([(100.0, 300.0), (100.0, 302.0)], 20.0) == RECOMPUTE_FACTOR_RANGE[1]
+    assert recompute_factor([(100.0, 102.0), (100.0, 102.2)], 20.0) == RECOMPUTE_FACTOR_RANGE[0]
+
+
+def test_recompute_factor_falls_back_to_the_forward_window():
     assert recompute_factor([], 20.0) == 1.0
-    assert recompute_factor([(100.0, 50.0)], 20.0) == RECOMPUTE_FACTOR_RANGE[0]
-    assert recompute_factor([(100.0, 900.0)], 20.0) == RECOMPUTE_FACTOR_RANGE[1]
+    assert recompute_factor([(100.0, 110.0)], 20.0) == 1.0  # one pair is one noisy difference
+    assert recompute_factor([(100.0, 110.0), (100.0, 120.0), (90.0, 200.0)], 20.0) == 1.0  # disagree
+    assert recompute_factor([(100.0, 90.0), (100.0, 95.0)], 20.0) == 1.0  # checkpointed faster
 
 
 def test_chain_recomputes_at_the_measured_cost_and_keeps_the_base(tiny_gpt_spec, tmp_path):
