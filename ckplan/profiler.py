@@ -24,6 +24,14 @@ forward ends), since the checkpoint's saved-tensor hooks hide the SAC cache from
 recompute time is the clock around the recompute (on meta: the recomputed FLOPs at the assumed rate,
 so ops without FLOPs, pointwise ones, are free there). See ``_option_pass``.
 
+Times (cpu/cuda): each window is the median of ``repeats`` timed passes. Chain layers of one type
+whose layers all have FLOPs then share that type's measured total in proportion to their FLOPs,
+so equal layers (transformer blocks) get bit-equal costs and the DP's plan does not follow timing
+noise from one profile to the next. Each timed pass is paired with one where every chain layer
+runs in its own checkpoint; the median of (checkpointed - plain) / chain forward is the
+*recompute factor* (recomputing in backward need not cost what the first forward's window
+measured), and ``recompute_ms`` = factor * ``fwd_ms`` per chain layer.
+
 On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
 (ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
 
@@ -107,12 +115,15 @@ class _Instrument:
     saved: dict[int, weakref.ref] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)  # storages of parameters and buffers
     _current: tuple[str, int] = ("F", -1)
+    paused: bool = False  # marks off: a pass timed as a whole (every layer checkpointed)
 
     @property
     def n(self) -> int:
         return len(self.layers)
 
     def mark(self, phase: str, stage: int) -> None:
+        if self.paused:
+            return
         live, peak = self.meter.read_and_reset() if self.meter else (0, 0)
         f = self.flops.get_total_flops() if self.flops is not None else 0
         self.marks.append(_Mark(phase, stage, self.clock.now_ms(), live, peak, f))
@@ -264,7 +275,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             step.run(inst)
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
-        times = {} if meta else _timing_passes(inst, step, params, repeats)
+        times = _Times({}, []) if meta else _timing_passes(inst, step, params, repeats)
         option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
                          for name in options]
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
@@ -454,20 +465,117 @@ def _flop_counter() -> FlopCounterMode:
     return counter
 
 
+@dataclass(frozen=True)
+class _Times:
+    """The timed passes: window -> milliseconds per pass, and per pair of passes the step time
+    without checkpoints and with every chain layer checkpointed (same load: run back to back)."""
+
+    windows: dict[tuple[str, int], list[float]]
+    pairs: list[tuple[float, float]]
+
+
 def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
-                   repeats: int) -> dict[tuple[str, int], list[float]]:
-    """``repeats`` passes with hooks only (no tracker, no FLOP counter): window -> milliseconds."""
+                   repeats: int) -> _Times:
+    """``repeats`` pairs of passes with hooks only (no tracker, no FLOP counter): one as the model
+    is (its windows), one with every chain layer in a checkpoint (its total), order alternating."""
     times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(repeats):
+    pairs: list[tuple[float, float]] = []
+    checkpointable = True
+    for r in range(repeats):
+        plain_first = r % 2 == 0
+        ck = None if plain_first or not checkpointable else _checkpointed_pass(inst, step, params)
         step.run(inst)
         _zero(params)
+        plain = inst.marks[-1].t_ms - inst.marks[0].t_ms
         for key, w in inst.windows().items():
             times.setdefault(key, []).append(w["ms"])
-    return times
+        if plain_first and checkpointable:
+            ck = _checkpointed_pass(inst, step, params)
+        if ck is None:
+            checkpointable = False  # a model that cannot run checkpointed: recompute at fwd_ms
+        else:
+            pairs.append((plain, ck))
+    return _Times(times, pairs if checkpointable else [])
+
+
+def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter]) -> float | None:
+    """Milliseconds of one forward+backward with every chain layer in its own non-reentrant
+    checkpoint (every-k k=1, as the executor runs it): what recomputing every layer really adds.
+    None when the model fails that way (the profile does not: its times stay the windows')."""
+    from torch.utils.checkpoint import checkpoint
+
+    saved = []
+    for layer in inst.layers:
+        own = layer.__dict__.get("forward")
+        orig = layer.forward
+
+        def fwd(*args, _orig=orig, **kwargs):
+            if not torch.is_grad_enabled():
+                return _orig(*args, **kwargs)
+            return checkpoint(_orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+        saved.append((layer, own))
+        layer.forward = fwd
+    inst.paused = True
+    try:
+        t0 = inst.clock.now_ms()
+        step.run(inst)
+        ms: float | None = inst.clock.now_ms() - t0
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception:
+        ms = None
+    finally:
+        inst.paused = False
+        for layer, own in saved:
+            if own is None:
+                del layer.forward
+            else:
+                layer.forward = own
+        _zero(params)
+    return ms
+
+
+# A measured recompute factor outside these bounds is noise, not a property of the model.
+RECOMPUTE_FACTOR_RANGE = (0.25, 2.0)
+# The pairs must agree: every pair's factor within this fraction of the median, else 1.0.
+RECOMPUTE_FACTOR_SPREAD = 0.25
+
+
+def recompute_factor(pairs: list[tuple[float, float]], chain_fwd_ms: float) -> float:
+    """What recomputing the chain costs per millisecond of its measured forward windows: the
+    median over pairs of (checkpointed step - plain step) / chain forward, clamped to
+    RECOMPUTE_FACTOR_RANGE. 1.0 (recompute = forward window) without two pairs, or when the
+    pairs disagree (shared cores: one noisy difference of two steps must not set every cost)."""
+    if len(pairs) < 2 or chain_fwd_ms <= 0:
+        return 1.0
+    each = [(ck - plain) / chain_fwd_ms for plain, ck in pairs]
+    f = statistics.median(each)
+    if f <= 0 or any(abs(x - f) > RECOMPUTE_FACTOR_SPREAD * f for x in each):
+        return 1.0
+    lo, hi = RECOMPUTE_FACTOR_RANGE
+    return min(hi, max(lo, f))
+
+
+def smoothed_chain_ms(kinds: list[str], flops: list[int], medians: list[float]) -> list[float]:
+    """Chain-layer times with the timing noise between layers taken out: within each layer type
+    whose layers all have FLOPs, the type's measured total shared in proportion to FLOPs (equal
+    layers get bit-equal costs, so the DP's choice among them does not follow noise); layers of
+    a type with a FLOP-free layer keep their own median. Per type, the total is unchanged."""
+    out = list(medians)
+    for kind in dict.fromkeys(kinds):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        total_flops = sum(flops[i] for i in idx)
+        if any(flops[i] <= 0 for i in idx) or total_flops <= 0:
+            continue
+        total_ms = sum(medians[i] for i in idx)
+        for i in idx:
+            out[i] = total_ms * flops[i] / total_flops
+    return out
 
 
 def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parameter],
-                measured: _MeasuredPass, times: dict[tuple[str, int], list[float]],
+                measured: _MeasuredPass, times: _Times,
                 meta: bool) -> tuple[StageRecord, ...]:
     """pre, one row per chain layer, post: sizes from the measured pass, times from the timed ones."""
     n = len(layers)
@@ -487,16 +595,33 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
         if id(p) in grad_window:
             grad_bytes[grad_window[id(p)]] += p.numel() * p.element_size()
 
+    fwd_med: dict[int, float] = {}
+    bwd_med: dict[int, float] = {}
+    for s in range(-1, n + 1):
+        fw, bw = measured.windows[("F", s)], measured.windows.get(("B", s))
+        if meta:
+            fwd_med[s] = fw["flops"] / ASSUMED_FLOPS_PER_S * 1e3
+            bwd_med[s] = (bw["flops"] if bw else 0) / ASSUMED_FLOPS_PER_S * 1e3
+        else:
+            fwd_med[s] = statistics.median(times.windows[("F", s)])
+            bwd_med[s] = statistics.median(times.windows[("B", s)]) if ("B", s) in times.windows else 0.0
+    recompute: dict[int, float | None] = {s: None for s in range(n)}
+    if not meta:
+        kinds = [type(layer).__name__ for layer in layers]
+        chain = range(n)
+        for med, phase in ((fwd_med, "F"), (bwd_med, "B")):
+            smooth = smoothed_chain_ms(kinds, [measured.windows[(phase, s)]["flops"]
+                                               if (phase, s) in measured.windows else 0 for s in chain],
+                                       [med[s] for s in chain])
+            med.update(zip(chain, smooth))
+        factor = recompute_factor(times.pairs, sum(fwd_med[s] for s in chain))
+        recompute = {s: fwd_med[s] * factor for s in chain}
+
     rows = []
     for s in range(-1, n + 1):
         fw, bw = measured.windows[("F", s)], measured.windows.get(("B", s))
         fwd_flops, bwd_flops = fw["flops"], (bw["flops"] if bw else 0)
-        if meta:
-            fwd_ms = fwd_flops / ASSUMED_FLOPS_PER_S * 1e3
-            bwd_ms = bwd_flops / ASSUMED_FLOPS_PER_S * 1e3
-        else:
-            fwd_ms = statistics.median(times[("F", s)])
-            bwd_ms = statistics.median(times[("B", s)]) if ("B", s) in times else 0.0
+        fwd_ms, bwd_ms = fwd_med[s], bwd_med[s]
         role = PRE if s == -1 else POST if s == n else CHAIN
         rows.append(StageRecord(
             index=s,
@@ -515,6 +640,7 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             fwd_peak_bytes=fw["peak"],
             bwd_peak_bytes=bw["peak"] if bw else 0,
             cast_bytes=measured.cast_bytes.get(s, 0),
+            recompute_ms=recompute.get(s),
         ))
     return tuple(rows)
 

@@ -74,6 +74,10 @@ class StageRecord:
 
     def option(self, name: str) -> OptionRecord | None:
         return next((o for o in self.options if o.name == name), None)
+    # A chain layer's forward as recomputed in the backward of a checkpoint (measured: the chain's
+    # forward windows times the factor a step with every layer checkpointed showed; see
+    # ckplan.profiler); None on meta, for pre/post and in older profiles: fwd_ms is used.
+    recompute_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

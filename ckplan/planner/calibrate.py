@@ -9,6 +9,9 @@ Selective options (``StageRecord.options``, measured with every chain layer unde
 ``Layer.options``, their transients calibrated the same way on the plan that stores every layer
 with that option; an option that another way to run the layer beats on both kept bytes and
 recompute time (``store``, ``full`` or another option) is dropped.
+
+Times: a chain layer's ``fwd_ms`` in the Chain is its measured recompute cost (the profile's
+``recompute_ms``) when there is one, the rest of its forward window going to ``bwd_ms``.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         return 0 if accum else r.grad_bytes
 
     pre_r, post_r = profile.pre, profile.post
-    layers = tuple(Layer(r.name, r.fwd_ms, r.bwd_ms, r.output_bytes,
+    layers = tuple(Layer(r.name, *_layer_ms(r), r.output_bytes,
                          max(r.saved_bytes, r.output_bytes), 0, 0, grad(r), r.fwd_flops, r.bwd_flops,
                          r.cast_bytes)
                    for r in rows)
@@ -61,6 +64,16 @@ def chain_from_profile(profile: Profile) -> Chain:
         grads_in_persistent=accum,
     )
     return with_options(calibrate(chain, profile), profile)
+
+
+def _layer_ms(r: StageRecord) -> tuple[float, float]:
+    """(fwd_ms, bwd_ms) of a chain layer for the planner: fwd_ms is what the simulator adds when
+    the layer is recomputed, so it is the measured recompute cost when the profile has one; the
+    rest of the forward window moves to bwd_ms, so one step without checkpointing (the sum of
+    both over all stages) still costs what was measured."""
+    if r.recompute_ms is None:
+        return r.fwd_ms, r.bwd_ms
+    return r.recompute_ms, max(0.0, r.bwd_ms + r.fwd_ms - r.recompute_ms)
 
 
 def calibrate(chain: Chain, profile: Profile) -> Chain:

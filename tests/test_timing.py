@@ -1,0 +1,84 @@
+"""Times the planner can believe: reproducible plans, smoothed layer costs, measured recompute."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ckplan import api
+from ckplan.planner import chain_from_profile, plan_chain, simulate
+from ckplan.profiler import RECOMPUTE_FACTOR_RANGE, recompute_factor, smoothed_chain_ms
+from ckplan.records import Profile
+
+
+def _budgets(chain, n: int = 6) -> list[int]:
+    none = simulate(chain, plan_chain(chain, "none", None, 1).plan).peak_bytes
+    lo = simulate(chain, plan_chain(chain, "every-k", None, 1).plan).peak_bytes
+    lo = min(lo, none)
+    return [int(lo + (none - lo) * (i + 0.5) / n) for i in range(n)]
+
+
+@pytest.mark.slow
+def test_same_spec_twice_gives_the_same_dp_plans(tiny_gpt_spec, tmp_path):
+    # Oracle: profiling is a measurement, the plan a function of it; the same spec on the same
+    # device must give the same plan at every budget, whatever the timing noise between runs.
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=8))
+    chains = [chain_from_profile(api.profile(spec, device="cpu", repeats=3)) for _ in range(2)]
+    budgets = _budgets(chains[0])
+    plans = [[plan_chain(c, "dp", b, 1).plan.describe() for b in budgets] for c in chains]
+    assert plans[0] == plans[1]
+
+
+def test_identical_layers_get_identical_costs(tiny_gpt_spec, tmp_path):
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path, n_layer=4)), device="cpu", repeats=1, warmup=0)
+    rows = prof.chain_layers
+    assert len({r.fwd_ms for r in rows}) == 1
+    assert len({r.bwd_ms for r in rows}) == 1
+    assert len({r.recompute_ms for r in rows}) == 1
+    assert all(r.recompute_ms is not None and r.recompute_ms > 0 for r in rows)
+    assert prof.pre.recompute_ms is None and prof.post.recompute_ms is None
+    assert Profile.from_dict(prof.to_dict()) == prof
+
+
+def test_meta_profile_has_no_recompute_times(tiny_gpt_spec, tmp_path):
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path)), device="meta")
+    assert all(r.recompute_ms is None for r in prof.layers)
+    chain = chain_from_profile(prof)
+    assert [ly.fwd_ms for ly in chain.layers] == [r.fwd_ms for r in prof.chain_layers]
+
+
+def test_smoothing_keeps_each_types_total_and_equalises_equal_flops():
+    kinds = ["Block", "Block", "Block", "Norm", "Pool", "Pool"]
+    flops = [100, 100, 200, 10, 0, 50]
+    ms = [1.0, 1.4, 2.2, 0.3, 0.2, 0.7]
+    out = smoothed_chain_ms(kinds, flops, ms)
+    assert out[0] == out[1]
+    assert out[2] == pytest.approx(2 * out[0])
+    assert sum(out[:3]) == pytest.approx(sum(ms[:3]))
+    assert out[3:] == ms[3:]  # a type alone, or with a FLOP-free layer: as measured
+
+
+def test_recompute_factor_is_the_median_of_agreeing_pairs_clamped():
+    assert recompute_factor([(100.0, 110.0), (100.0, 112.0), (90.0, 101.0)], 20.0) == pytest.approx(0.55)
+    assert recompute_factor([(100.0, 300.0), (100.0, 302.0)], 20.0) == RECOMPUTE_FACTOR_RANGE[1]
+    assert recompute_factor([(100.0, 102.0), (100.0, 102.2)], 20.0) == RECOMPUTE_FACTOR_RANGE[0]
+
+
+def test_recompute_factor_falls_back_to_the_forward_window():
+    assert recompute_factor([], 20.0) == 1.0
+    assert recompute_factor([(100.0, 110.0)], 20.0) == 1.0  # one pair is one noisy difference
+    assert recompute_factor([(100.0, 110.0), (100.0, 120.0), (90.0, 200.0)], 20.0) == 1.0  # disagree
+    assert recompute_factor([(100.0, 90.0), (100.0, 95.0)], 20.0) == 1.0  # checkpointed faster
+
+
+def test_chain_recomputes_at_the_measured_cost_and_keeps_the_base(tiny_gpt_spec, tmp_path):
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path)), device="cpu", repeats=1, warmup=0)
+    rows = [dataclasses.replace(r, recompute_ms=r.fwd_ms * 0.5) if r.recompute_ms is not None else r
+            for r in prof.layers]
+    prof = dataclasses.replace(prof, layers=tuple(rows))
+    chain = chain_from_profile(prof)
+    measured_base = sum(r.fwd_ms + r.bwd_ms for r in prof.layers)
+    assert chain.base_step_ms == pytest.approx(measured_base)
+    k1 = simulate(chain, plan_chain(chain, "every-k", None, 1).plan)
+    assert k1.recompute_ms == pytest.approx(sum(r.recompute_ms for r in prof.chain_layers))
+    assert k1.overhead == pytest.approx(k1.recompute_ms / measured_base)
