@@ -458,6 +458,28 @@ class _GlobalOnly:
         return None
 
 
+def _register_cpu_flash_flops() -> None:
+    """torch counts no FLOPs for the CPU flash-attention kernels (torch 2.13 registers the CUDA
+    ones only), so attention was free in CPU and meta profiles; count them as SDPA's formula does."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is None or bwd is None or fwd in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
+        return
+
+    @fc.register_flop_formula(fwd, get_raw=True)
+    def _fwd(query, key, value, *args, out_val=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    @fc.register_flop_formula(bwd, get_raw=True)
+    def _bwd(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+        return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+_register_cpu_flash_flops()
+
+
 def _flop_counter() -> FlopCounterMode:
     counter = FlopCounterMode(display=False)
     if hasattr(counter, "mod_tracker"):
