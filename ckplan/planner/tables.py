@@ -27,6 +27,7 @@ Legend (the names follow rotor's paper and stay short because the array code is 
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -578,9 +579,32 @@ class ParetoTable:
         # plan that fits), dearer breakpoints and checkpoints are never part of an optimal plan.
         ub = np.inf if max_cost is None else float(max_cost) * (1 + 1e-9) + 1e-9
         self.max_cost = ub
-        cap = reach_caps(u, pc, R, self.top, ub)
+        self._flat: tuple | None = None
+        self._F: dict[tuple[int, int], Frontier] | None = None
+        kernel, caps = jitted("_pareto_kernel"), jitted("_caps_kernel")
+        if kernel is None or caps is None:
+            self._build_numpy(R, ub, max_points)
+            return
+        i64 = np.int64
+        args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
+                np.ascontiguousarray(u.opt_ms, dtype=np.float64), np.ascontiguousarray(pc.fnone, dtype=i64),
+                np.ascontiguousarray(xo, dtype=i64), np.ascontiguousarray(pc.inner_extra, dtype=i64),
+                np.ascontiguousarray(P, dtype=np.float64))
+        Ri = np.ascontiguousarray(R, dtype=i64)
+        cap, kcap = caps(U, Ri, self.top, ub, *args)
+        off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
+                                                  -1 if max_points is None else int(max_points))
+        self._flat = (off, ln, mem, cost, ch)
+        self.ok, self.n_points = bool(ok), int(most)
+
+    def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None) -> None:
+        """The frontiers with numpy (without numba): every option's breakpoints at once."""
+        u, pc = self.u, self.pc
+        U = u.size
+        P = pc.fwd_prefix_ms
+        xo = u.x_out
+        cap, kcap = reach(u, pc, R, self.top, ub)
         ohold, oms = u.opt_hold, u.opt_ms
-        opts = [[o for o in range(u.n_options) if o == 0 or oms[s, o] <= ub] for s in range(U)]
         self.ok = True
         self.n_points = 0
         F: dict[tuple[int, int], Frontier] = {}
@@ -588,11 +612,11 @@ class ParetoTable:
         i64 = np.int64
         for e in range(1, U + 1):
             for s in range(e - 1, -1, -1):
-                c_se = int(cap[s, e])
-                if c_se < R[s, e]:
-                    continue  # no plan within top_bytes reaches [s, e)
+                c_se, k_se = int(cap[s, e]), float(kcap[s, e])
+                if c_se < R[s, e] or k_se < 0:
+                    continue  # no plan within top_bytes (and ub ms) reaches [s, e)
                 mems, costs, chs = [], [], []
-                for o in opts[s]:  # Store(s) with each of its options (o = 0: store)
+                for o in [o for o in range(u.n_options) if o == 0 or oms[s, o] <= k_se]:  # Store(s) with each of its options (o = 0: store)
                     sr, ho, ms = int(pc.opt_store_req[o, s, e]), int(ohold[s, o]), float(oms[s, o])
                     if s + 1 == e:
                         mems.append(np.array([sr], dtype=i64))
@@ -607,41 +631,62 @@ class ParetoTable:
                     js = np.arange(s + 1, e)
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                                       pc.inner_extra[js, e] + R[s, js])
-                    js = js[(need <= c_se) & (P[js] - P[s] <= ub)]
+                    js = js[(need <= c_se) & (P[js] - P[s] <= k_se)]
                     if len(js):
                         seg = _splits(s, e, js, shifted, F, pc, P, c_se)
                         mems.append(seg[0])
                         costs.append(seg[1])
                         chs.append(seg[2])
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
-                              c_se, ub)
+                              c_se, k_se) if mems else _EMPTY
                 F[(s, e)] = f
                 k = len(f[0])
                 self.n_points = max(self.n_points, k)
                 if max_points is not None and k > max_points:
                     self.ok = False
-                    self.F = F
+                    self._F = F
                     return
                 if s >= 1:
                     shifted[(s, e)] = (f[0] + int(xo[s - 1]), f[1], np.full(k, s, dtype=i64))
-        self.F = F
+        self._F = F
+
+    @property
+    def F(self) -> dict[tuple[int, int], Frontier]:
+        """Every frontier built, keyed ``(s, e)``."""
+        if self._F is None:
+            assert self._flat is not None
+            off, ln, mem, cost, ch = self._flat
+            ss, es = np.nonzero(off >= 0)
+            self._F = {(int(a), int(b)): self._get(int(a), int(b)) for a, b in zip(ss, es)}
+        return self._F
+
+    def _get(self, s: int, e: int) -> Frontier:
+        if self._flat is None:
+            assert self._F is not None
+            return self._F.get((s, e), _EMPTY)
+        off, ln, mem, cost, ch = self._flat
+        b = int(off[s, e])
+        if b < 0:
+            return _EMPTY
+        k = b + int(ln[s, e])
+        return mem[b:k], cost[b:k], ch[b:k]
 
 
     def cost(self, avail: int) -> float:
         """Least recompute of the whole chain with ``avail`` bytes (inf when infeasible)."""
         if avail > self.top:
             raise ValueError(f"the table answers up to {self.top} bytes, not {avail}")
-        m, c, _ = self.F.get((0, self.u.size), _EMPTY)
+        m, c, _ = self._get(0, self.u.size)
         k = int(np.searchsorted(m, avail, side="right")) - 1
         return float(c[k]) if k >= 0 else float("inf")
 
     def frontier(self) -> tuple[np.ndarray, np.ndarray]:
         """The whole chain's breakpoints: (bytes above the start, least recompute)."""
-        m, c, _ = self.F.get((0, self.u.size), _EMPTY)
+        m, c, _ = self._get(0, self.u.size)
         return m, c
 
     def _choose(self, s: int, e: int, mb: int) -> Step:
-        m, _, ch = self.F.get((s, e), _EMPTY)
+        m, _, ch = self._get(s, e)
         k = int(np.searchsorted(m, mb, side="right")) - 1
         if k < 0:
             raise RuntimeError(f"Pareto DP reconstruction: no plan of [{s}, {e}) fits {mb} bytes")
@@ -705,7 +750,8 @@ def _envelope(mem: np.ndarray, cost: np.ndarray, choice: np.ndarray, cap: int,
     mem, cost, choice = mem[low], cost[low], choice[low]
     if not len(mem):
         return mem, cost, choice
-    order = np.argsort(mem, kind="stable")
+    # equal bytes: the earlier option first (store options by column, then checkpoints by j)
+    order = np.lexsort((np.where(choice < 0, -choice - 2**40, choice), mem))
     mem, cost, choice = mem[order], cost[order], choice[order]
     run = np.minimum.accumulate(cost)
     keep = np.empty(len(cost), dtype=bool)
@@ -720,32 +766,240 @@ def _envelope(mem: np.ndarray, cost: np.ndarray, choice: np.ndarray, cap: int,
 
 def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
                ub: float = np.inf) -> np.ndarray:
-    """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes can give the
-    sub-chain [s, e) (below ``R[s, e]`` when none can). Top-down by decreasing length: a
-    sub-chain passes its cap minus what an option keeps to that option's sub-chains, for each
-    option (``Store(s)`` with each selective option included) whose least need fits its cap
-    (checkpoints and options recomputing more than ``ub`` ms never do)."""
+    """``cap`` of :func:`reach`."""
+    return reach(u, pc, R, top, ub)[0]
+
+
+def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
+          ub: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+    """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes (and at most
+    ``ub`` ms of recompute) can give the sub-chain [s, e) (below ``R[s, e]`` when none can), and
+    ``kcap[s, e]``: the most recompute such a plan can spend inside [s, e) (negative when none
+    reaches it). Top-down by decreasing length: a sub-chain passes its cap minus what an option
+    keeps, and its recompute cap minus what the option recomputes outside the sub-chain (a
+    checkpoint's forward, an option's own recompute; the sibling's is at least 0), to that
+    option's sub-chains, for each option (``Store(s)`` with each selective option included)
+    whose least need fits its cap and whose own recompute its recompute cap."""
     U = u.size
     xo = u.x_out
     n_opt = u.n_options
+    P = pc.fwd_prefix_ms
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
-    cap[0, U] = top
+    kcap = np.full((U + 1, U + 1), -np.inf)
+    cap[0, U], kcap[0, U] = top, ub
     for n in range(U, 1, -1):
         for s in range(0, U - n + 1):
             e = s + n
-            c = cap[s, e]
-            if c < R[s, e]:
+            c, k = cap[s, e], kcap[s, e]
+            if c < R[s, e] or k < 0:
                 continue
             for o in range(n_opt):
-                h = u.opt_hold[s, o]
-                if (o == 0 or u.opt_ms[s, o] <= ub) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
+                h, ms = u.opt_hold[s, o], u.opt_ms[s, o]
+                if (o == 0 or ms <= k) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
+                    kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
             js = np.arange(s + 1, e)
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)
-            ok &= pc.fwd_prefix_ms[js] - pc.fwd_prefix_ms[s] <= ub
+            ok &= P[js] - P[s] <= k
             js = js[ok]
             if len(js):
                 cap[js, e] = np.maximum(cap[js, e], c - xo[js - 1])
                 cap[s, js] = np.maximum(cap[s, js], c - pc.inner_extra[js, e])
-    return cap
+                kd = k - (P[js] - P[s])
+                kcap[js, e] = np.maximum(kcap[js, e], kd)
+                kcap[s, js] = np.maximum(kcap[s, js], kd)
+    return cap, kcap
+
+
+# ---- Compiled frontiers (numba, optional) ---------------------------------------------------
+# The same recursion as ``ParetoTable``'s numpy path, in loops compiled by numba when it is
+# installed (``pip install ckplan[fast]``): every frontier is built by merging, one option after
+# another, each option's sorted breakpoints into the running lower envelope (two pointers, linear),
+# instead of sorting the union of all of them. Ties are broken the same way (of points with equal
+# bytes and equal recompute, the earlier option: store options by column, then checkpoints by
+# ``j``), so both paths give identical tables; tests compare them. ``CKPLAN_NUMBA=0`` (or
+# ``tables.USE_NUMBA = False``) forces the numpy path.
+
+USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
+_JIT: dict[str, Any] = {}
+
+
+def _grow(a: np.ndarray, need: int) -> np.ndarray:
+    if need <= len(a):
+        return a
+    out = np.empty(max(need, 2 * len(a)), dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+def _merge_into(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int,
+                cm: np.ndarray, cc: np.ndarray, cch: np.ndarray, nc: int,
+                om: np.ndarray, oc: np.ndarray, och: np.ndarray, cap: int, ub: float) -> int:
+    """Lower envelope of the envelope ``E`` (first ``ne`` points) and the candidate points
+    (sorted by bytes, first ``nc``), into ``o*``; candidates above ``cap`` bytes or ``ub`` ms
+    are dropped; of equal bytes, ``E``'s point first (the earlier option wins ties)."""
+    i = 0
+    k = 0
+    n = 0
+    run = np.inf
+    while i < ne or k < nc:
+        if k >= nc or (i < ne and em[i] <= cm[k]):
+            m, c, h = em[i], ec[i], ech[i]
+            i += 1
+        else:
+            m, c, h = cm[k], cc[k], cch[k]
+            k += 1
+            if m > cap or c > ub:
+                continue
+        if c < run:
+            if n > 0 and om[n - 1] == m:
+                n -= 1
+            om[n], oc[n], och[n] = m, c, h
+            n += 1
+            run = c
+    return n
+
+
+def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
+                   ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
+                   inner: np.ndarray, P: np.ndarray, max_points: int) -> tuple:
+    """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
+    ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
+    offset -1 where skipped."""
+    n_opt = osr.shape[0]
+    off = np.full((U + 1, U + 1), -1, dtype=np.int64)
+    ln = np.zeros((U + 1, U + 1), dtype=np.int64)
+    mem = np.empty(1 << 12, dtype=np.int64)
+    cost = np.empty(1 << 12, dtype=np.float64)
+    ch = np.empty(1 << 12, dtype=np.int64)
+    used = 0
+    em = np.empty(64, dtype=np.int64)
+    ec = np.empty(64, dtype=np.float64)
+    ech = np.empty(64, dtype=np.int64)
+    tm, tc, tch = em.copy(), ec.copy(), ech.copy()
+    cm, cc, cch = em.copy(), ec.copy(), ech.copy()
+    most = 0
+    for e in range(1, U + 1):
+        for s in range(e - 1, -1, -1):
+            c_se, k_se = cap[s, e], kcap[s, e]
+            if c_se < R[s, e] or k_se < 0:
+                continue
+            ne = 0
+            for o in range(n_opt):
+                if o > 0 and not oms[s, o] <= k_se:
+                    continue
+                sr, ho, ms = osr[o, s, e], ohold[s, o], oms[s, o]
+                if s + 1 == e:
+                    nc = 1
+                    cm[0], cc[0], cch[0] = sr, ms, -1 - o
+                elif max(sr, ho + R[s + 1, e]) <= c_se and off[s + 1, e] >= 0:
+                    b, nc = off[s + 1, e], ln[s + 1, e]
+                    if nc > len(cm):
+                        cm, cc, cch = _grow(cm, nc), _grow(cc, nc), _grow(cch, nc)
+                    for k in range(nc):
+                        cm[k] = max(mem[b + k] + ho, sr)
+                        cc[k] = cost[b + k] + ms if o else cost[b + k]
+                        cch[k] = -1 - o
+                else:
+                    continue
+                if ne + nc > len(tm):
+                    tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
+                n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
+                em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            for j in range(s + 1, e):
+                fn = fnone[s, j]
+                xa, xb = xo[j - 1], inner[j, e]
+                need = max(fn, xa + R[j, e], xb + R[s, j])
+                dp = P[j] - P[s]
+                if need > c_se or not dp <= k_se or off[j, e] < 0 or off[s, j] < 0:
+                    continue
+                ba, la, bb, lb = off[j, e], ln[j, e], off[s, j], ln[s, j]
+                while la > 0 and mem[ba + la - 1] + xa > c_se:
+                    la -= 1
+                while lb > 0 and mem[bb + lb - 1] + xb > c_se:
+                    lb -= 1
+                if la == 0 or lb == 0:
+                    continue
+                if la + lb > len(cm):
+                    cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
+                nc = 0
+                pa, pb, ia, ib = 0, 0, -1, -1
+                while pa < la or pb < lb:
+                    ta = mem[ba + pa] + xa if pa < la else BIG
+                    tb = mem[bb + pb] + xb if pb < lb else BIG
+                    t = min(ta, tb)
+                    if ta == t:
+                        ia = pa
+                        pa += 1
+                    if tb == t:
+                        ib = pb
+                        pb += 1
+                    if ia >= 0 and ib >= 0:
+                        cm[nc] = max(t, fn)
+                        cc[nc] = (cost[ba + ia] + cost[bb + ib]) + dp
+                        cch[nc] = j
+                        nc += 1
+                if ne + nc > len(tm):
+                    tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
+                n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
+                em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            if used + ne > len(mem):
+                mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
+            mem[used:used + ne] = em[:ne]
+            cost[used:used + ne] = ec[:ne]
+            ch[used:used + ne] = ech[:ne]
+            off[s, e], ln[s, e] = used, ne
+            used += ne
+            most = max(most, ne)
+            if max_points >= 0 and ne > max_points:
+                return off, ln, mem[:used], cost[:used], ch[:used], False, most
+    return off, ln, mem[:used], cost[:used], ch[:used], True, most
+
+
+def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
+                 oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray, inner: np.ndarray,
+                 P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`reach`, compiled."""
+    n_opt = osr.shape[0]
+    cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
+    kcap = np.full((U + 1, U + 1), -np.inf)
+    cap[0, U], kcap[0, U] = top, ub
+    for n in range(U, 1, -1):
+        for s in range(0, U - n + 1):
+            e = s + n
+            c, k = cap[s, e], kcap[s, e]
+            if c < R[s, e] or k < 0:
+                continue
+            for o in range(n_opt):
+                h, ms = ohold[s, o], oms[s, o]
+                if (o == 0 or ms <= k) and max(osr[o, s, e], h + R[s + 1, e]) <= c:
+                    cap[s + 1, e] = max(cap[s + 1, e], c - h)
+                    kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
+            for j in range(s + 1, e):
+                dp = P[j] - P[s]
+                if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + R[s, j]) <= c and dp <= k:
+                    cap[j, e] = max(cap[j, e], c - xo[j - 1])
+                    cap[s, j] = max(cap[s, j], c - inner[j, e])
+                    kcap[j, e] = max(kcap[j, e], k - dp)
+                    kcap[s, j] = max(kcap[s, j], k - dp)
+    return cap, kcap
+
+
+def jitted(name: str) -> Any:
+    """The compiled kernel ``name`` (``_pareto_kernel``, ``_caps_kernel``), or None without numba
+    (or with ``USE_NUMBA`` off). Compiled once per process, cached on disk by numba."""
+    if not USE_NUMBA:
+        return None
+    if name not in _JIT:
+        try:
+            import numba
+        except ImportError:
+            _JIT[name] = None
+            return None
+        g = globals()
+        for helper in ("_grow", "_merge_into"):  # called from the kernels: compiled first
+            if helper not in _JIT:
+                _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
+        _JIT[name] = numba.njit(cache=True)(g[name])
+    return _JIT[name]
