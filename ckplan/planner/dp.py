@@ -119,7 +119,7 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
-UB_SLOT_MIN_LAYERS, UB_SLOTS = 40, 500  # exact DP: coarse slot tables bound the optimum first
+UB_GROUP_MIN_LAYERS, UB_GROUP_LAYERS = 40, 3  # exact DP: the exact DP on groups bounds the optimum first
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
 NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
@@ -354,13 +354,11 @@ class DPSolver:
         ub = None
         if lowest >= min_peak(self.chain):
             ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
-            if self.chain.n_layers >= UB_SLOT_MIN_LAYERS and lowest < self.none_peak:
-                # a near-optimal plan from coarse slot tables: a much tighter bound, which
+            if self.chain.n_layers >= UB_GROUP_MIN_LAYERS and lowest < self.none_peak:
+                # a near-optimal plan from the exact DP on groups of layers cut at that plan's
+                # boundaries (so it is reachable) and at cheap ones: a much tighter bound, which
                 # prunes most of the frontiers away above the smallest peak
-                coarse = DPSolver(self.chain, max_slots=UB_SLOTS, pareto=False, top_bytes=lowest)
-                plan = coarse.solve(lowest)
-                if plan is not None:
-                    ub = min(ub, simulate(self.chain, plan).recompute_ms)
+                ub = min(ub, _group_bound(self.chain, lowest, ub))
         return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
                            PARETO_MAX_POINTS, ub)
 
@@ -421,6 +419,27 @@ class DPSolver:
                 return plan
             m -= 1
         return None
+
+
+def _group_bound(chain: Chain, budget_bytes: int, ub: float) -> float:
+    """The recompute of the exact plan on groups of about ``UB_GROUP_LAYERS`` layers cut at
+    the smallest-peak plan's boundaries (with options, the units that are single layers keep
+    them), or ``ub`` when it finds none cheaper (a bound: every plan on groups is a plan)."""
+    n = chain.n_layers
+    start = min_peak_plan(chain, budget_bytes)
+    ends = {e for r in start.recomputed_ranges() for e in (r.start, r.stop)}
+    cuts = sorted((set(cheap_cuts(chain, max(1, n // UB_GROUP_LAYERS))) | ends) - {n})
+    if len(cuts) >= n:
+        return ub
+    u = make_units(chain, cuts)
+    pc = PairCosts(u)
+    avail = budget_bytes - base_bytes(chain)
+    pt = ParetoTable(u, pc, PeakTable(u, pc).R, avail, PARETO_MAX_POINTS, ub)
+    if not pt.ok or pt.cost(avail) == INF:
+        return ub
+    plan = plan_from(chain, u, *pt.parts(avail), {"budget_bytes": budget_bytes})
+    sc = simulate(chain, plan)
+    return min(ub, sc.recompute_ms) if sc.peak_bytes <= budget_bytes else ub
 
 
 def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:

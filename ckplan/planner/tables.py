@@ -861,6 +861,19 @@ def _merge_into(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int,
     return n
 
 
+def _first_at_most(cost: np.ndarray, b: int, n: int, add: float, dp: float, lim: float) -> int:
+    """The first ``i < n`` with ``(cost[b + i] + add) + dp <= lim`` (``cost`` non-increasing
+    from ``b``), ``n`` when none."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (cost[b + mid] + add) + dp <= lim:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, max_points: int) -> tuple:
@@ -921,10 +934,24 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     lb -= 1
                 if la == 0 or lb == 0:
                     continue
+                # Skip what cannot come under k_se (the other side at its cheapest), and the
+                # whole checkpoint when its cheapest point is no cheaper than the envelope
+                # where its first point lies: neither changes the envelope.
+                amin, bmin = cost[ba + la - 1], cost[bb + lb - 1]
+                pa = _first_at_most(cost, ba, la, bmin, dp, k_se)
+                pb = _first_at_most(cost, bb, lb, amin, dp, k_se)
+                if pa == la or pb == lb:
+                    continue
+                q = -1
+                if ne > 0:
+                    m0 = max(mem[ba + pa] + xa, mem[bb + pb] + xb, fn)
+                    q = np.searchsorted(em[:ne], m0, side="right") - 1
+                    if q >= 0 and (amin + bmin) + dp >= ec[q]:
+                        continue
                 if la + lb > len(cm):
                     cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
                 nc = 0
-                pa, pb, ia, ib = 0, 0, -1, -1
+                ia, ib = -1, -1
                 while pa < la or pb < lb:
                     ta = mem[ba + pa] + xa if pa < la else BIG
                     tb = mem[bb + pb] + xb if pb < lb else BIG
@@ -936,10 +963,18 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                         ib = pb
                         pb += 1
                     if ia >= 0 and ib >= 0:
-                        cm[nc] = max(t, fn)
-                        cc[nc] = (cost[ba + ia] + cost[bb + ib]) + dp
-                        cch[nc] = j
+                        m = max(t, fn)
+                        c = (cost[ba + ia] + cost[bb + ib]) + dp
+                        if c > k_se:
+                            continue
+                        while q + 1 < ne and em[q + 1] <= m:  # the envelope at m: ec[q]
+                            q += 1
+                        if q >= 0 and c >= ec[q]:
+                            continue  # the merge would drop it
+                        cm[nc], cc[nc], cch[nc] = m, c, j
                         nc += 1
+                if nc == 0:
+                    continue
                 if ne + nc > len(tm):
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
@@ -998,7 +1033,7 @@ def jitted(name: str) -> Any:
             _JIT[name] = None
             return None
         g = globals()
-        for helper in ("_grow", "_merge_into"):  # called from the kernels: compiled first
+        for helper in ("_grow", "_merge_into", "_first_at_most"):  # called from the kernels: compiled first
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
