@@ -38,6 +38,7 @@ from .groups import Units
 
 INF = np.inf
 BIG = np.int64(2**62)  # bytes nothing satisfies
+TOP = np.int64(2**63 - 1)  # above BIG plus any size
 SMALL_UNITS = 64  # tables up to this many units use float64
 
 # A reconstruction step: (j, m for the rest, m for the inner plan, option). ``j`` is None for
@@ -464,6 +465,16 @@ class PeakTable:
         U = u.size
         W = U + 1
         self.u, self.pc = u, pc
+        kernel = jitted("_peak_kernel")
+        if kernel is not None:
+            i64 = np.int64
+            self.R, self.K = kernel(
+                U, np.ascontiguousarray(pc.opt_store_req, dtype=i64),
+                np.ascontiguousarray(u.opt_hold, dtype=i64), np.ascontiguousarray(u.opt_ms, dtype=np.float64),
+                np.ascontiguousarray(pc.fnone, dtype=i64), np.ascontiguousarray(u.x_out, dtype=i64),
+                np.ascontiguousarray(pc.inner_extra.T, dtype=i64),
+                np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64))
+            return
         ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
         en = ln + st
         ok = (en <= U) & (st < U)
@@ -616,7 +627,8 @@ class ParetoTable:
                 if c_se < R[s, e] or k_se < 0:
                     continue  # no plan within top_bytes (and ub ms) reaches [s, e)
                 mems, costs, chs = [], [], []
-                for o in [o for o in range(u.n_options) if o == 0 or oms[s, o] <= k_se]:  # Store(s) with each of its options (o = 0: store)
+                # Store(s) with each of its options (o = 0: store)
+                for o in [o for o in range(u.n_options) if o == 0 or oms[s, o] <= k_se]:
                     sr, ho, ms = int(pc.opt_store_req[o, s, e]), int(ohold[s, o]), float(oms[s, o])
                     if s + 1 == e:
                         mems.append(np.array([sr], dtype=i64))
@@ -655,8 +667,7 @@ class ParetoTable:
         """Every frontier built, keyed ``(s, e)``."""
         if self._F is None:
             assert self._flat is not None
-            off, ln, mem, cost, ch = self._flat
-            ss, es = np.nonzero(off >= 0)
+            ss, es = np.nonzero(self._flat[0] >= 0)
             self._F = {(int(a), int(b)): self._get(int(a), int(b)) for a, b in zip(ss, es)}
         return self._F
 
@@ -1019,6 +1030,51 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
                     kcap[j, e] = max(kcap[j, e], k - dp)
                     kcap[s, j] = max(kcap[s, j], k - dp)
     return cap, kcap
+
+
+def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray,
+                 xo: np.ndarray, innerT: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``PeakTable``'s R and K, compiled: the same options, comparisons and sums in the same
+    order (identical tables). ``innerT[e, j]`` is ``inner_extra[j, e]``; ``RT``/``KT`` are
+    transposed copies so that the inner loop over ``j`` reads contiguous rows."""
+    n_opt = osr.shape[0]
+    W = U + 1
+    R = np.full((U, W), BIG, dtype=np.int64)
+    K = np.full((U, W), np.inf)
+    RT = np.full((W, U + 1), BIG, dtype=np.int64)
+    KT = np.full((W, U + 1), np.inf)
+    for e in range(1, U + 1):
+        for s in range(e - 1, -1, -1):
+            if s + 1 == e:
+                r, k = osr[0, s, e], 0.0
+                for o in range(1, n_opt):
+                    r1, k1 = osr[o, s, e], oms[s, o]
+                    if np.isfinite(k1) and (r1 < r or (r1 == r and k1 < k)):
+                        r, k = r1, k1
+            else:
+                rn, kn = RT[e, s + 1], KT[e, s + 1]
+                sr, sk = max(osr[0, s, e], ohold[s, 0] + rn), kn
+                for o in range(1, n_opt):
+                    ro, ko = max(osr[o, s, e], ohold[s, o] + rn), kn + oms[s, o]
+                    if np.isfinite(oms[s, o]) and (ro < sr or (ro == sr and ko < sk)):
+                        sr, sk = ro, ko
+                vmin, kmin = TOP, np.inf  # every v is below TOP
+                for j in range(s + 1, e):
+                    v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + R[s, j])
+                    if v > vmin:
+                        continue
+                    if v < vmin:
+                        vmin, kmin = v, ((P[j] - P[s]) + KT[e, j]) + K[s, j]
+                    else:
+                        kmin = min(kmin, ((P[j] - P[s]) + KT[e, j]) + K[s, j])
+                if sr < vmin or (sr == vmin and sk <= kmin):
+                    r, k = sr, sk
+                else:
+                    r, k = vmin, kmin
+            R[s, e], K[s, e], RT[e, s], KT[e, s] = r, k, r, k
+    for s in range(U):
+        K[s, s] = 0.0  # as the numpy table: the empty sub-chain costs nothing (and fits nowhere)
+    return R, K
 
 
 def jitted(name: str) -> Any:
