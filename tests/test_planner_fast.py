@@ -62,3 +62,11 @@ def test_pareto_table_compiled_stops_at_max_points(monkeypatch):
     top = simulate(ch, plan_none(24)).peak_bytes - base_bytes(ch)
     x, y = _both(monkeypatch, lambda: T.ParetoTable(t.units, t.pairs, t.peaks.R, top, 5))
     assert not x.ok and not y.ok
+
+
+@pytest.mark.parametrize("n,seed,size", [(6, 0, 7), (40, 1, 7), (90, 2, 1_000_003)])
+def test_flat_table_compiled_equals_numpy(monkeypatch, n, seed, size):
+    t = layer_tables(random_chain(n, seed, max_size=size))
+    a, b = _both(monkeypatch, lambda: T.FlatTable(t.units, t.pairs, 997, 700, "nearest", 30))
+    np.testing.assert_array_equal(a.C, b.C)
+    np.testing.assert_array_equal(a.S, b.S)

@@ -358,13 +358,17 @@ class FlatTable:
         C[U - 1, :max(0, min(int(self.store_slots[U - 1]), M + 1))] = INF
         if U > 1:
             S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(P[U - 1])
+        masked_min = jitted("_masked_min")
         for s in range(U - 2, -1, -1):
             store = shift(C[s + 1], int(self.hold_slots[s]), M, DTYPE)
             store[:max(0, min(int(self.store_slots[s]), M + 1))] = INF
             hi = min(U, s + 1 + self.max_len)
             t = self.thr_slots[s, s + 1:hi]
-            val = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi])
-            np.minimum(store, val.min(axis=0) - float(P[s]), out=C[s])
+            if masked_min is not None:  # the same minimum, without the (L, M) temporary
+                low = masked_min(S, s + 1, hi, np.ascontiguousarray(t, dtype=np.int64))
+            else:
+                low = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi]).min(axis=0)
+            np.minimum(store, low - float(P[s]), out=C[s])
             if s >= 1:
                 S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(P[s])
         self.C, self.S = C, S
@@ -1075,6 +1079,17 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     for s in range(U):
         K[s, s] = 0.0  # as the numpy table: the empty sub-chain costs nothing (and fits nowhere)
     return R, K
+
+
+def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
+    """``FlatTable``'s ``out[m] = min(S[j, m] for lo <= j < hi if m >= t[j - lo])`` (inf
+    where none), compiled."""
+    out = np.full(S.shape[1], np.inf, dtype=S.dtype)
+    for j in range(lo, hi):
+        for m in range(max(0, t[j - lo]), S.shape[1]):
+            if S[j, m] < out[m]:
+                out[m] = S[j, m]
+    return out
 
 
 def jitted(name: str) -> Any:
