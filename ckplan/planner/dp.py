@@ -24,9 +24,14 @@ solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto f
 sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
 (``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
 by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
-layers or more the plan of coarse 500-slot tables): nothing dearer is part of an optimal plan,
-and a tight bound prunes most breakpoints. Measured with scripts/bench_planner.py; passing
-``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
+layers or more the exact plan on groups of ~6 layers cut at that plan's boundaries,
+``_group_bound``): nothing dearer is part of an optimal plan, and a tight bound prunes most
+breakpoints; each sub-chain also gets its own recompute cap (the bound minus the forward of the
+checkpoints around it, ``tables.reach``). With numba installed (``ckplan[fast]``) the frontiers,
+the min-peak table and the depth-1 table's inner minimum are compiled (``tables.jitted``;
+identical tables, tests compare them): about 0.1-0.3 s at 100 layers instead of 1-6 s.
+Measured with scripts/bench_planner.py; passing ``max_slots`` (or ``pareto=False``) asks for the
+slot tables below instead.
 
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps

@@ -557,7 +557,7 @@ class PeakTable:
 # ``mem[k] <= m``).
 #
 # Cost: O(U^2) frontier merges, each over the breakpoints of its ``e - s - 1`` splits (numpy, all
-# splits at once). Frontiers stay short on real chains (tens to a few hundred breakpoints), which
+# splits at once; compiled with numba when installed, see "Compiled frontiers" below). Frontiers stay short on real chains (tens to a few hundred breakpoints), which
 # ``max_points`` bounds: a solve that would exceed it stops and returns None, and the caller falls
 # back to the slot tables (``dp.py``). ``keep_above`` drops breakpoints that no budget of interest
 # needs: a sub-chain never gets more than the top budget plus the largest amount an inner plan
