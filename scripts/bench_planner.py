@@ -73,9 +73,9 @@ def before(chain, budget):
 
 def warm_up() -> str:
     """Load numba and the compiled kernels once (not timed); which path the tables take."""
-    w = random_chain(8, 0, max_size=1000, options=1)
+    w = random_chain(tables.NUMBA_MIN_UNITS, 0, max_size=1000, options=1)
     plan_chain(w, "dp", min_peak(w))
-    if tables.jitted("_pareto_kernel") is None:
+    if tables.jitted("_pareto_kernel", tables.NUMBA_MIN_UNITS) is None:
         return "numpy tables"
     import numba
     return f"numba {numba.__version__} tables"

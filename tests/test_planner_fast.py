@@ -1,9 +1,10 @@
 """The compiled tables (numba, optional) equal the numpy ones exactly (issue 9, item 4).
 
 Oracle: the numpy path (``tables.USE_NUMBA = False``), itself checked against brute force by
-``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py``, which run on the
-compiled path whenever numba is installed. Same frontiers (bytes, recompute, choice) for every
-sub-chain, same min-peak tables, on chains with tiny sizes (many ties) and with options.
+``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py`` (tables under
+``NUMBA_MIN_UNITS`` units always take it; here the compiled kernels run on small tables too).
+Same frontiers (bytes, recompute, choice) for every sub-chain, same min-peak and depth-1
+tables, on chains with tiny sizes (many ties) and with options.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ CASES = [(n, seed, size, opts) for n, seed in ((1, 0), (2, 1), (6, 2), (13, 3), 
 
 
 def _both(monkeypatch, build):
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)  # compiled on small tables too
     monkeypatch.setattr(T, "USE_NUMBA", False)
     a = build()
     monkeypatch.setattr(T, "USE_NUMBA", True)

@@ -358,7 +358,7 @@ class FlatTable:
         C[U - 1, :max(0, min(int(self.store_slots[U - 1]), M + 1))] = INF
         if U > 1:
             S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(P[U - 1])
-        masked_min = jitted("_masked_min")
+        masked_min = jitted("_masked_min", U)
         for s in range(U - 2, -1, -1):
             store = shift(C[s + 1], int(self.hold_slots[s]), M, DTYPE)
             store[:max(0, min(int(self.store_slots[s]), M + 1))] = INF
@@ -469,7 +469,7 @@ class PeakTable:
         U = u.size
         W = U + 1
         self.u, self.pc = u, pc
-        kernel = jitted("_peak_kernel")
+        kernel = jitted("_peak_kernel", U)
         if kernel is not None:
             i64 = np.int64
             self.R, self.K = kernel(
@@ -557,7 +557,8 @@ class PeakTable:
 # ``mem[k] <= m``).
 #
 # Cost: O(U^2) frontier merges, each over the breakpoints of its ``e - s - 1`` splits (numpy, all
-# splits at once; compiled with numba when installed, see "Compiled frontiers" below). Frontiers stay short on real chains (tens to a few hundred breakpoints), which
+# splits at once; compiled with numba when installed, see "Compiled frontiers" below).
+# Frontiers stay short on real chains (tens to a few hundred breakpoints), which
 # ``max_points`` bounds: a solve that would exceed it stops and returns None, and the caller falls
 # back to the slot tables (``dp.py``). ``keep_above`` drops breakpoints that no budget of interest
 # needs: a sub-chain never gets more than the top budget plus the largest amount an inner plan
@@ -596,7 +597,7 @@ class ParetoTable:
         self.max_cost = ub
         self._flat: tuple | None = None
         self._F: dict[tuple[int, int], Frontier] | None = None
-        kernel, caps = jitted("_pareto_kernel"), jitted("_caps_kernel")
+        kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
         if kernel is None or caps is None:
             self._build_numpy(R, ub, max_points)
             return
@@ -837,6 +838,10 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 # ``tables.USE_NUMBA = False``) forces the numpy path.
 
 USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
+# Smaller tables take the numpy path: it takes milliseconds there, while loading numba and the
+# compiled kernels takes about half a second per process (and compiling them, the first time on
+# a machine, several seconds; numba caches them on disk).
+NUMBA_MIN_UNITS = 40
 _JIT: dict[str, Any] = {}
 
 
@@ -1092,10 +1097,11 @@ def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
     return out
 
 
-def jitted(name: str) -> Any:
-    """The compiled kernel ``name`` (``_pareto_kernel``, ``_caps_kernel``), or None without numba
-    (or with ``USE_NUMBA`` off). Compiled once per process, cached on disk by numba."""
-    if not USE_NUMBA:
+def jitted(name: str, units: int) -> Any:
+    """The compiled kernel ``name`` for a table on ``units`` units, or None for the numpy path
+    (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units).
+    Compiled once per process, cached on disk by numba."""
+    if not USE_NUMBA or units < NUMBA_MIN_UNITS:
         return None
     if name not in _JIT:
         try:
