@@ -166,10 +166,11 @@ def reconstruct_options(bounds: tuple[tuple[int, int], ...], stop: int, m0: int,
 
 
 def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
-                  estimate: Callable[[int, int, int, float], float]) -> Chooser:
+                  estimate: Callable[[int, int, int, float], float] | None) -> Chooser:
     """Steps in exact bytes: an option is taken only if its own needs and its sub-chains'
     smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks (plus the
-    recompute of a selective option of ``Store(s)``)."""
+    recompute of a selective option of ``Store(s)``); ``estimate=None`` is ``K`` itself
+    (checkpoints then ranked all at once). Feasibility of the checkpoints is checked at once."""
     P, xo = pc.fwd_prefix_ms, u.x_out
     n_opt = u.n_options
 
@@ -184,16 +185,26 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                 if pc.opt_store_req[o, s, e] <= mb and (best is None or ms < best[0]):
                     best, bo = (ms, None), o
             elif max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= mb:
-                est = estimate(s + 1, e, mb - h, K[s + 1, e]) + ms
+                k1 = K[s + 1, e]
+                est = (k1 if estimate is None else estimate(s + 1, e, mb - h, k1)) + ms
                 if best is None or est < best[0]:
                     best, bo = (est, None), o
-        for j in range(s + 1, e):
-            if max(pc.fnone[s, j], xo[j - 1] + R[j, e], pc.inner_extra[j, e] + R[s, j]) > mb:
-                continue
-            est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
-                   + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
-            if best is None or est < best[0]:
-                best = (est, j)
+        js = np.arange(s + 1, e)
+        need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
+                          pc.inner_extra[js, e] + R[s, js])
+        js = js[need <= mb]
+        if estimate is None:
+            if len(js):  # the sums of the loop below, all at once
+                ests = ((P[js] - P[s]) + K[s, js]) + K[js, e]
+                k = int(np.argmin(ests))  # the first least, as the loop's strict <
+                if best is None or ests[k] < best[0]:
+                    best = (ests[k], int(js[k]))
+        else:
+            for j in js.tolist():
+                est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
+                       + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
+                if best is None or est < best[0]:
+                    best = (est, j)
         if best is None:
             raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
         pick = best[1]
@@ -535,7 +546,7 @@ class PeakTable:
         """``ranges`` and the selective option of each unit stored with one (see
         ``reconstruct_options``)."""
         return reconstruct_options(self.u.bounds, self.u.size, avail,
-                                   exact_chooser(self.u, self.pc, self.R, self.K, lambda s, e, mb, k: k))
+                                   exact_chooser(self.u, self.pc, self.R, self.K, None))
 
 
 # ---- The exact DP in bytes (Pareto frontiers) ---------------------------------------------
