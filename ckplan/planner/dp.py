@@ -125,6 +125,7 @@ FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
 UB_GROUP_MIN_LAYERS, UB_GROUP_LAYERS = 40, 6  # exact DP: the exact DP on groups bounds the optimum first
+UB_GROUP_CASCADE = (12, 6, 3, 2)  # layers per group of the cheap-cut bounds, coarse to fine
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
 NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
@@ -427,15 +428,28 @@ class DPSolver:
 
 
 def _group_bound(chain: Chain, budget_bytes: int, ub: float) -> float:
-    """The recompute of the exact plan on groups of about ``UB_GROUP_LAYERS`` layers cut at
-    the smallest-peak plan's boundaries (with options, the units that are single layers keep
-    them), or ``ub`` when it finds none cheaper (a bound: every plan on groups is a plan)."""
+    """A bound on the optimum at ``budget_bytes`` below ``ub``: the recompute of exact plans on
+    groups of layers (every plan on groups is a plan). First on cheap cuts, coarse to fine
+    (groups of ``UB_GROUP_CASCADE`` layers, each bounded by the last, so each is quick); where
+    those reach no plan (near the smallest peak), on groups of ``UB_GROUP_LAYERS`` layers also
+    cut at the smallest-peak plan's boundaries (so that plan is one of them). ``ub`` when none
+    is cheaper."""
     n = chain.n_layers
+    first = ub
+    for size in UB_GROUP_CASCADE:
+        if n // size >= 2:
+            ub = _grouped_cost(chain, budget_bytes, ub, cheap_cuts(chain, n // size))
+    if ub < first:
+        return ub
     start = min_peak_plan(chain, budget_bytes)
     ends = {e for r in start.recomputed_ranges() for e in (r.start, r.stop)}
     cuts = sorted((set(cheap_cuts(chain, max(1, n // UB_GROUP_LAYERS))) | ends) - {n})
-    if len(cuts) >= n:
-        return ub
+    return _grouped_cost(chain, budget_bytes, ub, cuts) if len(cuts) < n else ub
+
+
+def _grouped_cost(chain: Chain, budget_bytes: int, ub: float, cuts: list[int]) -> float:
+    """The recompute of the exact plan on the groups starting at ``cuts`` when it is below ``ub``
+    (and fits), else ``ub``."""
     u = make_units(chain, cuts)
     pc = PairCosts(u)
     avail = budget_bytes - base_bytes(chain)

@@ -849,9 +849,9 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 # ``tables.USE_NUMBA = False``) forces the numpy path.
 
 USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
-# Smaller tables take the numpy path: it takes milliseconds there, while loading numba and the
-# compiled kernels takes about half a second per process (and compiling them, the first time on
-# a machine, several seconds; numba caches them on disk).
+# Smaller tables take the numpy path until numba is loaded: it takes milliseconds there, while
+# loading numba and the compiled kernels takes about half a second per process (and compiling
+# them, the first time on a machine, several seconds; numba caches them on disk).
 NUMBA_MIN_UNITS = 40
 _JIT: dict[str, Any] = {}
 
@@ -1110,9 +1110,9 @@ def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
 
 def jitted(name: str, units: int) -> Any:
     """The compiled kernel ``name`` for a table on ``units`` units, or None for the numpy path
-    (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units).
-    Compiled once per process, cached on disk by numba."""
-    if not USE_NUMBA or units < NUMBA_MIN_UNITS:
+    (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units while no
+    kernel is loaded yet). Compiled once per process, cached on disk by numba."""
+    if not USE_NUMBA or (units < NUMBA_MIN_UNITS and not _JIT):
         return None
     if name not in _JIT:
         try:
