@@ -38,6 +38,7 @@ Gap = recompute / reference - 1 (0 is optimal). No figure here is asserted anywh
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -77,8 +78,7 @@ def warm_up() -> str:
     plan_chain(w, "dp", min_peak(w))
     if tables.jitted("_pareto_kernel", tables.NUMBA_MIN_UNITS) is None:
         return "numpy tables"
-    import numba
-    return f"numba {numba.__version__} tables"
+    return f"numba {importlib.metadata.version('numba')} tables"
 
 
 def header(what: str) -> None:
