@@ -7,6 +7,7 @@
     python scripts/bench_planner.py --speed 100 --casts              # mixed precision
     python scripts/bench_planner.py --speed 24 100 --options 2        # selective options
     python scripts/bench_planner.py --gap 24 100 --options 2         # their exactness gap
+    python scripts/bench_planner.py --speed 100 --numpy              # without numba (fallback)
 
 Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
 million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
@@ -28,11 +29,16 @@ then also times the same chain without options at the same fraction of its own r
 them: slot tables), and ``plain_gap`` is the exact plan without options against it (what the
 options gain).
 
+The tables are compiled with numba when it is installed (``pip install ckplan[fast]``);
+``--numpy`` times the numpy path instead. Before timing, one small plan loads numba and its
+compiled kernels (about 1-2 s once per process, not counted; the header says which path).
+
 Gap = recompute / reference - 1 (0 is optimal). No figure here is asserted anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -40,7 +46,7 @@ import time
 
 import numpy as np
 
-from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate
+from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
 from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
 from ckplan.planner.synthetic import random_chain, with_casts
 from ckplan.planner.tables import ParetoTable
@@ -66,9 +72,19 @@ def before(chain, budget):
     return solver.solve(budget) or min_peak_plan(chain, budget)
 
 
+def warm_up() -> str:
+    """Load numba and the compiled kernels once (not timed); which path the tables take."""
+    w = random_chain(tables.NUMBA_MIN_UNITS, 0, max_size=1000, options=1)
+    plan_chain(w, "dp", min_peak(w))
+    if tables.jitted("_pareto_kernel", tables.NUMBA_MIN_UNITS) is None:
+        return "numpy tables"
+    return f"numba {importlib.metadata.version('numba')} tables"
+
+
 def header(what: str) -> None:
+    path = warm_up()
     print(f"# {what} ({platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"python {platform.python_version()}, numpy {np.__version__})")
+          f"python {platform.python_version()}, numpy {np.__version__}, {path})")
 
 
 def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, casts: bool,
@@ -195,7 +211,10 @@ def main() -> None:
     ap.add_argument("--options", type=int, default=0,
                     help="selective options per layer (--speed: also time without them; --gap: "
                          "gap of the plan without them)")
+    ap.add_argument("--numpy", action="store_true", help="numpy tables even if numba is installed")
     args = ap.parse_args()
+    if args.numpy:
+        tables.USE_NUMBA = False
     if not args.speed and not args.gap and not args.breakpoints:
         args.speed = [10, 30, 100, 300, 1000]
     if args.speed:

@@ -24,9 +24,14 @@ solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto f
 sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
 (``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
 by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
-layers or more the plan of coarse 500-slot tables): nothing dearer is part of an optimal plan,
-and a tight bound prunes most breakpoints. Measured with scripts/bench_planner.py; passing
-``max_slots`` (or ``pareto=False``) asks for the slot tables below instead.
+layers or more the exact plan on groups of ~6 layers cut at that plan's boundaries,
+``_group_bound``): nothing dearer is part of an optimal plan, and a tight bound prunes most
+breakpoints; each sub-chain also gets its own recompute cap (the bound minus the forward of the
+checkpoints around it, ``tables.reach``). With numba installed (``ckplan[fast]``) the frontiers,
+the min-peak table and the depth-1 table's inner minimum are compiled (``tables.jitted``;
+identical tables, tests compare them): about 0.1-0.3 s at 100 layers instead of 1-6 s.
+Measured with scripts/bench_planner.py; passing ``max_slots`` (or ``pareto=False``) asks for the
+slot tables below instead.
 
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
@@ -119,7 +124,8 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
-UB_SLOT_MIN_LAYERS, UB_SLOTS = 40, 500  # exact DP: coarse slot tables bound the optimum first
+UB_GROUP_MIN_LAYERS, UB_GROUP_LAYERS = 40, 6  # exact DP: the exact DP on groups bounds the optimum first
+UB_GROUP_CASCADE = (12, 6, 3, 2)  # layers per group of the cheap-cut bounds, coarse to fine
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
 NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
@@ -354,13 +360,11 @@ class DPSolver:
         ub = None
         if lowest >= min_peak(self.chain):
             ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
-            if self.chain.n_layers >= UB_SLOT_MIN_LAYERS and lowest < self.none_peak:
-                # a near-optimal plan from coarse slot tables: a much tighter bound, which
+            if self.chain.n_layers >= UB_GROUP_MIN_LAYERS and lowest < self.none_peak:
+                # a near-optimal plan from the exact DP on groups of layers cut at that plan's
+                # boundaries (so it is reachable) and at cheap ones: a much tighter bound, which
                 # prunes most of the frontiers away above the smallest peak
-                coarse = DPSolver(self.chain, max_slots=UB_SLOTS, pareto=False, top_bytes=lowest)
-                plan = coarse.solve(lowest)
-                if plan is not None:
-                    ub = min(ub, simulate(self.chain, plan).recompute_ms)
+                ub = min(ub, _group_bound(self.chain, lowest, ub))
         return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
                            PARETO_MAX_POINTS, ub)
 
@@ -421,6 +425,40 @@ class DPSolver:
                 return plan
             m -= 1
         return None
+
+
+def _group_bound(chain: Chain, budget_bytes: int, ub: float) -> float:
+    """A bound on the optimum at ``budget_bytes`` below ``ub``: the recompute of exact plans on
+    groups of layers (every plan on groups is a plan). First on cheap cuts, coarse to fine
+    (groups of ``UB_GROUP_CASCADE`` layers, each bounded by the last, so each is quick); where
+    those reach no plan (near the smallest peak), on groups of ``UB_GROUP_LAYERS`` layers also
+    cut at the smallest-peak plan's boundaries (so that plan is one of them). ``ub`` when none
+    is cheaper."""
+    n = chain.n_layers
+    first = ub
+    for size in UB_GROUP_CASCADE:
+        if n // size >= 2:
+            ub = _grouped_cost(chain, budget_bytes, ub, cheap_cuts(chain, n // size))
+    if ub < first:
+        return ub
+    start = min_peak_plan(chain, budget_bytes)
+    ends = {e for r in start.recomputed_ranges() for e in (r.start, r.stop)}
+    cuts = sorted((set(cheap_cuts(chain, max(1, n // UB_GROUP_LAYERS))) | ends) - {n})
+    return _grouped_cost(chain, budget_bytes, ub, cuts) if len(cuts) < n else ub
+
+
+def _grouped_cost(chain: Chain, budget_bytes: int, ub: float, cuts: list[int]) -> float:
+    """The recompute of the exact plan on the groups starting at ``cuts`` when it is below ``ub``
+    (and fits), else ``ub``."""
+    u = make_units(chain, cuts)
+    pc = PairCosts(u)
+    avail = budget_bytes - base_bytes(chain)
+    pt = ParetoTable(u, pc, PeakTable(u, pc).R, avail, PARETO_MAX_POINTS, ub)
+    if not pt.ok or pt.cost(avail) == INF:
+        return ub
+    plan = plan_from(chain, u, *pt.parts(avail), {"budget_bytes": budget_bytes})
+    sc = simulate(chain, plan)
+    return min(ub, sc.recompute_ms) if sc.peak_bytes <= budget_bytes else ub
 
 
 def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:

@@ -27,6 +27,8 @@ Legend (the names follow rotor's paper and stay short because the array code is 
 """
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,7 @@ from .groups import Units
 
 INF = np.inf
 BIG = np.int64(2**62)  # bytes nothing satisfies
+TOP = np.int64(2**63 - 1)  # above BIG plus any size
 SMALL_UNITS = 64  # tables up to this many units use float64
 
 # A reconstruction step: (j, m for the rest, m for the inner plan, option). ``j`` is None for
@@ -164,10 +167,11 @@ def reconstruct_options(bounds: tuple[tuple[int, int], ...], stop: int, m0: int,
 
 
 def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
-                  estimate: Callable[[int, int, int, float], float]) -> Chooser:
+                  estimate: Callable[[int, int, int, float], float] | None) -> Chooser:
     """Steps in exact bytes: an option is taken only if its own needs and its sub-chains'
     smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks (plus the
-    recompute of a selective option of ``Store(s)``)."""
+    recompute of a selective option of ``Store(s)``); ``estimate=None`` is ``K`` itself
+    (checkpoints then ranked all at once). Feasibility of the checkpoints is checked at once."""
     P, xo = pc.fwd_prefix_ms, u.x_out
     n_opt = u.n_options
 
@@ -182,16 +186,26 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                 if pc.opt_store_req[o, s, e] <= mb and (best is None or ms < best[0]):
                     best, bo = (ms, None), o
             elif max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= mb:
-                est = estimate(s + 1, e, mb - h, K[s + 1, e]) + ms
+                k1 = K[s + 1, e]
+                est = (k1 if estimate is None else estimate(s + 1, e, mb - h, k1)) + ms
                 if best is None or est < best[0]:
                     best, bo = (est, None), o
-        for j in range(s + 1, e):
-            if max(pc.fnone[s, j], xo[j - 1] + R[j, e], pc.inner_extra[j, e] + R[s, j]) > mb:
-                continue
-            est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
-                   + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
-            if best is None or est < best[0]:
-                best = (est, j)
+        js = np.arange(s + 1, e)
+        need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
+                          pc.inner_extra[js, e] + R[s, js])
+        js = js[need <= mb]
+        if estimate is None:
+            if len(js):  # the sums of the loop below, all at once
+                ests = ((P[js] - P[s]) + K[s, js]) + K[js, e]
+                k = int(np.argmin(ests))  # the first least, as the loop's strict <
+                if best is None or ests[k] < best[0]:
+                    best = (ests[k], int(js[k]))
+        else:
+            for j in js.tolist():
+                est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
+                       + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
+                if best is None or est < best[0]:
+                    best = (est, j)
         if best is None:
             raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
         pick = best[1]
@@ -356,13 +370,17 @@ class FlatTable:
         C[U - 1, :max(0, min(int(self.store_slots[U - 1]), M + 1))] = INF
         if U > 1:
             S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(P[U - 1])
+        masked_min = jitted("_masked_min", U)
         for s in range(U - 2, -1, -1):
             store = shift(C[s + 1], int(self.hold_slots[s]), M, DTYPE)
             store[:max(0, min(int(self.store_slots[s]), M + 1))] = INF
             hi = min(U, s + 1 + self.max_len)
             t = self.thr_slots[s, s + 1:hi]
-            val = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi])
-            np.minimum(store, val.min(axis=0) - float(P[s]), out=C[s])
+            if masked_min is not None:  # the same minimum, without the (L, M) temporary
+                low = masked_min(S, s + 1, hi, np.ascontiguousarray(t, dtype=np.int64))
+            else:
+                low = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi]).min(axis=0)
+            np.minimum(store, low - float(P[s]), out=C[s])
             if s >= 1:
                 S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(P[s])
         self.C, self.S = C, S
@@ -463,6 +481,16 @@ class PeakTable:
         U = u.size
         W = U + 1
         self.u, self.pc = u, pc
+        kernel = jitted("_peak_kernel", U)
+        if kernel is not None:
+            i64 = np.int64
+            self.R, self.K = kernel(
+                U, np.ascontiguousarray(pc.opt_store_req, dtype=i64),
+                np.ascontiguousarray(u.opt_hold, dtype=i64), np.ascontiguousarray(u.opt_ms, dtype=np.float64),
+                np.ascontiguousarray(pc.fnone, dtype=i64), np.ascontiguousarray(u.x_out, dtype=i64),
+                np.ascontiguousarray(pc.inner_extra.T, dtype=i64),
+                np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64))
+            return
         ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
         en = ln + st
         ok = (en <= U) & (st < U)
@@ -519,7 +547,7 @@ class PeakTable:
         """``ranges`` and the selective option of each unit stored with one (see
         ``reconstruct_options``)."""
         return reconstruct_options(self.u.bounds, self.u.size, avail,
-                                   exact_chooser(self.u, self.pc, self.R, self.K, lambda s, e, mb, k: k))
+                                   exact_chooser(self.u, self.pc, self.R, self.K, None))
 
 
 # ---- The exact DP in bytes (Pareto frontiers) ---------------------------------------------
@@ -541,7 +569,8 @@ class PeakTable:
 # ``mem[k] <= m``).
 #
 # Cost: O(U^2) frontier merges, each over the breakpoints of its ``e - s - 1`` splits (numpy, all
-# splits at once). Frontiers stay short on real chains (tens to a few hundred breakpoints), which
+# splits at once; compiled with numba when installed, see "Compiled frontiers" below).
+# Frontiers stay short on real chains (tens to a few hundred breakpoints), which
 # ``max_points`` bounds: a solve that would exceed it stops and returns None, and the caller falls
 # back to the slot tables (``dp.py``). ``keep_above`` drops breakpoints that no budget of interest
 # needs: a sub-chain never gets more than the top budget plus the largest amount an inner plan
@@ -578,9 +607,32 @@ class ParetoTable:
         # plan that fits), dearer breakpoints and checkpoints are never part of an optimal plan.
         ub = np.inf if max_cost is None else float(max_cost) * (1 + 1e-9) + 1e-9
         self.max_cost = ub
-        cap = reach_caps(u, pc, R, self.top, ub)
+        self._flat: tuple | None = None
+        self._F: dict[tuple[int, int], Frontier] | None = None
+        kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
+        if kernel is None or caps is None:
+            self._build_numpy(R, ub, max_points)
+            return
+        i64 = np.int64
+        args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
+                np.ascontiguousarray(u.opt_ms, dtype=np.float64), np.ascontiguousarray(pc.fnone, dtype=i64),
+                np.ascontiguousarray(xo, dtype=i64), np.ascontiguousarray(pc.inner_extra, dtype=i64),
+                np.ascontiguousarray(P, dtype=np.float64))
+        Ri = np.ascontiguousarray(R, dtype=i64)
+        cap, kcap = caps(U, Ri, self.top, ub, *args)
+        off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
+                                                  -1 if max_points is None else int(max_points))
+        self._flat = (off, ln, mem, cost, ch)
+        self.ok, self.n_points = bool(ok), int(most)
+
+    def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None) -> None:
+        """The frontiers with numpy (without numba): every option's breakpoints at once."""
+        u, pc = self.u, self.pc
+        U = u.size
+        P = pc.fwd_prefix_ms
+        xo = u.x_out
+        cap, kcap = reach(u, pc, R, self.top, ub)
         ohold, oms = u.opt_hold, u.opt_ms
-        opts = [[o for o in range(u.n_options) if o == 0 or oms[s, o] <= ub] for s in range(U)]
         self.ok = True
         self.n_points = 0
         F: dict[tuple[int, int], Frontier] = {}
@@ -588,11 +640,12 @@ class ParetoTable:
         i64 = np.int64
         for e in range(1, U + 1):
             for s in range(e - 1, -1, -1):
-                c_se = int(cap[s, e])
-                if c_se < R[s, e]:
-                    continue  # no plan within top_bytes reaches [s, e)
+                c_se, k_se = int(cap[s, e]), float(kcap[s, e])
+                if c_se < R[s, e] or k_se < 0:
+                    continue  # no plan within top_bytes (and ub ms) reaches [s, e)
                 mems, costs, chs = [], [], []
-                for o in opts[s]:  # Store(s) with each of its options (o = 0: store)
+                # Store(s) with each of its options (o = 0: store)
+                for o in [o for o in range(u.n_options) if o == 0 or oms[s, o] <= k_se]:
                     sr, ho, ms = int(pc.opt_store_req[o, s, e]), int(ohold[s, o]), float(oms[s, o])
                     if s + 1 == e:
                         mems.append(np.array([sr], dtype=i64))
@@ -607,41 +660,61 @@ class ParetoTable:
                     js = np.arange(s + 1, e)
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                                       pc.inner_extra[js, e] + R[s, js])
-                    js = js[(need <= c_se) & (P[js] - P[s] <= ub)]
+                    js = js[(need <= c_se) & (P[js] - P[s] <= k_se)]
                     if len(js):
                         seg = _splits(s, e, js, shifted, F, pc, P, c_se)
                         mems.append(seg[0])
                         costs.append(seg[1])
                         chs.append(seg[2])
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
-                              c_se, ub)
+                              c_se, k_se) if mems else _EMPTY
                 F[(s, e)] = f
                 k = len(f[0])
                 self.n_points = max(self.n_points, k)
                 if max_points is not None and k > max_points:
                     self.ok = False
-                    self.F = F
+                    self._F = F
                     return
                 if s >= 1:
                     shifted[(s, e)] = (f[0] + int(xo[s - 1]), f[1], np.full(k, s, dtype=i64))
-        self.F = F
+        self._F = F
+
+    @property
+    def F(self) -> dict[tuple[int, int], Frontier]:
+        """Every frontier built, keyed ``(s, e)``."""
+        if self._F is None:
+            assert self._flat is not None
+            ss, es = np.nonzero(self._flat[0] >= 0)
+            self._F = {(int(a), int(b)): self._get(int(a), int(b)) for a, b in zip(ss, es)}
+        return self._F
+
+    def _get(self, s: int, e: int) -> Frontier:
+        if self._flat is None:
+            assert self._F is not None
+            return self._F.get((s, e), _EMPTY)
+        off, ln, mem, cost, ch = self._flat
+        b = int(off[s, e])
+        if b < 0:
+            return _EMPTY
+        k = b + int(ln[s, e])
+        return mem[b:k], cost[b:k], ch[b:k]
 
 
     def cost(self, avail: int) -> float:
         """Least recompute of the whole chain with ``avail`` bytes (inf when infeasible)."""
         if avail > self.top:
             raise ValueError(f"the table answers up to {self.top} bytes, not {avail}")
-        m, c, _ = self.F.get((0, self.u.size), _EMPTY)
+        m, c, _ = self._get(0, self.u.size)
         k = int(np.searchsorted(m, avail, side="right")) - 1
         return float(c[k]) if k >= 0 else float("inf")
 
     def frontier(self) -> tuple[np.ndarray, np.ndarray]:
         """The whole chain's breakpoints: (bytes above the start, least recompute)."""
-        m, c, _ = self.F.get((0, self.u.size), _EMPTY)
+        m, c, _ = self._get(0, self.u.size)
         return m, c
 
     def _choose(self, s: int, e: int, mb: int) -> Step:
-        m, _, ch = self.F.get((s, e), _EMPTY)
+        m, _, ch = self._get(s, e)
         k = int(np.searchsorted(m, mb, side="right")) - 1
         if k < 0:
             raise RuntimeError(f"Pareto DP reconstruction: no plan of [{s}, {e}) fits {mb} bytes")
@@ -705,7 +778,8 @@ def _envelope(mem: np.ndarray, cost: np.ndarray, choice: np.ndarray, cap: int,
     mem, cost, choice = mem[low], cost[low], choice[low]
     if not len(mem):
         return mem, cost, choice
-    order = np.argsort(mem, kind="stable")
+    # equal bytes: the earlier option first (store options by column, then checkpoints by j)
+    order = np.lexsort((np.where(choice < 0, -choice - 2**40, choice), mem))
     mem, cost, choice = mem[order], cost[order], choice[order]
     run = np.minimum.accumulate(cost)
     keep = np.empty(len(cost), dtype=bool)
@@ -720,32 +794,336 @@ def _envelope(mem: np.ndarray, cost: np.ndarray, choice: np.ndarray, cap: int,
 
 def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
                ub: float = np.inf) -> np.ndarray:
-    """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes can give the
-    sub-chain [s, e) (below ``R[s, e]`` when none can). Top-down by decreasing length: a
-    sub-chain passes its cap minus what an option keeps to that option's sub-chains, for each
-    option (``Store(s)`` with each selective option included) whose least need fits its cap
-    (checkpoints and options recomputing more than ``ub`` ms never do)."""
+    """``cap`` of :func:`reach`."""
+    return reach(u, pc, R, top, ub)[0]
+
+
+def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
+          ub: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+    """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes (and at most
+    ``ub`` ms of recompute) can give the sub-chain [s, e) (below ``R[s, e]`` when none can), and
+    ``kcap[s, e]``: the most recompute such a plan can spend inside [s, e) (negative when none
+    reaches it). Top-down by decreasing length: a sub-chain passes its cap minus what an option
+    keeps, and its recompute cap minus what the option recomputes outside the sub-chain (a
+    checkpoint's forward, an option's own recompute; the sibling's is at least 0), to that
+    option's sub-chains, for each option (``Store(s)`` with each selective option included)
+    whose least need fits its cap and whose own recompute its recompute cap."""
     U = u.size
     xo = u.x_out
     n_opt = u.n_options
+    P = pc.fwd_prefix_ms
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
-    cap[0, U] = top
+    kcap = np.full((U + 1, U + 1), -np.inf)
+    cap[0, U], kcap[0, U] = top, ub
     for n in range(U, 1, -1):
         for s in range(0, U - n + 1):
             e = s + n
-            c = cap[s, e]
-            if c < R[s, e]:
+            c, k = cap[s, e], kcap[s, e]
+            if c < R[s, e] or k < 0:
                 continue
             for o in range(n_opt):
-                h = u.opt_hold[s, o]
-                if (o == 0 or u.opt_ms[s, o] <= ub) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
+                h, ms = u.opt_hold[s, o], u.opt_ms[s, o]
+                if (o == 0 or ms <= k) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
+                    kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
             js = np.arange(s + 1, e)
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)
-            ok &= pc.fwd_prefix_ms[js] - pc.fwd_prefix_ms[s] <= ub
+            ok &= P[js] - P[s] <= k
             js = js[ok]
             if len(js):
                 cap[js, e] = np.maximum(cap[js, e], c - xo[js - 1])
                 cap[s, js] = np.maximum(cap[s, js], c - pc.inner_extra[js, e])
-    return cap
+                kd = k - (P[js] - P[s])
+                kcap[js, e] = np.maximum(kcap[js, e], kd)
+                kcap[s, js] = np.maximum(kcap[s, js], kd)
+    return cap, kcap
+
+
+# ---- Compiled frontiers (numba, optional) ---------------------------------------------------
+# The same recursion as ``ParetoTable``'s numpy path, in loops compiled by numba when it is
+# installed (``pip install ckplan[fast]``): every frontier is built by merging, one option after
+# another, each option's sorted breakpoints into the running lower envelope (two pointers, linear),
+# instead of sorting the union of all of them. Ties are broken the same way (of points with equal
+# bytes and equal recompute, the earlier option: store options by column, then checkpoints by
+# ``j``), so both paths give identical tables; tests compare them. ``CKPLAN_NUMBA=0`` (or
+# ``tables.USE_NUMBA = False``) forces the numpy path.
+
+USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
+# Smaller tables take the numpy path until numba is loaded: it takes milliseconds there, while
+# loading numba and the compiled kernels takes about half a second per process (and compiling
+# them, the first time on a machine, several seconds; numba caches them on disk).
+NUMBA_MIN_UNITS = 40
+_JIT: dict[str, Any] = {}
+
+
+def _grow(a: np.ndarray, need: int) -> np.ndarray:
+    if need <= len(a):
+        return a
+    out = np.empty(max(need, 2 * len(a)), dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+def _merge_into(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int,
+                cm: np.ndarray, cc: np.ndarray, cch: np.ndarray, nc: int,
+                om: np.ndarray, oc: np.ndarray, och: np.ndarray, cap: int, ub: float) -> int:
+    """Lower envelope of the envelope ``E`` (first ``ne`` points) and the candidate points
+    (sorted by bytes, first ``nc``), into ``o*``; candidates above ``cap`` bytes or ``ub`` ms
+    are dropped; of equal bytes, ``E``'s point first (the earlier option wins ties)."""
+    i = 0
+    k = 0
+    n = 0
+    run = np.inf
+    while i < ne or k < nc:
+        if k >= nc or (i < ne and em[i] <= cm[k]):
+            m, c, h = em[i], ec[i], ech[i]
+            i += 1
+        else:
+            m, c, h = cm[k], cc[k], cch[k]
+            k += 1
+            if m > cap or c > ub:
+                continue
+        if c < run:
+            if n > 0 and om[n - 1] == m:
+                n -= 1
+            om[n], oc[n], och[n] = m, c, h
+            n += 1
+            run = c
+    return n
+
+
+def _first_at_most(cost: np.ndarray, b: int, n: int, add: float, dp: float, lim: float) -> int:
+    """The first ``i < n`` with ``(cost[b + i] + add) + dp <= lim`` (``cost`` non-increasing
+    from ``b``), ``n`` when none."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (cost[b + mid] + add) + dp <= lim:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
+                   ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
+                   inner: np.ndarray, P: np.ndarray, max_points: int) -> tuple:
+    """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
+    ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
+    offset -1 where skipped."""
+    n_opt = osr.shape[0]
+    off = np.full((U + 1, U + 1), -1, dtype=np.int64)
+    ln = np.zeros((U + 1, U + 1), dtype=np.int64)
+    mem = np.empty(1 << 12, dtype=np.int64)
+    cost = np.empty(1 << 12, dtype=np.float64)
+    ch = np.empty(1 << 12, dtype=np.int64)
+    used = 0
+    em = np.empty(64, dtype=np.int64)
+    ec = np.empty(64, dtype=np.float64)
+    ech = np.empty(64, dtype=np.int64)
+    tm, tc, tch = em.copy(), ec.copy(), ech.copy()
+    cm, cc, cch = em.copy(), ec.copy(), ech.copy()
+    most = 0
+    for e in range(1, U + 1):
+        for s in range(e - 1, -1, -1):
+            c_se, k_se = cap[s, e], kcap[s, e]
+            if c_se < R[s, e] or k_se < 0:
+                continue
+            ne = 0
+            for o in range(n_opt):
+                if o > 0 and not oms[s, o] <= k_se:
+                    continue
+                sr, ho, ms = osr[o, s, e], ohold[s, o], oms[s, o]
+                if s + 1 == e:
+                    nc = 1
+                    cm[0], cc[0], cch[0] = sr, ms, -1 - o
+                elif max(sr, ho + R[s + 1, e]) <= c_se and off[s + 1, e] >= 0:
+                    b, nc = off[s + 1, e], ln[s + 1, e]
+                    if nc > len(cm):
+                        cm, cc, cch = _grow(cm, nc), _grow(cc, nc), _grow(cch, nc)
+                    for k in range(nc):
+                        cm[k] = max(mem[b + k] + ho, sr)
+                        cc[k] = cost[b + k] + ms if o else cost[b + k]
+                        cch[k] = -1 - o
+                else:
+                    continue
+                if ne + nc > len(tm):
+                    tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
+                n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
+                em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            for j in range(s + 1, e):
+                fn = fnone[s, j]
+                xa, xb = xo[j - 1], inner[j, e]
+                need = max(fn, xa + R[j, e], xb + R[s, j])
+                dp = P[j] - P[s]
+                if need > c_se or not dp <= k_se or off[j, e] < 0 or off[s, j] < 0:
+                    continue
+                ba, la, bb, lb = off[j, e], ln[j, e], off[s, j], ln[s, j]
+                while la > 0 and mem[ba + la - 1] + xa > c_se:
+                    la -= 1
+                while lb > 0 and mem[bb + lb - 1] + xb > c_se:
+                    lb -= 1
+                if la == 0 or lb == 0:
+                    continue
+                # Skip what cannot come under k_se (the other side at its cheapest), and the
+                # whole checkpoint when its cheapest point is no cheaper than the envelope
+                # where its first point lies: neither changes the envelope.
+                amin, bmin = cost[ba + la - 1], cost[bb + lb - 1]
+                pa = _first_at_most(cost, ba, la, bmin, dp, k_se)
+                pb = _first_at_most(cost, bb, lb, amin, dp, k_se)
+                if pa == la or pb == lb:
+                    continue
+                q = -1
+                if ne > 0:
+                    m0 = max(mem[ba + pa] + xa, mem[bb + pb] + xb, fn)
+                    q = np.searchsorted(em[:ne], m0, side="right") - 1
+                    if q >= 0 and (amin + bmin) + dp >= ec[q]:
+                        continue
+                if la + lb > len(cm):
+                    cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
+                nc = 0
+                ia, ib = -1, -1
+                while pa < la or pb < lb:
+                    ta = mem[ba + pa] + xa if pa < la else BIG
+                    tb = mem[bb + pb] + xb if pb < lb else BIG
+                    t = min(ta, tb)
+                    if ta == t:
+                        ia = pa
+                        pa += 1
+                    if tb == t:
+                        ib = pb
+                        pb += 1
+                    if ia >= 0 and ib >= 0:
+                        m = max(t, fn)
+                        c = (cost[ba + ia] + cost[bb + ib]) + dp
+                        if c > k_se:
+                            continue
+                        while q + 1 < ne and em[q + 1] <= m:  # the envelope at m: ec[q]
+                            q += 1
+                        if q >= 0 and c >= ec[q]:
+                            continue  # the merge would drop it
+                        cm[nc], cc[nc], cch[nc] = m, c, j
+                        nc += 1
+                if nc == 0:
+                    continue
+                if ne + nc > len(tm):
+                    tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
+                n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
+                em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            if used + ne > len(mem):
+                mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
+            mem[used:used + ne] = em[:ne]
+            cost[used:used + ne] = ec[:ne]
+            ch[used:used + ne] = ech[:ne]
+            off[s, e], ln[s, e] = used, ne
+            used += ne
+            most = max(most, ne)
+            if max_points >= 0 and ne > max_points:
+                return off, ln, mem[:used], cost[:used], ch[:used], False, most
+    return off, ln, mem[:used], cost[:used], ch[:used], True, most
+
+
+def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
+                 oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray, inner: np.ndarray,
+                 P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`reach`, compiled."""
+    n_opt = osr.shape[0]
+    cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
+    kcap = np.full((U + 1, U + 1), -np.inf)
+    cap[0, U], kcap[0, U] = top, ub
+    for n in range(U, 1, -1):
+        for s in range(0, U - n + 1):
+            e = s + n
+            c, k = cap[s, e], kcap[s, e]
+            if c < R[s, e] or k < 0:
+                continue
+            for o in range(n_opt):
+                h, ms = ohold[s, o], oms[s, o]
+                if (o == 0 or ms <= k) and max(osr[o, s, e], h + R[s + 1, e]) <= c:
+                    cap[s + 1, e] = max(cap[s + 1, e], c - h)
+                    kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
+            for j in range(s + 1, e):
+                dp = P[j] - P[s]
+                if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + R[s, j]) <= c and dp <= k:
+                    cap[j, e] = max(cap[j, e], c - xo[j - 1])
+                    cap[s, j] = max(cap[s, j], c - inner[j, e])
+                    kcap[j, e] = max(kcap[j, e], k - dp)
+                    kcap[s, j] = max(kcap[s, j], k - dp)
+    return cap, kcap
+
+
+def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray,
+                 xo: np.ndarray, innerT: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``PeakTable``'s R and K, compiled: the same options, comparisons and sums in the same
+    order (identical tables). ``innerT[e, j]`` is ``inner_extra[j, e]``; ``RT``/``KT`` are
+    transposed copies so that the inner loop over ``j`` reads contiguous rows."""
+    n_opt = osr.shape[0]
+    W = U + 1
+    R = np.full((U, W), BIG, dtype=np.int64)
+    K = np.full((U, W), np.inf)
+    RT = np.full((W, U + 1), BIG, dtype=np.int64)
+    KT = np.full((W, U + 1), np.inf)
+    for e in range(1, U + 1):
+        for s in range(e - 1, -1, -1):
+            if s + 1 == e:
+                r, k = osr[0, s, e], 0.0
+                for o in range(1, n_opt):
+                    r1, k1 = osr[o, s, e], oms[s, o]
+                    if np.isfinite(k1) and (r1 < r or (r1 == r and k1 < k)):
+                        r, k = r1, k1
+            else:
+                rn, kn = RT[e, s + 1], KT[e, s + 1]
+                sr, sk = max(osr[0, s, e], ohold[s, 0] + rn), kn
+                for o in range(1, n_opt):
+                    ro, ko = max(osr[o, s, e], ohold[s, o] + rn), kn + oms[s, o]
+                    if np.isfinite(oms[s, o]) and (ro < sr or (ro == sr and ko < sk)):
+                        sr, sk = ro, ko
+                vmin, kmin = TOP, np.inf  # every v is below TOP
+                for j in range(s + 1, e):
+                    v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + R[s, j])
+                    if v > vmin:
+                        continue
+                    if v < vmin:
+                        vmin, kmin = v, ((P[j] - P[s]) + KT[e, j]) + K[s, j]
+                    else:
+                        kmin = min(kmin, ((P[j] - P[s]) + KT[e, j]) + K[s, j])
+                if sr < vmin or (sr == vmin and sk <= kmin):
+                    r, k = sr, sk
+                else:
+                    r, k = vmin, kmin
+            R[s, e], K[s, e], RT[e, s], KT[e, s] = r, k, r, k
+    for s in range(U):
+        K[s, s] = 0.0  # as the numpy table: the empty sub-chain costs nothing (and fits nowhere)
+    return R, K
+
+
+def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
+    """``FlatTable``'s ``out[m] = min(S[j, m] for lo <= j < hi if m >= t[j - lo])`` (inf
+    where none), compiled."""
+    out = np.full(S.shape[1], np.inf, dtype=S.dtype)
+    for j in range(lo, hi):
+        for m in range(max(0, t[j - lo]), S.shape[1]):
+            if S[j, m] < out[m]:
+                out[m] = S[j, m]
+    return out
+
+
+def jitted(name: str, units: int) -> Any:
+    """The compiled kernel ``name`` for a table on ``units`` units, or None for the numpy path
+    (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units while no
+    kernel is loaded yet). Compiled once per process, cached on disk by numba."""
+    if not USE_NUMBA or (units < NUMBA_MIN_UNITS and not _JIT):
+        return None
+    if name not in _JIT:
+        try:  # imported here, not at the top: loading numba costs every ckplan import ~0.3 s
+            numba = importlib.import_module("numba")
+        except ImportError:
+            _JIT[name] = None
+            return None
+        g = globals()
+        for helper in ("_grow", "_merge_into", "_first_at_most"):  # called from the kernels: compiled first
+            if helper not in _JIT:
+                _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
+        _JIT[name] = numba.njit(cache=True)(g[name])
+    return _JIT[name]

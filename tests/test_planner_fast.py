@@ -1,0 +1,74 @@
+"""The compiled tables (numba, optional) equal the numpy ones exactly (issue 9, item 4).
+
+Oracle: the numpy path (``tables.USE_NUMBA = False``), itself checked against brute force by
+``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py`` (tables under
+``NUMBA_MIN_UNITS`` units always take it; here the compiled kernels run on small tables too).
+Same frontiers (bytes, recompute, choice) for every sub-chain, same min-peak and depth-1
+tables, on chains with tiny sizes (many ties) and with options.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ckplan.planner import min_peak, min_peak_plan, plan_none, simulate
+from ckplan.planner import tables as T
+from ckplan.planner.dp import base_bytes, layer_tables
+from ckplan.planner.groups import make_units
+from ckplan.planner.synthetic import random_chain
+
+pytest.importorskip("numba")
+
+CASES = [(n, seed, size, opts) for n, seed in ((1, 0), (2, 1), (6, 2), (13, 3), (24, 4))
+         for size in (7, 1_000_003) for opts in (0, 2)]
+
+
+def _both(monkeypatch, build):
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)  # compiled on small tables too
+    monkeypatch.setattr(T, "USE_NUMBA", False)
+    a = build()
+    monkeypatch.setattr(T, "USE_NUMBA", True)
+    return a, build()
+
+
+@pytest.mark.parametrize("n,seed,size,opts", CASES)
+def test_peak_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts):
+    u = make_units(random_chain(n, seed, max_size=size, options=opts))
+    pc = T.PairCosts(u)
+    a, b = _both(monkeypatch, lambda: T.PeakTable(u, pc))
+    np.testing.assert_array_equal(a.R, b.R)
+    np.testing.assert_array_equal(a.K, b.K)
+
+
+@pytest.mark.parametrize("n,seed,size,opts", CASES)
+@pytest.mark.parametrize("frac,bounded", [(0.0, True), (0.05, True), (0.4, True), (1.0, False)])
+def test_pareto_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts, frac, bounded):
+    ch = random_chain(n, seed, max_size=size, options=opts)
+    t = layer_tables(ch)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    ub = simulate(ch, min_peak_plan(ch, b)).recompute_ms if bounded else None
+    x, y = _both(monkeypatch, lambda: T.ParetoTable(t.units, t.pairs, t.peaks.R, b - base_bytes(ch),
+                                                    None, ub))
+    assert x.ok and y.ok and x.n_points == y.n_points
+    assert x.F.keys() == y.F.keys()
+    for k, f in x.F.items():
+        for got, want in zip(y.F[k], f):
+            np.testing.assert_array_equal(got, want)
+    assert x.parts(b - base_bytes(ch)) == y.parts(b - base_bytes(ch))
+
+
+def test_pareto_table_compiled_stops_at_max_points(monkeypatch):
+    ch = random_chain(24, 0, max_size=1_000_003)
+    t = layer_tables(ch)
+    top = simulate(ch, plan_none(24)).peak_bytes - base_bytes(ch)
+    x, y = _both(monkeypatch, lambda: T.ParetoTable(t.units, t.pairs, t.peaks.R, top, 5))
+    assert not x.ok and not y.ok
+
+
+@pytest.mark.parametrize("n,seed,size", [(6, 0, 7), (40, 1, 7), (90, 2, 1_000_003)])
+def test_flat_table_compiled_equals_numpy(monkeypatch, n, seed, size):
+    t = layer_tables(random_chain(n, seed, max_size=size))
+    a, b = _both(monkeypatch, lambda: T.FlatTable(t.units, t.pairs, 997, 700, "nearest", 30))
+    np.testing.assert_array_equal(a.C, b.C)
+    np.testing.assert_array_equal(a.S, b.S)
