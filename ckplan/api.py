@@ -296,7 +296,8 @@ def profile_problem(data: Any) -> str | None:
     for i, row in enumerate(layers):
         if not isinstance(row, dict):
             return f"layers[{i}] is not an object"
-        missing = [k for k in kinds if k not in row and k != "options"]  # older profiles: no options
+        # Older profiles have no options and no recompute_ms.
+        missing = [k for k in kinds if k not in row and k not in ("options", "recompute_ms")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -311,7 +312,9 @@ def profile_problem(data: Any) -> str | None:
                 problem = _number_problem(f"layers[{i}].{key}", row[key], kind)
                 if problem:
                     return problem
-        problem = _options_problem(f"layers[{i}].options", row.get("options", []))
+        problem = (_number_problem(f"layers[{i}].recompute_ms", row.get("recompute_ms"), "float",
+                                   optional=True)
+                   or _options_problem(f"layers[{i}].options", row.get("options", [])))
         if problem:
             return problem
     if not isinstance(totals, dict):

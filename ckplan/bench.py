@@ -89,6 +89,7 @@ from .peers import (
 )
 from .planner import (
     Plan,
+    Store,
     chain_from_profile,
     default_budget,
     held_for_backward_bytes,
@@ -405,7 +406,8 @@ def _compile_notes(run: _Run, entries: list[_Entry], notes: list[str]) -> None:
 
 def _peer_entry(chain, name: str) -> _Entry:
     """A peer runs on the every-k k=1 plan's layer split: ``hf`` is that plan (so its prediction
-    is that plan's), ``sac-policy`` checkpoints the same layers selectively (no prediction)."""
+    is that plan's), ``sac-policy`` checkpoints the same layers selectively: predicted as every
+    layer stored with ckplan's ``sac-compute`` option when the profile has it on every layer."""
     plan = plan_chain(chain, "every-k", None, 1).plan
     if name == "hf":
         sc = simulate(chain, plan)
@@ -413,9 +415,17 @@ def _peer_entry(chain, name: str) -> _Entry:
                       sc.overhead, kind="peer",
                       message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
                               "as Hugging Face's gradient_checkpointing_enable does")
-    return _Entry(name, plan, kind="peer",
-                  message="torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
-                          "convolution outputs, recomputes the rest")
+    message = ("torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
+               "convolution outputs, recomputes the rest")
+    if all(any(o.name == "sac-compute" for o in ly.options) for ly in chain.layers):
+        # The same thing as ckplan's sac-compute option on every layer: predicted by that plan.
+        n = chain.n_layers
+        sac = Plan("sac-policy", n, tuple(Store(i, "sac-compute") for i in range(n)))
+        sc = simulate(chain, sac)
+        return _Entry(name, sac, sc.peak_bytes, _fwd_bwd_peak(chain, sac),
+                      held_for_backward_bytes(chain, sac), sc.overhead, kind="peer",
+                      message=message + "; predicted as ckplan's sac-compute option on every layer")
+    return _Entry(name, plan, kind="peer", message=message)
 
 
 def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:

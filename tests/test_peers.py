@@ -200,3 +200,14 @@ def test_cli_runs_peers_beside_strategies(tiny_gpt_spec, tmp_path, monkeypatch):
     assert rows["hf"]["kind"] == "peer" and rows["hf"]["status"] == "ok"
     assert rows["sac-policy"]["status"] == "ok" and rows["torch-compile"]["status"] == "unavailable"
     assert rows["hf"]["measured_peak_bytes"] == rows["every-k"]["measured_peak_bytes"]
+
+
+@pytest.mark.slow
+def test_torch_compile_rows_with_dropout_match_eager_gradients(tiny_gpt_spec, tmp_path):
+    """Compiled dropout would draw other masks than eager; the rows keep eager's random ops
+    (inductor's fallback_random), so the gradient check compares like with like."""
+    _, res = _run_peers(tiny_gpt_spec(tmp_path, n_layer=2, n_embd=32, dropout=0.1),
+                        ["none", "torch-compile"])
+    r = {r.strategy: r for r in res.rows}["torch-compile"]
+    assert r.status == "ok", r.message
+    assert r.max_grad_diff <= r.grad_tolerance

@@ -320,3 +320,47 @@ def test_old_profiles_without_cast_bytes_load():
     for row in d["layers"]:
         del row["cast_bytes"]
     assert all(r.cast_bytes == 0 for r in Profile.from_dict(d).layers)
+
+
+class _Attn(nn.Module):
+    def forward(self, x):  # (B, H, T, D) -> same; the CPU flash kernel on a plain causal call
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+class _AttnChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_Attn(), _Attn()])
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        x = x * self.w
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+def test_cpu_flash_attention_flops_are_counted():
+    """SDPA's forward is 4·B·H·T²·D FLOPs (two matmuls of 2·T²·D per head) and its backward 2.5x
+    that (five); torch counts none for the CPU flash kernels, so the profile registers them."""
+    B, H, T, D = 2, 4, 64, 16
+    prof = api.profile_model(_AttnChain(), (torch.randn(B, H, T, D),), {}, name="attn", chain="layers",
+                             device="cpu", optimizer="sgd", repeats=1, warmup=0)
+    for r in prof.chain_layers:
+        assert r.fwd_flops == 4 * B * H * T * T * D
+        assert r.bwd_flops == 10 * B * H * T * T * D
+
+
+def test_profiles_without_options_or_recompute_times_are_valid_and_bad_ones_are_named():
+    import json
+    d = json.loads(json.dumps(api.profile_model(Chain([4, 4, 4], nn.ReLU), (torch.randn(2, 4),), {},
+                                                name="m", chain=None, device="cpu", repeats=1,
+                                                warmup=0).to_dict()))
+    for row in d["layers"]:
+        row.pop("options", None)
+        row.pop("recompute_ms", None)
+    assert api.profile_problem(d) is None
+    d["layers"][1]["recompute_ms"] = -1.0
+    assert "layers[1].recompute_ms" in api.profile_problem(d)
+    d["layers"][1]["recompute_ms"] = float("nan")
+    assert "not a finite number" in api.profile_problem(d)
