@@ -105,3 +105,20 @@ class MixedPrecisionChain(ScaledChain):
             with torch.autocast("cpu", enabled=i != 1):
                 h = layer(h, scale=float(i + 1), gain=self.gains[i])
         return self.head(h).float().pow(2).mean()
+
+
+def step_with_plan(model, args, kwargs, plan, seed: int = 123):
+    """Loss and parameter gradients of one step with ``plan`` applied (None: no plan), from the
+    same RNG seed (same dropout masks in every run): the oracle the executor tests compare."""
+    from ckplan.execute import apply_plan
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    ex = apply_plan(model, plan) if plan is not None else None
+    try:
+        out = model(*args, **kwargs)
+        loss = out if isinstance(out, torch.Tensor) else out.loss
+        loss.backward()
+    finally:
+        if ex is not None:
+            ex.remove()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

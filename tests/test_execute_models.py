@@ -29,17 +29,7 @@ NESTED = {  # hand-built plans with inner checkpoints (ranges, outermost first)
 
 def _step(model, args, kwargs, plan):
     """Loss and gradients of one step, with ``plan`` applied (None: no plan)."""
-    torch.manual_seed(123)  # same dropout masks in every run
-    model.zero_grad(set_to_none=True)
-    ex = apply_plan(model, plan) if plan is not None else None
-    try:
-        out = model(*args, **kwargs)
-        loss = out if isinstance(out, torch.Tensor) else out.loss
-        loss.backward()
-    finally:
-        if ex is not None:
-            ex.remove()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return ckmodels.step_with_plan(model, args, kwargs, plan)
 
 
 def _plans(model, args, kwargs, n):

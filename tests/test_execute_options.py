@@ -19,17 +19,7 @@ from ckplan.zoo import build_builtin
 
 
 def _step(model, kwargs, plan):
-    torch.manual_seed(0)  # same dropout masks in every run
-    model.zero_grad(set_to_none=True)
-    ex = apply_plan(model, plan) if plan is not None else None
-    try:
-        out = model(**kwargs)
-        loss = out if isinstance(out, torch.Tensor) else out.loss
-        loss.backward()
-    finally:
-        if ex is not None:
-            ex.remove()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return ckmodels.step_with_plan(model, (), kwargs, plan)
 
 
 def _plans(n):
