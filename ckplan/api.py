@@ -98,11 +98,12 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
 
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
             force: bool = False, progress: Progress | None = None, note: Note | None = None,
-            options: bool | Sequence[str] = False) -> Profile:
+            options: bool | Sequence[str] = False, compile: bool = False) -> Profile:
     """Build the spec's model and batch on ``device`` and profile one training step.
 
     On cpu/cuda a meta pass first checks that the step fits (:func:`preflight`); ``force=True``
-    runs anyway. ``options``: also measure selective options (see :func:`profile_model`).
+    runs anyway. ``options``: also measure selective options; ``compile``: measure the chain
+    layers compiled (see :func:`profile_model`).
     """
     check_positive("repeats", repeats)
     check_positive("warmup", warmup, minimum=0)
@@ -111,14 +112,34 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
-    names = option_names(options)
+    names = compile_options(option_names(options), compile, dev.type, note)
     _tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
                     + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)")
-                    + (f", then {len(names)} selective options" if names else ""))
+                    + (f", then {len(names)} selective options" if names else "")
+                    + (", then with the chain layers compiled" if compile else ""))
     return profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
-                         spec=spec.model_dump(mode="json"), options=names)
+                         spec=spec.model_dump(mode="json"), options=names, compile=compile)
+
+
+def compile_options(names: tuple[str, ...], compile: bool, device_type: str,
+                    note: Note | None = None) -> tuple[str, ...]:
+    """The options to measure with ``compile``: none (SAC runs layers under a dispatch mode, where
+    compiled code runs eagerly; said once through ``note``); compiling on meta is refused."""
+    if not compile:
+        return names
+    if device_type == "meta":
+        raise UsageError("--compile measures compiled layers on cpu or cuda, not on meta",
+                         tip="drop --compile for a meta plan, or profile on --device cpu/cuda")
+    from .compiled import compile_unavailable
+    why = compile_unavailable(device_type)
+    if why:
+        raise UsageError(f"--compile cannot compile the chain layers here: {why}", tip="drop --compile")
+    if names:
+        _note(note, "--compile: selective options are not measured (compiled layers run eagerly under "
+                    "SAC's dispatch mode); planning stores or recomputes whole compiled layers")
+    return ()
 
 
 def option_names(options: bool | Sequence[str] | None) -> tuple[str, ...]:
@@ -155,19 +176,23 @@ def check_train_args(*, optimizer: str, precision: str, accum: int) -> None:
 def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, optimizer: str = "adamw",
                   precision: str = "fp32", accum: int = 1, lr: float = 1e-4, repeats: int = 3,
                   warmup: int = 1, spec: dict | None = None, loss_fn=to_loss,
-                  meta_target: str | None = None, options: bool | Sequence[str] = False) -> Profile:
+                  meta_target: str | None = None, options: bool | Sequence[str] = False,
+                  compile: bool = False) -> Profile:
     """Profile any model on a sample batch; the model is not changed.
 
     On ``device="meta"``, ``meta_target`` ('cpu' or 'cuda'; default: cuda when this machine has
     one, else cpu) is the device whose attention kernels the fake pass follows.
     ``options``: also measure the chain layers' selective options (:mod:`ckplan.sac`; True: all
     of ``POLICIES``, or a list of names), one more measured step (and ``repeats`` timed ones) each.
+    ``compile``: measure the chain layers compiled with ``torch.compile`` (:mod:`ckplan.compiled`;
+    not with options, not on meta): the plans are then for compiled layers, to be run inside
+    ``ckplan.compiled_layers(model)``.
     """
     import torch
 
     from .measure import device_info
     from .profiler import measure_step
-    from .training import optimizer_memory
+    from .training import optimizer_memory, optimizer_step_ms
 
     check_train_args(optimizer=optimizer, precision=precision, accum=accum)
     optimizer = OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer))
@@ -175,7 +200,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
                      repeats=repeats, warmup=warmup, accum=accum, meta_target=meta_target,
-                     options=option_names(options))
+                     options=option_names(options), compile=compile)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     opt_state, opt_tmp = optimizer_memory(trainable, optimizer, lr, dev.type)
@@ -197,6 +222,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         predicted_peak_bytes=0,
         measured_peak_bytes=None if dev.type == "meta" else
         param_bytes + buffer_bytes + inputs + opt_state + m.measured_peak_rel,
+        optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev),
     )
     prof = Profile(
         model=name, device=dev.type, device_name=info.name, chain=m.chain_path,
@@ -204,7 +230,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         optimizer=optimizer, accum=accum, input_requires_grad=m.input_requires_grad,
         times_estimated=dev.type == "meta", layers=m.rows, totals=totals,
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
-        notes=tuple(notes), spec=spec or {},
+        notes=tuple(notes), spec=spec or {}, compiled=compile,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 
@@ -320,6 +346,11 @@ def profile_problem(data: Any) -> str | None:
     if not isinstance(totals, dict):
         return "totals is not an object"
     for f in fields(Totals):
+        if f.name == "optimizer_ms":  # added later: optional, a number of milliseconds
+            problem = _number_problem("totals.optimizer_ms", totals.get(f.name), "float", optional=True)
+            if problem:
+                return problem
+            continue
         if f.name not in totals:
             return f"totals.{f.name} is missing"
         problem = _number_problem(f"totals.{f.name}", totals[f.name], "int", optional="None" in str(f.type))
@@ -332,16 +363,21 @@ def profile_problem(data: Any) -> str | None:
         return f"precision is {data.get('precision')!r}, not one of {', '.join(PRECISIONS)}"
     if data.get("optimizer", "adamw") not in OPTIMIZERS:
         return f"optimizer is {data.get('optimizer')!r}, not one of {', '.join(OPTIMIZERS)}"
+    if not isinstance(data.get("compiled", False), bool):
+        return f"compiled is {data.get('compiled')!r}, not true or false"
     return None
 
 
 def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
           steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
           plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
-          force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False):
+          force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False,
+          compile: bool = False):
     """Profile the spec's model, plan every strategy, and run measured training steps.
 
     ``options``: the profile also measures selective options (see :func:`profile_model`).
+    ``compile``: the chain layers are profiled compiled and every ckplan row (``none`` too) runs
+    with them compiled, its plan applied around them (:mod:`ckplan.compiled`); peers run as always.
 
     Every argument is checked before anything runs; on cpu/cuda a meta pass first checks that the
     step fits (:func:`preflight`; ``force=True`` runs anyway).
@@ -352,7 +388,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
-    names = option_names(options)
+    names = compile_options(option_names(options), compile, dev.type, note)
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)
@@ -363,7 +399,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"),
-                         options=names)
+                         options=names, compile=compile)
     budget_bytes = resolve_budget(budget, prof).bytes if budget is not None else None
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
@@ -389,7 +425,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          budget: str | int | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
-         parallel: str = "fsdp", options: bool | Sequence[str] = False):
+         parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -405,7 +441,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile)
     _tick(progress, f"planning {strategy} for {prof.model}")
     chain = _chain_for(prof, world_size, parallel)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
@@ -551,7 +587,7 @@ def export(rep, target: str):
 
 
 def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note,
-                      options: bool | Sequence[str] = False) -> Profile:
+                      options: bool | Sequence[str] = False, compile: bool = False) -> Profile:
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if profile_path is not None:
         ignored = (["SPEC (spec)"] if spec is not None else []) + \
@@ -567,7 +603,8 @@ def _profile_for_plan(spec, profile_path, device, overrides, force, progress, no
         raise UsageError("plan needs a SPEC or --profile saved.json",
                          tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
     spec = load(spec, **given)
-    return profile(spec, device=device, force=force, progress=progress, note=note, options=options)
+    return profile(spec, device=device, force=force, progress=progress, note=note, options=options,
+                   compile=compile)
 
 
 def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:

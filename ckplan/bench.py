@@ -64,9 +64,12 @@ from typing import Any
 
 import torch
 
+from .chainfind import resolve_chain
+from .compiled import CompiledLayers
 from .errors import CkplanError, InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
 from .measure import (
+    AllocatorTimeline,
     Clock,
     LiveTensorTracker,
     ResidentPeak,
@@ -221,6 +224,8 @@ class _Run:
     memory_limit_bytes: int | None = None
     opt: Any = None
     stepper: _Stepper | None = None
+    layers: CompiledLayers | None = None  # --compile: ckplan rows run with the chain layers compiled
+    eager: bool = False  # compiled layers left out (the eager gradient cross-check)
 
     def step(self, e: _Entry, **callbacks) -> float:
         """One training step with ``e``'s plan applied (on ``e``'s compiled copy for a compiled peer)."""
@@ -242,7 +247,17 @@ def _applied(run: _Run, e: _Entry):
         return sac_policy(run.model, run.profile.chain)
     if e.kind == "peer" and e.name == "hf" and is_hf_model(run.model):
         return hf_checkpointing(run.model)
+    if run.layers is not None and not run.eager and _runs_compiled_layers(e):
+        stack = contextlib.ExitStack()
+        stack.enter_context(run.layers)  # compiled first: the plan's checkpoints wrap the compiled forwards
+        stack.enter_context(apply_plan(run.model, e.plan, chain=run.profile.chain))
+        return stack
     return apply_plan(run.model, e.plan, chain=run.profile.chain)
+
+
+def _runs_compiled_layers(e: _Entry) -> bool:
+    """With --compile: ckplan's rows (the peers run as they are)."""
+    return e.compiled is None and e.kind == "ckplan"
 
 
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
@@ -266,8 +281,13 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.runnable]
     run = _Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
+    if profile.compiled:
+        _, container, _ = resolve_chain(model, profile.chain)
+        run.layers = CompiledLayers(list(container))
     try:
         _check_gradients(run, runnable, tick, notes)
+        if run.layers is not None:
+            _eager_cross_check(run, runnable, tick, notes)
         run.opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
         run.stepper = _Stepper(model, run.opt, batch, loss_fn, profile.precision, profile.accum, device)
         _warm_up(run, runnable, warmup, tick)
@@ -278,6 +298,10 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         _profiler_cross_check(run, runnable, tick)
         _timed_rounds(run, runnable, steps, tick)
         _compile_notes(run, runnable, notes)
+        if run.layers is not None:
+            notes.append(f"--compile: ckplan's rows ran with each chain layer's forward compiled (torch.compile, "
+                         f"TorchInductor; {run.layers.graphs} graph(s) compiled), the plan applied around "
+                         "them, predicted from the compiled layers' profile; peers ran as they are")
     finally:
         remove_plan(model)
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
@@ -288,7 +312,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
                        budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none) for e in entries),
                        profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes),
-                       frontier=frontier_of(chain))
+                       frontier=frontier_of(chain), compiled=profile.compiled)
 
 
 FRONTIER_POINTS = 16
@@ -480,6 +504,27 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
                      "(add none to --compare)")
 
 
+def _eager_cross_check(run: _Run, entries: list[_Entry], tick, notes: list[str]) -> None:
+    """With --compile: the reference (none, layers compiled) against the same step eager, once, so
+    the gradient check's reference is itself checked against eager PyTorch."""
+    ref = next((e for e in entries if e.is_reference and e.status == OK), None)
+    if ref is None:
+        return
+    tick("gradients: none (eager)")
+    init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
+    _, compiled_grads = _loss_and_grads(run, ref, init)
+    run.eager = True
+    try:
+        loss, grads = _loss_and_grads(run, ref, init)
+    finally:
+        run.eager = False
+        run.model.load_state_dict(init)
+    diff = max(((g - grads[n]).abs().max().item() for n, g in compiled_grads.items()
+                if g is not None and grads.get(n) is not None), default=0.0)
+    notes.append(f"--compile: none with compiled layers against none eager: max |grad difference| {diff:.3g} "
+                 f"(loss {ref.loss:.6g} vs {loss:.6g}); the gradient check compares the rows with the compiled none")
+
+
 def _compile_first_step(run: _Run, e: _Entry, init: dict):
     """A compiled peer's first forward+backward, under its partitioner budget: it compiles here, so
     its time goes into the row's message, never into the step time. A compiler that fails makes the
@@ -581,7 +626,7 @@ def _memory_step(run: _Run, e: _Entry) -> None:
         return
     limit = None if run.memory_limit_bytes is None else run.memory_limit_bytes - resident
     gc.collect()  # garbage from earlier steps must not count in this step's resident peak
-    if e.compiled is not None:
+    if e.compiled is not None or (run.layers is not None and _runs_compiled_layers(e)):
         _profiled_memory_step(run, e, resident, limit)
         return
     with ResidentPeak() as rss, LiveTensorTracker(limit_bytes=limit) as tr:
@@ -627,35 +672,6 @@ def _profiled_memory_step(run: _Run, e: _Entry, resident: int, limit: int | None
         e.mem.update(rss_peak=rss.peak_bytes, rss_growth=rss.growth_bytes)
 
 
-@contextlib.contextmanager
-def _without_kineto_log():
-    """Kineto writes ``USDT:... profiler_start/stop`` lines to the process's stderr (file descriptor
-    2, past Python); they are dropped, and anything else written there meanwhile is passed on."""
-    import os
-    import sys
-    import tempfile
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to filter
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(fd)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), fd)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, fd)
-            os.close(saved)
-            tmp.seek(0)
-            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
-                    if not ln.startswith("USDT:")]
-            if kept:
-                sys.stderr.write("".join(kept))
-
-
 @dataclass(frozen=True)
 class ProfiledMemory:
     """Bytes above what was allocated when profiling began: the peak, the live bytes after the
@@ -666,44 +682,20 @@ class ProfiledMemory:
     fwd_bwd_peak: int
 
 
-_MARKS = ("ckplan::after_forward", "ckplan::after_backward")
-
-
 def profiled_step_memory(step: Callable[[Callable[[], None], Callable[[], None]], object]) -> ProfiledMemory:
-    """Run ``step(after_forward, after_backward)`` under the PyTorch profiler with memory events and
-    replay the CPU allocator's allocations and frees in time order. Unlike the live-tensor tracker
-    this sees every allocation of the CPU allocator (compiled kernels' buffers too); the two
-    callbacks mark the moments whose live bytes are reported."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    def mark(name: str) -> Callable[[], None]:
-        def at() -> None:
-            with record_function(name):
-                pass
-        return at
-
-    with _without_kineto_log(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(mark(_MARKS[0]), mark(_MARKS[1]))
-    events = prof.profiler.kineto_results.events()
-    marks: dict[str, int] = {}
-    for ev in events:
-        if ev.name() in _MARKS:
-            marks.setdefault(ev.name(), ev.start_ns())
-    cpu = torch._C._autograd.DeviceType.CPU
-    mem = sorted((ev.start_ns(), ev.nbytes()) for ev in events
-                 if ev.name() == "[memory]" and ev.device_type() == cpu)
-    live = peak = 0
-    at_fwd = fb_peak = None
-    fwd_ns, bwd_ns = marks.get(_MARKS[0]), marks.get(_MARKS[1])
-    for ns, nbytes in mem:
-        if at_fwd is None and fwd_ns is not None and ns > fwd_ns:
-            at_fwd = live
-        if fb_peak is None and bwd_ns is not None and ns > bwd_ns:
-            fb_peak = peak
-        live += nbytes
-        peak = max(peak, live)
-    return ProfiledMemory(peak=peak, after_forward=live if at_fwd is None else at_fwd,
-                          fwd_bwd_peak=peak if fb_peak is None else fb_peak)
+    """Run ``step(after_forward, after_backward)`` under the PyTorch profiler with memory events
+    (:class:`ckplan.measure.AllocatorTimeline`): unlike the live-tensor tracker this sees every
+    allocation of the CPU allocator (compiled kernels' buffers too); the two callbacks mark the
+    moments whose live bytes are reported."""
+    tl = AllocatorTimeline()
+    with tl:
+        step(tl.mark, tl.mark)
+    at = tl.replay()
+    peak = tl.peak
+    if len(at) < 2:  # a step that never reached its marks: the whole step counts
+        return ProfiledMemory(peak=peak, after_forward=at[0][0] if at else 0, fwd_bwd_peak=peak)
+    (after_forward, fwd_peak), (_, bwd_peak) = at[0], at[1]
+    return ProfiledMemory(peak=peak, after_forward=after_forward, fwd_bwd_peak=max(fwd_peak, bwd_peak))
 
 
 def _timed_rounds(run: _Run, entries: list[_Entry], steps: int, tick) -> None:

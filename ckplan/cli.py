@@ -116,6 +116,9 @@ FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
+COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
+                           "with torch.compile, the plan applied around the compiled layers; selective "
+                           "options are then not measured.")
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
                            "recompute options (sac-compute, sac-linear, sac-attn): one more measured step "
                            "each; --no-options skips them.")
@@ -164,6 +167,7 @@ def profile(
     output: Optional[Path] = OUT_OPT,
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats (the median is reported)."),
     options: bool = OPTIONS_OPT,
+    compile: bool = COMPILE_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -176,7 +180,7 @@ def profile(
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
         prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
-                           options=options)
+                           options=options, compile=compile)
     doc = report.profile_doc(prof)
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
@@ -214,6 +218,7 @@ def plan(
                                                   "applies the plan in hf, torchtitan, lightning or fsdp "
                                                   "(or the closest plan it can express)."),
     options: bool = OPTIONS_OPT,
+    compile: bool = COMPILE_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -256,7 +261,7 @@ def plan(
     with _working("planning") as (progress, note):
         rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
                        overrides=_given(overrides), force=force, progress=progress, note=note,
-                       world_size=sizes[0], parallel=parallel, options=options)
+                       world_size=sizes[0], parallel=parallel, options=options, compile=compile)
     render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
     exported = None
@@ -318,6 +323,7 @@ def bench(
                                         "per-rank peaks (default: the spec's parallel.world_size when > 1)."),
     parallel: Optional[Parallel] = PARALLEL_OPT,
     options: bool = OPTIONS_OPT,
+    compile: bool = COMPILE_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -343,12 +349,14 @@ def bench(
                            out_dir, fmt, wide)
         return
     if s.name:
-        report.check_output_dir(out_dir, names=report.bench_filenames(s.name, api.resolve_device(device).type))
+        dev_type = api.resolve_device(device).type
+        report.check_output_dir(out_dir, names=report.bench_filenames(
+            s.name, f"{dev_type}-compiled" if compile else dev_type))
     n_plans = len(strategies) + (plan_file is not None)
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
-                        force=force, options=options)
+                        force=force, options=options, compile=compile)
     # The results first, then the files: a failed write must not take the table with it.
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0

@@ -13,6 +13,7 @@ seen); storages resized in place after creation are counted at their first size.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
-def _storages(obj) -> list[torch.UntypedStorage]:
+def storages_of(obj) -> list[torch.UntypedStorage]:
     leaves, _ = tree_flatten(obj)
     out = []
     for t in leaves:
@@ -41,7 +42,7 @@ def unique_storage_bytes(tensors) -> int:
     Views and tied tensors share a storage, so summing ``nbytes`` per tensor would count it twice.
     """
     seen: dict[int, torch.UntypedStorage] = {}  # the storages stay referenced, so ids stay unique
-    for st in _storages(tensors):
+    for st in storages_of(tensors):
         seen.setdefault(id(st), st)
     return sum(st.nbytes() for st in seen.values())
 
@@ -85,9 +86,9 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {id(s) for s in _storages((args, kwargs))}
+        inputs = {id(s) for s in storages_of((args, kwargs))}
         new: list[tuple[int, int]] = []
-        for st in _storages(out):
+        for st in storages_of(out):
             key = id(st)
             # An output sharing an input's storage is a view or an in-place result: not new.
             if key in inputs or key in self._known:
@@ -263,3 +264,100 @@ def _proc_status_bytes(field: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+@contextlib.contextmanager
+def _without_kineto_log():
+    """Kineto writes ``USDT:... profiler_start/stop`` lines to the process's stderr (file descriptor
+    2, past Python); they are dropped, and anything else written there meanwhile is passed on."""
+    import os
+    import sys
+    import tempfile
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith("USDT:")]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+_MARK = "ckplan::mark"
+
+
+class AllocatorTimeline:
+    """The CPU allocator's allocations and frees while active (the PyTorch profiler's memory
+    events), replayed in time order afterwards. Unlike :class:`LiveTensorTracker` it sees buffers
+    that compiled code (TorchInductor's C++ kernels) allocates without Python dispatch; a
+    TorchDispatchMode would instead make ``torch.compile`` fall back to eager. Bytes are relative
+    to the start: frees of storages made before it are not reported by the profiler.
+
+    ``mark()`` notes a moment; after exit, :meth:`replay` gives, per mark in order, the live bytes
+    at it and the peak since the previous mark (or the start); ``peak`` is the whole run's peak.
+    """
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._prof = None
+        self._n = 0
+        self._at: list[tuple[int, int]] = []
+        self.peak = 0
+
+    def __enter__(self) -> AllocatorTimeline:
+        from torch.profiler import ProfilerActivity, profile
+        self._stack.enter_context(_without_kineto_log())
+        self._prof = self._stack.enter_context(profile(activities=[ProfilerActivity.CPU], profile_memory=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+        if exc[0] is None:
+            self._replay()
+
+    def mark(self) -> None:
+        from torch.profiler import record_function
+        with record_function(f"{_MARK}:{self._n}"):
+            self._n += 1
+
+    def replay(self) -> list[tuple[int, int]]:
+        return list(self._at)
+
+    def _replay(self) -> None:
+        events = self._prof.profiler.kineto_results.events()
+        marks: dict[int, int] = {}
+        for ev in events:
+            name = ev.name()
+            if name.startswith(_MARK + ":"):
+                marks.setdefault(int(name.rsplit(":", 1)[1]), ev.start_ns())
+        cpu = torch._C._autograd.DeviceType.CPU
+        mem = sorted((ev.start_ns(), ev.nbytes()) for ev in events
+                     if ev.name() == "[memory]" and ev.device_type() == cpu)
+        times = [marks[k] for k in sorted(marks)]
+        live = peak = since = 0
+        k = 0
+        for ns, nbytes in mem:
+            while k < len(times) and ns > times[k]:
+                self._at.append((live, since))
+                since = live
+                k += 1
+            live += nbytes
+            peak = max(peak, live)
+            since = max(since, live)
+        while k < len(times):
+            self._at.append((live, since))
+            since = live
+            k += 1
+        self.peak = peak

@@ -144,7 +144,7 @@ class CompiledPeer:
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
         with functorch_config.patch(activation_memory_budget=self.fraction), \
-                inductor_config.patch(fallback_random=True):
+                inductor_config.patch(fallback_random=True, joint_custom_pre_pass=save_random_ops):
             yield
 
     def _backend(self, gm, example_inputs):
@@ -152,6 +152,19 @@ class CompiledPeer:
         self.graphs += 1
         with self.compiling():
             return compile_fx(gm, example_inputs)
+
+
+def save_random_ops(graph) -> None:
+    """A joint-graph pass for TorchInductor: random ops' outputs are saved for the backward, never
+    recomputed there. With ``fallback_random`` they draw from eager's generator, which nothing
+    replays in the backward on CPU; under an ``activation_memory_budget`` the min-cut partitioner
+    would recompute them (a 6-layer GPT with dropout 0.1 at budget 0.5: a new dropout mask in the
+    backward, gradients off by 0.065). ``MUST_SAVE`` keeps them out of the budget's choice."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    for node in graph.nodes:
+        tags = getattr(node.target, "tags", ())
+        if node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def is_hf_model(model: nn.Module) -> bool:

@@ -53,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain
 from .errors import ModelRunError, UsageError
-from .measure import Clock, LiveTensorTracker, unique_storage_bytes
+from .measure import AllocatorTimeline, Clock, LiveTensorTracker, storages_of, unique_storage_bytes
 from .records import CHAIN, POST, PRE, OptionRecord, StageRecord
 from .sac import policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
@@ -116,6 +116,9 @@ class _Instrument:
     excluded: set[int] = field(default_factory=set)  # storages of parameters and buffers
     _current: tuple[str, int] = ("F", -1)
     paused: bool = False  # marks off: a pass timed as a whole (every layer checkpointed)
+    # Compiled layers (no tracker): saved storages attributed when first packed (_first_seen).
+    attribute_on_pack: bool = False
+    seen_in: dict[int, tuple[weakref.ref, tuple[str, int]]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -142,7 +145,22 @@ class _Instrument:
             ref = self.saved.get(k)
             if ref is None or ref() is None:
                 self.saved[k] = weakref.ref(st)
+                if self.attribute_on_pack:
+                    self._first_seen(st, self._current)
         return t
+
+    def _first_seen(self, st: torch.UntypedStorage, window: tuple[str, int]) -> None:
+        """Without a tracker (compiled layers), a saved storage belongs to the window that first
+        saved it, unless it came into the window as an argument or left an earlier one as an output."""
+        k = id(st)
+        seen = self.seen_in.get(k)
+        if seen is None or seen[0]() is not st:
+            self.seen_in[k] = (weakref.ref(st), window)
+            self.alloc_window[k] = window
+
+    def _not_made_here(self, obj, i: int) -> None:
+        for st in storages_of(obj):
+            self._first_seen(st, ("in", i))
 
     def install(self) -> list:
         handles = []
@@ -153,6 +171,8 @@ class _Instrument:
 
     def _pre_hook(self, i: int):
         def hook(module, args, kwargs):
+            if self.attribute_on_pack and not self.paused:
+                self._not_made_here((args, kwargs), i)
             if i == 0:
                 x = first_tensor((args, kwargs))
                 if x is not None:
@@ -165,6 +185,8 @@ class _Instrument:
 
     def _post_hook(self, i: int):
         def hook(module, args, kwargs, out):
+            if self.attribute_on_pack and not self.paused:
+                self._not_made_here(out, i)  # saved later (by the next stage) is not made there
             y = first_tensor(out)
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
@@ -244,7 +266,7 @@ class StepMeasurement:
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
                  device: torch.device, precision: str = "fp32", repeats: int = 3, warmup: int = 1,
                  accum: int = 1, meta_target: str | None = None,
-                 options: tuple[str, ...] = ()) -> StepMeasurement:
+                 options: tuple[str, ...] = (), compile: bool = False) -> StepMeasurement:
     """Profile one training forward+backward of ``model`` on the batch; the model is left as found.
 
     ``options`` (names from ckplan.sac.POLICIES) are measured too: per option, one more measured
@@ -252,6 +274,12 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
 
     On meta, attention follows the kernels that ``meta_target`` ("cpu" or "cuda"; default: cuda
     when this machine has a GPU, else cpu) would run (see ckplan.sdpa); ``notes`` say which.
+
+    ``compile``: the chain layers are measured compiled (:mod:`ckplan.compiled`): after the eager
+    measured pass (FLOPs, gradient windows, autocast's copies: a dispatch mode would make the
+    compiled layers run eagerly), a pass with the layers compiled gives the bytes each saves
+    (attributed as they are packed), the windows' memory (CUDA: the allocator; CPU: the
+    allocator's events from the PyTorch profiler) and, in the timed passes, the times.
     """
     if meta_target not in (None, *TARGETS):
         raise UsageError(f"meta_target {meta_target!r} is not one of {', '.join(TARGETS)}",
@@ -259,6 +287,11 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
     meta = device.type == "meta"
+    if compile and (meta or options):
+        raise UsageError("compiled layers are measured on cpu or cuda, without selective options"
+                         + (f" (device {device.type!r})" if meta else f" (options {', '.join(options)})"),
+                         tip="profile with --no-options on cpu or cuda to compile the layers")
+    compiled = _compiled_layers(layers, device) if compile else None
     params = list(dict.fromkeys(model.parameters()))
     step = _Step(model, args, kwargs, loss_fn, precision, device,
                  (meta_target or default_target()) if meta else None)
@@ -275,12 +308,24 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             step.run(inst)
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
-        times = _Times({}, []) if meta else _timing_passes(inst, step, params, repeats)
+        if compiled is not None:
+            with _compile_errors(), compiled:
+                for _ in range(max(1, warmup)):
+                    step.run(inst)  # compiles (one graph per layer class), then settles
+                    _zero(params)
+                measured = _compiled_pass(inst, step, params, model, measured)
+                _zero(params)
+                times = _timing_passes(inst, step, params, repeats)
+        else:
+            times = _Times({}, []) if meta else _timing_passes(inst, step, params, repeats)
         option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
                          for name in options]
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     rows = _with_options(rows, measured, option_passes, meta)
     notes = (step.sdpa_note,) if step.sdpa_note else ()
+    if compiled is not None:
+        notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
+                  "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
                            chain_path, detected, notes)
 
@@ -439,6 +484,87 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         live_at_end=inst.live_at_end)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
+
+
+def _compiled_layers(layers: list[nn.Module], device: torch.device):
+    from .compiled import CompiledLayers, compile_unavailable
+    why = compile_unavailable(device.type)
+    if why:
+        raise UsageError(f"cannot compile the chain layers: {why}", tip="run without --compile")
+    return CompiledLayers(layers)
+
+
+@contextmanager
+def _compile_errors():
+    """A failure inside torch.compile (Dynamo, AOTAutograd, Inductor) as one ModelRunError."""
+    try:
+        yield
+    except (ModelRunError, UsageError):
+        raise
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:
+        from torch._dynamo.exc import TorchDynamoException
+        if not isinstance(e, TorchDynamoException):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ModelRunError(f"torch.compile failed on the chain layers: {type(e).__name__}: {first}",
+                            tip="profile without --compile (the plan is then for eager layers)") from e
+
+
+class _TimelineMeter:
+    """CPU memory of compiled layers: each mark is a point in an :class:`AllocatorTimeline`; the
+    live and peak bytes are filled in after the pass (``_compiled_pass``)."""
+
+    tracker = None
+
+    def __init__(self, timeline: AllocatorTimeline):
+        self.timeline = timeline
+
+    def read_and_reset(self) -> tuple[int, int]:
+        self.timeline.mark()
+        return 0, 0
+
+
+def _compiled_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], model: nn.Module,
+                   eager: _MeasuredPass) -> _MeasuredPass:
+    """The measured pass with the chain layers compiled, without tracker or FLOP counter: windows'
+    bytes from the allocator (CUDA) or the profiler's allocator events (CPU), saved bytes per
+    chain layer by first pack (arguments and earlier outputs are not the layer's). FLOPs, gradient
+    windows, autocast copies and the pre/post stages' saved bytes stay the eager pass's."""
+    inst.track_saved = inst.attribute_on_pack = True
+    inst.saved.clear()
+    inst.alloc_window.clear()
+    inst.seen_in.clear()
+    inst.excluded = {id(p.untyped_storage()) for p in params} | {
+        id(b.untyped_storage()) for b in model.buffers()}
+    try:
+        if step.device.type == "cuda":
+            inst.meter = _Meter(step.device, None)
+            step.run(inst)
+        else:
+            timeline = AllocatorTimeline()
+            inst.meter = _TimelineMeter(timeline)
+            with timeline:
+                step.run(inst)
+            at = timeline.replay()
+            if len(at) != len(inst.marks):
+                raise ModelRunError(f"the profiler saw {len(at)} of the pass's {len(inst.marks)} marks",
+                                    tip="profile without --compile")
+            for m, (live, peak) in zip(inst.marks, at):
+                m.live, m.peak = live, peak
+        windows = inst.windows()
+        saved = dict(inst.saved_at_end)
+    finally:
+        inst.track_saved = inst.attribute_on_pack = False
+        inst.meter = None
+        inst.seen_in.clear()
+    for key, w in windows.items():
+        w["flops"] = eager.windows.get(key, {}).get("flops", 0)
+    for s in (-1, inst.n):
+        saved[s] = eager.saved.get(s, 0)
+    return replace(eager, windows=windows, peak=max(m.peak for m in inst.marks), saved=saved,
+                   live_at_end={})
 
 
 class _GlobalOnly:

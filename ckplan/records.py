@@ -103,6 +103,9 @@ class Totals:
     activation_bytes: int  # sum of saved_bytes over all rows
     predicted_peak_bytes: int  # one training step without checkpointing (README: memory model)
     measured_peak_bytes: int | None  # forward+backward peak seen (plus params, buffers, inputs, optimizer state)
+    # One optimizer.step(), timed on stand-ins (ckplan.training.optimizer_step_ms); None on meta
+    # and in older profiles (then 0 in the predicted step time).
+    optimizer_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +132,8 @@ class Profile:
     device_free_bytes: int | None = None
     notes: tuple[str, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)  # the resolved spec, to rebuild the model
+    # The chain layers were profiled compiled (ckplan.compiled): plans are for compiled layers.
+    compiled: bool = False
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -248,6 +253,12 @@ class BenchResult:
     # predicted slowdown) of dp at evenly spaced budgets (and of dp-layer when the profile has
     # selective options), for the frontier plot beside the measured rows.
     frontier: tuple[tuple[str, int, float], ...] = field(default=())
+    compiled: bool = False  # --compile: ckplan's rows ran with the chain layers compiled
+
+    @property
+    def device_tag(self) -> str:
+        """The device in file names: ``cpu``, or ``cpu-compiled`` for a --compile bench."""
+        return f"{self.device}-compiled" if self.compiled else self.device
 
     @property
     def failed_rows(self) -> tuple[BenchRow, ...]:

@@ -427,13 +427,13 @@ def bench_frame(result):
 
 def write_bench(out_dir: str | Path, result) -> list[Path]:
     """bench-<model>-<device>.{csv,json,png}: the whole set or none of it (see :func:`write_files`)."""
-    base = Path(out_dir) / bench_basename(result.model, result.device)
+    base = Path(out_dir) / bench_basename(result.model, result.device_tag)
     frame = bench_frame(result)
     text = to_json(bench_doc(result))
     return write_files([(Path(f"{base}.csv"), lambda p: frame.to_csv(p, index=False)),
                         (Path(f"{base}.json"), lambda p: p.write_text(text)),
                         (Path(f"{base}.png"), lambda p: _plot_bench(result, p)),
-                        (Path(out_dir) / f"{frontier_basename(result.model, result.device)}.png",
+                        (Path(out_dir) / f"{frontier_basename(result.model, result.device_tag)}.png",
                          lambda p: _plot_frontier(result, p))], "--out-dir")
 
 

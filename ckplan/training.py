@@ -30,6 +30,44 @@ def make_optimizer(params, name: str, lr: float, device_type: str):
     raise SpecError(f"optimizer {name!r} is not one of adamw, sgd-momentum, sgd")
 
 
+# The optimizer's step is timed on stand-ins of at most this many parameter bytes, scaled up.
+OPT_SAMPLE_BYTES = 256 * 2**20
+
+
+def optimizer_step_ms(params, name: str, lr: float, device: torch.device, repeats: int = 3,
+                      sample_bytes: int = OPT_SAMPLE_BYTES) -> float | None:
+    """Milliseconds of one ``optimizer.step()`` over ``params`` (None on meta), timed on stand-ins.
+
+    The step is element-wise and bound by memory traffic, so its time follows the parameter
+    count: zero-filled copies of the parameters (in order, up to ``sample_bytes``), with zero
+    gradients, get one step (the state is made) and ``repeats`` timed ones; the median is scaled
+    by all elements / sampled elements. The user's parameters and optimizer are never touched.
+    """
+    from .measure import Clock
+    params = [p for p in params if p.requires_grad]
+    if device.type == "meta" or not params:
+        return None
+    total = sum(p.numel() for p in params)
+    sample, nbytes = [], 0
+    for p in params:
+        if sample and nbytes + p.numel() * p.element_size() > sample_bytes:
+            break
+        s = torch.zeros_like(p, device=device).requires_grad_(True)
+        s.grad = torch.zeros_like(s)
+        sample.append(s)
+        nbytes += p.numel() * p.element_size()
+    opt = make_optimizer(sample, name, lr, device.type)
+    opt.step()
+    clock = Clock(device)
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = clock.now_ms()
+        opt.step()
+        times.append(clock.now_ms() - t0)
+    times.sort()
+    return times[len(times) // 2] * total / sum(s.numel() for s in sample)
+
+
 def autocast_ctx(precision: str, device_type: str):
     """autocast for bf16/fp16 on cpu/cuda; a no-op for fp32 (and on meta, where autocast has no kernels)."""
     if precision == "fp32" or device_type == "meta":

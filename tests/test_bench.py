@@ -189,12 +189,14 @@ def test_nan_loss_is_non_finite(flaky_spec, tmp_path):
 
 def test_cpu_rows_carry_the_resident_high_water_mark(tiny_gpt_spec, tmp_path):
     from ckplan.measure import ResidentPeak
+    import mmap
     with ResidentPeak() as rss:
-        import torch
-        # 64 MiB: above glibc's largest dynamic mmap threshold (32 MiB), so fresh pages, whatever
-        # the heap kept from earlier tests.
-        x = torch.ones(64 * 2**20 // 4)
-        del x
+        # 64 MiB of fresh anonymous pages, each written once: whatever the heap kept from earlier
+        # tests (glibc may serve even a large tensor from memory that is already resident).
+        m = mmap.mmap(-1, 64 * 2**20)
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+        m.close()
     if rss.peak_bytes is None:
         pytest.skip("no /proc/self/clear_refs here")
     assert rss.growth_bytes >= 63 * 2**20 and rss.peak_bytes >= rss.start_bytes + rss.growth_bytes

@@ -62,6 +62,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         optimizer_bytes=t.optimizer_bytes,
         optimizer=profile.optimizer,
         grads_in_persistent=accum,
+        opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
     )
     return with_options(calibrate(chain, profile), profile)
 

@@ -113,6 +113,7 @@ class Chain:
     optimizer_bytes: int = 0
     optimizer: str = ""  # the optimizer's name (adamw, sgd-momentum, sgd); "" when unknown
     grads_in_persistent: bool = False  # gradient accumulation: all gradients are in persistent_bytes
+    opt_ms: float = 0.0  # the optimizer step's time per micro-batch (its step / accum); 0 when unknown
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -168,6 +169,7 @@ class Chain:
 
     @property
     def base_step_ms(self) -> float:
-        """One forward and one backward of everything: the step time without checkpointing."""
+        """One forward and one backward of everything, and the optimizer's share of its step: the
+        step time without checkpointing (per micro-batch)."""
         return (self.pre.fwd_ms + self.pre.bwd_ms + self.post.fwd_ms + self.post.bwd_ms
-                + sum(ly.fwd_ms + ly.bwd_ms for ly in self.layers))
+                + sum(ly.fwd_ms + ly.bwd_ms for ly in self.layers) + self.opt_ms)

@@ -141,7 +141,8 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
                    bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * P[n - 1])
     return replace(chain, name=name, layers=tuple(layers), pre=pre, post=post,
                    persistent_bytes=persistent, opt_step_peak_bytes=max(opt_peak, persistent),
-                   param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state)
+                   param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state,
+                   opt_ms=chain.opt_ms / W)  # each rank steps its shard only
 
 
 def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:

@@ -1,0 +1,136 @@
+"""--compile: ckplan's plans around compiled chain layers (ckplan.compiled), their profile and bench.
+
+Oracles: gradients of eager PyTorch without checkpoints (dropout on, same seed); the compiled
+peer at a low activation budget against eager; the bench's own predicted-vs-measured peaks.
+"""
+import pytest
+import torch
+
+from ckplan import api
+from ckplan.api import profile_model
+from ckplan.bench import run_bench
+from ckplan.compiled import CompiledLayers, compile_unavailable, compiled_layers
+from ckplan.errors import UsageError
+from ckplan.execute import apply_plan
+from ckplan.planner import chain_from_profile
+from ckplan.planner.plan import Plan, items_from_ranges
+from ckplan.zoo.gpt import build_gpt
+
+needs_inductor = pytest.mark.skipif(bool(compile_unavailable("cpu")), reason=compile_unavailable("cpu") or "-")
+
+
+def _grads(model, x, seed=1):
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    loss = model(x, labels=x)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@needs_inductor
+def test_plans_around_compiled_layers_keep_eager_gradients():
+    """Compiled layers (dropout 0.1) inside one- and multi-layer checkpoints: the gradients of the
+    eager model without checkpoints, and the layers are left as they were."""
+    torch.manual_seed(0)
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+    x = torch.randint(0, 97, (2, 16))
+    ref_loss, ref = _grads(model, x)
+    scale = max(g.abs().max().item() for g in ref.values())
+    layers = CompiledLayers(list(model.blocks))
+    for ranges in ([], [(0, 1), (1, 2), (2, 3), (3, 4)], [(0, 3)], [(1, 3)]):
+        plan = Plan("custom", 4, items_from_ranges(4, ranges), {})
+        with layers, apply_plan(model, plan, chain="blocks"):
+            loss, got = _grads(model, x)
+        assert loss == pytest.approx(ref_loss, rel=1e-6), ranges
+        diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
+        assert diff <= 1e-5 * scale, (ranges, diff)
+    assert layers.graphs >= 1  # it compiled (one graph for the four identical blocks)
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+
+
+def test_compiled_layers_install_and_restore_own_forwards():
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    own = model.blocks[1].forward = lambda *a, **k: type(model.blocks[1]).forward(model.blocks[1], *a, **k)
+    layers = CompiledLayers(list(model.blocks))
+    with layers:
+        assert layers.active and model.blocks[0].forward is not own
+        with pytest.raises(RuntimeError):
+            layers.__enter__()
+    assert not layers.active
+    assert "forward" not in model.blocks[0].__dict__ and model.blocks[1].forward is own
+
+
+def test_compile_is_refused_on_meta_and_with_options(tiny_gpt_spec, tmp_path):
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    with pytest.raises(UsageError, match="not on meta"):
+        api.profile(spec, device="meta", compile=True)
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    with pytest.raises(UsageError, match="without selective options"):
+        profile_model(model, *batch, name="t", chain="blocks", device="cpu", options=True, compile=True)
+
+
+def test_compiled_flag_round_trips_and_is_checked(tmp_path):
+    """A profile says whether its layers were compiled; older profiles (no key) load as eager."""
+    import json
+
+    from ckplan.records import Profile
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    x = torch.randint(0, 97, (2, 16))
+    prof = profile_model(model, (x,), {"labels": x}, name="t", chain="blocks", device="cpu", repeats=1, warmup=0)
+    d = json.loads(json.dumps(prof.to_dict()))
+    assert d["compiled"] is False and api.profile_problem(d) is None
+    d["compiled"] = True
+    assert Profile.from_dict(d).compiled is True
+    del d["compiled"]
+    assert api.profile_problem(d) is None and Profile.from_dict(d).compiled is False
+    d["compiled"] = "yes"
+    assert "compiled is 'yes'" in api.profile_problem(d)
+
+
+@needs_inductor
+@pytest.mark.slow
+def test_bench_compile_rows_predicted_and_exact(tiny_gpt_spec, tmp_path):
+    """bench --compile on a dropout GPT: every ckplan row runs compiled, with gradients equal to
+    none's, peaks within 5% of the compiled profile's prediction; none compiled is checked
+    against eager."""
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, n_embd=64, dropout=0.1), batch_size=4, seq_len=32)
+    res = api.bench(spec, strategies=["none", "every-k", "dp"], k=1, steps=1, device="cpu", compile=True)
+    assert res.compiled and res.device_tag == "cpu-compiled"
+    for r in res.rows:
+        assert r.status == "ok", r
+        assert r.max_grad_diff <= r.grad_tolerance
+        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= 0.05 * r.measured_peak_bytes, r
+    cross = next(n for n in res.notes if n.startswith("--compile: none with compiled layers against none eager"))
+    diff = float(cross.split("max |grad difference| ")[1].split()[0])
+    assert diff < 1e-5
+
+
+@needs_inductor
+@pytest.mark.slow
+def test_torch_compile_peer_with_dropout_at_a_low_budget(tiny_gpt_spec, tmp_path):
+    """At a low activation budget the min-cut partitioner recomputes what it may: random ops are
+    kept out of that (ckplan.peers.save_random_ops), so dropout's mask is not drawn again."""
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, n_embd=64, dropout=0.1), batch_size=4, seq_len=32)
+    torch.manual_seed(0)
+    dev = torch.device("cpu")
+    model = api.build_model(spec, "cpu")
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="tiny", chain=spec.chain, device=dev, optimizer="sgd")
+    chain = chain_from_profile(prof)
+    none_peak = prof.totals.predicted_peak_bytes
+    low = chain.persistent_bytes + (none_peak - chain.persistent_bytes) // 10  # budget fraction 0.1
+    res = run_bench(model, batch, api.to_loss, prof, strategies=["none", "torch-compile"], budget_bytes=low,
+                    k=1, steps=1, warmup=1, device=dev, lr=spec.train.lr)
+    r = {r.strategy: r for r in res.rows}["torch-compile"]
+    assert r.status == "ok", r.message
+    assert float(r.plan.split()[-1]) < 0.3
+    assert r.max_grad_diff <= r.grad_tolerance
+
+
+def test_compiled_layers_refused_where_inductor_cannot_run(monkeypatch):
+    import ckplan.compiled as compiled
+    monkeypatch.setattr(compiled, "compile_unavailable", lambda device_type: "no C++ compiler on PATH")
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    with pytest.raises(UsageError, match="no C\\+\\+ compiler"):
+        compiled_layers(model)
