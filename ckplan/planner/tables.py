@@ -906,6 +906,19 @@ def _first_at_most(cost: np.ndarray, b: int, n: int, add: float, dp: float, lim:
     return lo
 
 
+def _first_mem(mem: np.ndarray, b: int, lo: int, n: int, add: int, lim: int) -> int:
+    """The first ``i`` in ``[lo, n)`` with ``mem[b + i] + add >= lim`` (``mem`` increasing
+    from ``b``), ``n`` when none."""
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mem[b + mid] + add >= lim:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, max_points: int) -> tuple:
@@ -980,6 +993,12 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     q = np.searchsorted(em[:ne], m0, side="right") - 1
                     if q >= 0 and (amin + bmin) + dp >= ec[q]:
                         continue
+                    # Nor is any point where the envelope is already as cheap as that cheapest
+                    # point: stop both sides there.
+                    qs = _first_at_most(ec, 0, ne, 0.0, 0.0, (amin + bmin) + dp)
+                    if qs < ne:
+                        la = _first_mem(mem, ba, pa, la, xa, em[qs])
+                        lb = _first_mem(mem, bb, pb, lb, xb, em[qs])
                 if la + lb > len(cm):
                     cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
                 nc = 0
@@ -1122,7 +1141,8 @@ def jitted(name: str, units: int) -> Any:
             _JIT[name] = None
             return None
         g = globals()
-        for helper in ("_grow", "_merge_into", "_first_at_most"):  # called from the kernels: compiled first
+        # called from the kernels: compiled first
+        for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem"):
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
