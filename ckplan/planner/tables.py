@@ -1202,9 +1202,10 @@ def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
     where none), compiled."""
     out = np.full(S.shape[1], np.inf, dtype=S.dtype)
     for j in range(lo, hi):
-        for m in range(max(0, t[j - lo]), S.shape[1]):
-            if S[j, m] < out[m]:
-                out[m] = S[j, m]
+        a = max(0, t[j - lo])
+        src, dst = S[j, a:], out[a:]
+        for k in range(len(dst)):  # slices indexed from 0, unconditional stores: vectorised
+            dst[k] = min(dst[k], src[k])
     return out
 
 
