@@ -860,8 +860,12 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 # another, each option's sorted breakpoints into the running lower envelope (two pointers, linear),
 # instead of sorting the union of all of them. Ties are broken the same way (of points with equal
 # bytes and equal recompute, the earlier option: store options by column, then checkpoints by
-# ``j``), so both paths give identical tables; tests compare them. ``CKPLAN_NUMBA=0`` (or
-# ``tables.USE_NUMBA = False``) forces the numpy path.
+# ``j``), so both paths give identical tables; tests compare them. A checkpoint's two-pointer walk
+# starts where its points can come under the recompute cap and stops where the envelope is already
+# cheaper than its cheapest point (what is skipped would be dropped by the merge). The slot tables
+# (``CostTable``, ``FlatTable``'s inner minimum) are compiled the same way: the same sums in the
+# same precision, identical tables. ``CKPLAN_NUMBA=0`` (or ``tables.USE_NUMBA = False``) forces
+# the numpy path.
 
 USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
 # Smaller tables take the numpy path until numba is loaded: it takes milliseconds there, while
