@@ -3,8 +3,8 @@
 Oracle: the numpy path (``tables.USE_NUMBA = False``), itself checked against brute force by
 ``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py`` (tables under
 ``NUMBA_MIN_UNITS`` units always take it; here the compiled kernels run on small tables too).
-Same frontiers (bytes, recompute, choice) for every sub-chain, same min-peak and depth-1
-tables, on chains with tiny sizes (many ties) and with options.
+Same frontiers (bytes, recompute, choice) for every sub-chain, same min-peak, slot (nested) and
+depth-1 tables, on chains with tiny sizes (many ties) and with options.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from ckplan.planner import min_peak, min_peak_plan, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.dp import base_bytes, layer_tables
-from ckplan.planner.groups import make_units
+from ckplan.planner.groups import cheap_cuts, make_units
 from ckplan.planner.synthetic import random_chain
 
 pytest.importorskip("numba")
@@ -72,3 +72,19 @@ def test_flat_table_compiled_equals_numpy(monkeypatch, n, seed, size):
     a, b = _both(monkeypatch, lambda: T.FlatTable(t.units, t.pairs, 997, 700, "nearest", 30))
     np.testing.assert_array_equal(a.C, b.C)
     np.testing.assert_array_equal(a.S, b.S)
+
+
+@pytest.mark.parametrize("n,seed,size,opts,groups", [(6, 0, 7, 0, None), (13, 3, 7, 2, None),
+                                                     (24, 4, 1_000_003, 2, None),
+                                                     (70, 1, 7, 2, None), (200, 2, 1_000_003, 0, 80)])
+@pytest.mark.parametrize("rounding", ["nearest", "up"])
+def test_cost_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts, groups, rounding):
+    ch = random_chain(n, seed, max_size=size, options=opts)
+    u = make_units(ch, None if groups is None else cheap_cuts(ch, groups))
+    pc = T.PairCosts(u)
+    M = 150
+    slot = max(1, int(pc.store_req.max()) * 2 // M)  # rounded sizes: negative inner shifts too
+    a, b = _both(monkeypatch, lambda: T.CostTable(u, pc, slot, M, rounding))
+    assert a.C.dtype == b.C.dtype
+    for s in range(u.size):  # every C[s, e] with s < e (the rest is never written)
+        np.testing.assert_array_equal(a.C[s, s + 1:], b.C[s, s + 1:])

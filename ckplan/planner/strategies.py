@@ -16,6 +16,7 @@ caller can show the whole table and then exit with the error's code (see ``compa
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
@@ -178,12 +179,17 @@ def plan_selective(chain: Chain, budget_bytes: int | None = None) -> tuple[Plan,
     return plan, (f"no policy fits the budget: policy {plan.params['policy']} has the lowest peak",)
 
 
+@lru_cache(maxsize=16)  # budget-independent: every budget planned on a chain reuses them
+def _baseline_scores(chain: Chain, k: int) -> tuple[tuple[Plan, Score], ...]:
+    """The baselines' plans (``baseline_candidates``) with their scores."""
+    return tuple((cand, simulate(chain, cand)) for cand in baseline_candidates(chain, k))
+
+
 def _safety_net(chain: Chain, plan: Plan, budget: int, k: int) -> tuple[Plan, tuple[str, ...]]:
     """When the DP is not exact (rounded slots, grouped layers), never return a plan that a
     baseline beats at the same budget."""
     best, best_score = plan, simulate(chain, plan)
-    for cand in baseline_candidates(chain, k):
-        sc = simulate(chain, cand)
+    for cand, sc in _baseline_scores(chain, k):
         if sc.peak_bytes <= budget and sc.recompute_ms < best_score.recompute_ms * (1 - 1e-12):
             best, best_score = cand, sc
     if best is plan:

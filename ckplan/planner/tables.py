@@ -240,6 +240,20 @@ class CostTable:
         self.opts = [[o for o in range(1, n_opt) if np.isfinite(u.opt_ms[s, o])] for s in range(U)]
         P = pc.fwd_prefix_ms
         C = np.empty((U, U + 1, M + 1), dtype=DTYPE)  # every C[s, e] with s < e is written below
+        kernel = jitted("_cost_kernel", U)
+        if kernel is not None:  # the same sums in the same precision (identical tables)
+            i64 = np.int64
+            kernel(C, np.empty((U, M + 1), dtype=DTYPE), np.empty(M + 1, dtype=DTYPE),
+                   np.array([INF, 0.0], dtype=DTYPE), np.ascontiguousarray(self.store_slots, dtype=i64),
+                   np.ascontiguousarray(self.hold_slots, dtype=i64),
+                   np.ascontiguousarray(self.opt_hold_slots, dtype=i64),
+                   np.ascontiguousarray(self.opt_store_slots, dtype=i64),
+                   np.ascontiguousarray(u.opt_ms, dtype=DTYPE),
+                   np.ascontiguousarray(self.x_slots, dtype=i64),
+                   np.ascontiguousarray(self.inner_slots, dtype=i64),
+                   np.ascontiguousarray(self.fnone_slots, dtype=i64), P.astype(DTYPE))
+            self.C = C
+            return
         mgrid = np.arange(M + 1)
         for e in range(1, U + 1):
             best = np.full((e, M + 1), INF, dtype=DTYPE)  # min_j C[s,j,m-d] + C[j,e,m-x] + P[j]
@@ -846,8 +860,12 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 # another, each option's sorted breakpoints into the running lower envelope (two pointers, linear),
 # instead of sorting the union of all of them. Ties are broken the same way (of points with equal
 # bytes and equal recompute, the earlier option: store options by column, then checkpoints by
-# ``j``), so both paths give identical tables; tests compare them. ``CKPLAN_NUMBA=0`` (or
-# ``tables.USE_NUMBA = False``) forces the numpy path.
+# ``j``), so both paths give identical tables; tests compare them. A checkpoint's two-pointer walk
+# starts where its points can come under the recompute cap and stops where the envelope is already
+# cheaper than its cheapest point (what is skipped would be dropped by the merge). The slot tables
+# (``CostTable``, ``FlatTable``'s inner minimum) are compiled the same way: the same sums in the
+# same precision, identical tables. ``CKPLAN_NUMBA=0`` (or ``tables.USE_NUMBA = False``) forces
+# the numpy path.
 
 USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
 # Smaller tables take the numpy path until numba is loaded: it takes milliseconds there, while
@@ -900,6 +918,19 @@ def _first_at_most(cost: np.ndarray, b: int, n: int, add: float, dp: float, lim:
     while lo < hi:
         mid = (lo + hi) // 2
         if (cost[b + mid] + add) + dp <= lim:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _first_mem(mem: np.ndarray, b: int, lo: int, n: int, add: int, lim: int) -> int:
+    """The first ``i`` in ``[lo, n)`` with ``mem[b + i] + add >= lim`` (``mem`` increasing
+    from ``b``), ``n`` when none."""
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mem[b + mid] + add >= lim:
             hi = mid
         else:
             lo = mid + 1
@@ -980,6 +1011,12 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     q = np.searchsorted(em[:ne], m0, side="right") - 1
                     if q >= 0 and (amin + bmin) + dp >= ec[q]:
                         continue
+                    # Nor is any point where the envelope is already as cheap as that cheapest
+                    # point: stop both sides there.
+                    qs = _first_at_most(ec, 0, ne, 0.0, 0.0, (amin + bmin) + dp)
+                    if qs < ne:
+                        la = _first_mem(mem, ba, pa, la, xa, em[qs])
+                        lb = _first_mem(mem, bb, pb, lb, xb, em[qs])
                 if la + lb > len(cm):
                     cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
                 nc = 0
@@ -1098,14 +1135,81 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     return R, K
 
 
+def _shifted(C: np.ndarray, s: int, e: int, m: int, d: int, M: int, inf: Any) -> Any:
+    """``shift(C[s, e], d, M)[m]``: ``C[s, e, min(m - d, M)]``, ``inf`` where ``m - d < 0``."""
+    k = m - d
+    if k < 0:
+        return inf
+    return C[s, e, min(k, M)]
+
+
+def _cost_kernel(C: np.ndarray, best: np.ndarray, rest: np.ndarray, consts: np.ndarray,
+                 store_slots: np.ndarray, hold_slots: np.ndarray, ohold: np.ndarray, osr: np.ndarray,
+                 oms: np.ndarray, x_slots: np.ndarray, inner_slots: np.ndarray,
+                 fnone_slots: np.ndarray, P: np.ndarray) -> None:
+    """``CostTable``'s loops, compiled, into ``C``: every sum in the table's precision (``oms``,
+    ``P`` and ``consts`` = (inf, 0) are given in it), as the numpy path; ``best`` and ``rest``
+    are scratch."""
+    U, M1 = C.shape[0], C.shape[2]
+    M = M1 - 1
+    n_opt = oms.shape[1]
+    inf, zero = consts[0], consts[1]
+    for e in range(1, U + 1):
+        best[:e] = inf  # min_j C[s,j,m-d] + C[j,e,m-x] + P[j]
+        for j in range(e - 1, -1, -1):
+            # Finish C[j, e]: every checkpoint [j, j') with j' > j has been added to best[j].
+            req = max(0, min(store_slots[j, e], M1))
+            h = hold_slots[j]
+            pj = P[j]
+            for m in range(M1):
+                if m < req:
+                    v = inf
+                elif j + 1 == e:
+                    v = zero
+                else:
+                    v = _shifted(C, j + 1, e, m, h, M, inf)
+                for o in range(1, n_opt):  # Store(j) with a selective option
+                    ms = oms[j, o]
+                    if not np.isfinite(ms) or m < max(0, min(osr[o, j, e], M1)):
+                        continue
+                    so = ms if j + 1 == e else _shifted(C, j + 1, e, m, ohold[j, o], M, inf) + ms
+                    if so < v:
+                        v = so
+                b = best[j, m] - pj
+                C[j, e, m] = b if b < v else v
+            if j == 0:
+                continue
+            # Checkpoint [s, j) for every s < j, followed by the rest [j, e): from the first
+            # slot where the rest, the inner plan and the no-saving forward all fit.
+            xs = x_slots[j - 1]
+            lo = M1
+            for m in range(M1):
+                rest[m] = _shifted(C, j, e, m, xs, M, inf) + pj
+                if lo == M1 and rest[m] < inf:
+                    lo = m
+            d = inner_slots[j, e]
+            mid = min(M1, max(0, M + d + 1))  # below it C[s, j, m - d], from it C[s, j, M]
+            for s in range(j):
+                m0 = max(lo, fnone_slots[s, j], d)
+                if m0 < mid:  # slices indexed from 0: the loop is vectorised
+                    src, add, dst = C[s, j, m0 - d:mid - d], rest[m0:mid], best[s, m0:mid]
+                    for k in range(mid - m0):
+                        dst[k] = min(dst[k], src[k] + add[k])
+                m1 = max(m0, mid)
+                if m1 < M1:
+                    top, add, dst = C[s, j, M], rest[m1:], best[s, m1:]
+                    for k in range(M1 - m1):
+                        dst[k] = min(dst[k], top + add[k])
+
 def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
     """``FlatTable``'s ``out[m] = min(S[j, m] for lo <= j < hi if m >= t[j - lo])`` (inf
     where none), compiled."""
     out = np.full(S.shape[1], np.inf, dtype=S.dtype)
     for j in range(lo, hi):
-        for m in range(max(0, t[j - lo]), S.shape[1]):
-            if S[j, m] < out[m]:
-                out[m] = S[j, m]
+        a = max(0, t[j - lo])
+        src, dst = S[j, a:], out[a:]
+        for k in range(len(dst)):  # slices indexed from 0, unconditional stores: vectorised
+            dst[k] = min(dst[k], src[k])
     return out
 
 
@@ -1122,7 +1226,8 @@ def jitted(name: str, units: int) -> Any:
             _JIT[name] = None
             return None
         g = globals()
-        for helper in ("_grow", "_merge_into", "_first_at_most"):  # called from the kernels: compiled first
+        # called from the kernels: compiled first
+        for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted"):
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
