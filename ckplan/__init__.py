@@ -11,8 +11,11 @@ __version__ = "0.1.0"
 
 def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain: str | None = None,
                optimizer: str = "adamw", precision: str = "fp32", accum: int = 1, k: int = 2,
-               lr: float = 1e-4):
+               lr: float = 1e-4, compile: bool = False):
     """Profile ``model`` on ``sample_batch`` (not changing it) and plan its checkpoints.
+
+    ``compile=True``: the chain layers are profiled compiled with ``torch.compile``, and the plan
+    is for them: apply it inside ``with ckplan.compiled_layers(model):`` (see ckplan.compiled).
 
     ``sample_batch``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or
     ``(args, kwargs)``; the model's output (a loss, an object with ``.loss``, or a tensor whose
@@ -35,7 +38,7 @@ def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain:
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
     prof = profile_model(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
-                         optimizer=optimizer, precision=precision, accum=accum, lr=lr)
+                         optimizer=optimizer, precision=precision, accum=accum, lr=lr, compile=compile)
     budget_bytes = None if budget is None else resolve_budget(budget, prof).bytes
     return plan_chain(chain_from_profile(prof), strategy, budget_bytes, k)
 
@@ -59,6 +62,13 @@ def apply_plan(model, plan, *, chain: str | None = None):
     from .execute import apply_plan as _apply
     plan = getattr(plan, "plan", plan)  # a PlanResult
     return _apply(model, plan, chain=chain)
+
+
+def compiled_layers(model, *, chain: str | None = None):
+    """A context that compiles each chain layer's forward with ``torch.compile`` (enter it before
+    :func:`apply_plan`, whose checkpoints then wrap the compiled layers); see ckplan.compiled."""
+    from .compiled import compiled_layers as _compiled
+    return _compiled(model, chain=chain)
 
 
 def remove_plan(model) -> None:

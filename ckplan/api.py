@@ -461,7 +461,9 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
         chosen = plan_chain(chain, strategy, budget_bytes, k)
         results = (chosen,)
     none = plan_chain(chain, "none")
-    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain)) if n)
+    compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
+                "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
+    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain), compiled) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
@@ -471,13 +473,13 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
           device: str | Device | None = None, points: int = 20, strategies: tuple[str, ...] | None = None,
           overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
-          note: Note | None = None, options: bool | Sequence[str] = False):
+          note: Note | None = None, options: bool | Sequence[str] = False, compile: bool = False):
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
     from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
     check_positive("points", points, minimum=2)
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile)
     _tick(progress, f"sweeping {points} budgets for {prof.model}")
     chain = chain_from_profile(prof)
     reason = no_gain_reason(chain)

@@ -448,7 +448,10 @@ def _plot_frontier(result, path: Path) -> None:
     rows = [r for r in result.rows if r.measured_peak_bytes and r.slowdown]
     peaks = [r.measured_peak_bytes for r in rows] + [b for _, b, _ in result.frontier]
     unit, scale = ("GiB", 2**30) if peaks and max(peaks) >= 2**30 else ("MiB", 2**20)
-    styles = {"dp": ("tab:purple", "-", "dp: predicted frontier (options included)"),
+    has_options = any(s == "dp-layer" for s, _, _ in result.frontier)
+    styles = {"dp": ("tab:purple", "-", "dp: predicted frontier" + (" (options included)" if has_options
+                                                                    else (" (compiled layers)" if getattr(
+                                                                        result, "compiled", False) else ""))),
               "dp-layer": ("tab:gray", "--", "dp-layer: predicted frontier (whole layers only)")}
     for name, (color, ls, label) in styles.items():
         pts = sorted((b, t) for s, b, t in result.frontier if s == name)

@@ -188,8 +188,9 @@ def test_nan_loss_is_non_finite(flaky_spec, tmp_path):
 
 
 def test_cpu_rows_carry_the_resident_high_water_mark(tiny_gpt_spec, tmp_path):
-    from ckplan.measure import ResidentPeak
     import mmap
+
+    from ckplan.measure import ResidentPeak
     with ResidentPeak() as rss:
         # 64 MiB of fresh anonymous pages, each written once: whatever the heap kept from earlier
         # tests (glibc may serve even a large tensor from memory that is already resident).

@@ -77,8 +77,35 @@ def test_chain_recomputes_at_the_measured_cost_and_keeps_the_base(tiny_gpt_spec,
             for r in prof.layers]
     prof = dataclasses.replace(prof, layers=tuple(rows))
     chain = chain_from_profile(prof)
-    measured_base = sum(r.fwd_ms + r.bwd_ms for r in prof.layers)
+    measured_base = sum(r.fwd_ms + r.bwd_ms for r in prof.layers) + prof.totals.optimizer_ms
     assert chain.base_step_ms == pytest.approx(measured_base)
     k1 = simulate(chain, plan_chain(chain, "every-k", None, 1).plan)
     assert k1.recompute_ms == pytest.approx(sum(r.recompute_ms for r in prof.chain_layers))
     assert k1.overhead == pytest.approx(k1.recompute_ms / measured_base)
+
+
+def test_optimizer_step_time_is_in_the_base_step(tiny_gpt_spec, tmp_path):
+    """The profile times optimizer.step(); the chain's step (what slowdowns divide by) includes it,
+    per micro-batch; meta has none; FSDP's rank steps its shard only."""
+    import torch
+
+    from ckplan.planner.parallel import per_rank_chain_from_profile
+    from ckplan.training import optimizer_step_ms
+    spec = api.load(tiny_gpt_spec(tmp_path), optimizer="sgd")
+    prof = api.profile(spec, device="cpu", repeats=1)
+    assert prof.totals.optimizer_ms is not None and prof.totals.optimizer_ms > 0
+    chain = chain_from_profile(prof)
+    assert chain.opt_ms == prof.totals.optimizer_ms
+    no_opt = chain_from_profile(dataclasses.replace(prof, totals=dataclasses.replace(prof.totals, optimizer_ms=None)))
+    assert chain.base_step_ms == pytest.approx(no_opt.base_step_ms + prof.totals.optimizer_ms)
+    accum = chain_from_profile(dataclasses.replace(prof, accum=4))
+    assert accum.opt_ms == pytest.approx(prof.totals.optimizer_ms / 4)
+    rank = per_rank_chain_from_profile(prof, 4, "fsdp")
+    assert rank.opt_ms == pytest.approx(chain.opt_ms / 4)
+    assert api.profile(spec, device="meta").totals.optimizer_ms is None
+    # Sampled and scaled: a model over the sample size is timed on part of it, never on its own
+    # parameters (they are untouched).
+    params = [torch.nn.Parameter(torch.ones(1 << 16)) for _ in range(4)]
+    ms = optimizer_step_ms(params, "adamw", 0.1, torch.device("cpu"), sample_bytes=1 << 18)
+    assert ms is not None and ms > 0
+    assert all(p.grad is None and bool((p == 1).all()) for p in params)
