@@ -620,6 +620,8 @@ class _Times:
 
     windows: dict[tuple[str, int], list[float]]
     pairs: list[tuple[float, float]]
+    # chain layer -> its recompute in the checkpointed passes, timed around the call (ms)
+    recompute: dict[int, list[float]] = field(default_factory=dict)
 
 
 def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -628,39 +630,59 @@ def _timing_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter],
     is (its windows), one with every chain layer in a checkpoint (its total), order alternating."""
     times: dict[tuple[str, int], list[float]] = {}
     pairs: list[tuple[float, float]] = []
+    recompute: dict[int, list[float]] = {}
     checkpointable = True
     for r in range(repeats):
         plain_first = r % 2 == 0
-        ck = None if plain_first or not checkpointable else _checkpointed_pass(inst, step, params)
+        ck = None if plain_first or not checkpointable else _checkpointed_pass(inst, step, params, recompute)
         step.run(inst)
         _zero(params)
         plain = inst.marks[-1].t_ms - inst.marks[0].t_ms
         for key, w in inst.windows().items():
             times.setdefault(key, []).append(w["ms"])
         if plain_first and checkpointable:
-            ck = _checkpointed_pass(inst, step, params)
+            ck = _checkpointed_pass(inst, step, params, recompute)
         if ck is None:
             checkpointable = False  # a model that cannot run checkpointed: recompute at fwd_ms
         else:
             pairs.append((plain, ck))
-    return _Times(times, pairs if checkpointable else [])
+    if not checkpointable:
+        return _Times(times, [])
+    return _Times(times, pairs, recompute)
 
 
-def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter]) -> float | None:
+def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
+                       recompute: dict[int, list[float]] | None = None) -> float | None:
     """Milliseconds of one forward+backward with every chain layer in its own non-reentrant
     checkpoint (every-k k=1, as the executor runs it): what recomputing every layer really adds.
-    None when the model fails that way (the profile does not: its times stay the windows')."""
+    Each layer's recompute (the second call of its forward, in the backward) is timed into
+    ``recompute``. None when the model fails that way (the profile does not: its times stay the
+    windows')."""
     from torch.utils.checkpoint import checkpoint
 
     saved = []
-    for layer in inst.layers:
+    got: dict[int, list[float]] = {}
+    for i, layer in enumerate(inst.layers):
         own = layer.__dict__.get("forward")
         orig = layer.forward
 
-        def fwd(*args, _orig=orig, **kwargs):
+        def fwd(*args, _orig=orig, _i=i, **kwargs):
             if not torch.is_grad_enabled():
                 return _orig(*args, **kwargs)
-            return checkpoint(_orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+            calls = 0
+
+            def timed(*a, **k):
+                nonlocal calls
+                calls += 1
+                if calls == 1:
+                    return _orig(*a, **k)
+                t0 = inst.clock.now_ms()
+                try:  # the non-reentrant recompute stops early by raising once it has what it needs
+                    return _orig(*a, **k)
+                finally:
+                    got.setdefault(_i, []).append(inst.clock.now_ms() - t0)
+
+            return checkpoint(timed, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
         saved.append((layer, own))
         layer.forward = fwd
@@ -669,6 +691,9 @@ def _checkpointed_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter
         t0 = inst.clock.now_ms()
         step.run(inst)
         ms: float | None = inst.clock.now_ms() - t0
+        if recompute is not None:
+            for i, v in got.items():
+                recompute.setdefault(i, []).extend(v)
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception:
@@ -703,6 +728,20 @@ def recompute_factor(pairs: list[tuple[float, float]], chain_fwd_ms: float) -> f
         return 1.0
     lo, hi = RECOMPUTE_FACTOR_RANGE
     return min(hi, max(lo, f))
+
+
+def timed_recompute_ms(kinds: list[str], flops: list[int], fwd_ms: list[float],
+                       samples: dict[int, list[float]]) -> list[float] | None:
+    """Each chain layer's recompute: the median of its recomputes timed in the checkpointed passes
+    (the forward as the backward really redoes it, early stop and cold caches included), shared
+    within a layer type by FLOPs as forward times are, each within RECOMPUTE_FACTOR_RANGE of its
+    forward window. None unless every layer was timed (then the step-pair factor applies)."""
+    n = len(fwd_ms)
+    if n == 0 or any(not samples.get(i) for i in range(n)):
+        return None
+    med = smoothed_chain_ms(kinds, flops, [statistics.median(samples[i]) for i in range(n)])
+    lo, hi = RECOMPUTE_FACTOR_RANGE
+    return [min(hi * f, max(lo * f, m)) for m, f in zip(med, fwd_ms)]
 
 
 def smoothed_chain_ms(kinds: list[str], flops: list[int], medians: list[float]) -> list[float]:
@@ -762,8 +801,10 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
                                                if (phase, s) in measured.windows else 0 for s in chain],
                                        [med[s] for s in chain])
             med.update(zip(chain, smooth))
-        factor = recompute_factor(times.pairs, sum(fwd_med[s] for s in chain))
-        recompute = {s: fwd_med[s] * factor for s in chain}
+        recompute = dict(zip(chain, timed_recompute_ms(kinds, [measured.windows[("F", s)]["flops"] for s in chain],
+                                                       [fwd_med[s] for s in chain], times.recompute)
+                             or [fwd_med[s] * recompute_factor(times.pairs, sum(fwd_med[s] for s in chain))
+                                 for s in chain]))
 
     rows = []
     for s in range(-1, n + 1):

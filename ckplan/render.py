@@ -124,7 +124,12 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
         totals.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
     for k, v in totals:
         s.add_row(k, format_bytes(v))
+    if tt.optimizer_ms is not None:
+        s.add_row("optimizer step time (timed on stand-ins)", format_ms(tt.optimizer_ms))
     out.print(s)
+    if prof.compiled:
+        out.print("chain layers profiled compiled (torch.compile): plans for them run inside "
+                  "ckplan.compiled_layers(model)")
     chosen = "detected" if prof.chain_detected else "from the spec"
     out.print(escape(f"chain: {prof.chain}") + f" ({len(prof.chain_layers)} layers, {chosen}); "
               f"device: {escape(prof.device_name)}" + (
