@@ -109,3 +109,18 @@ def test_optimizer_step_time_is_in_the_base_step(tiny_gpt_spec, tmp_path):
     ms = optimizer_step_ms(params, "adamw", 0.1, torch.device("cpu"), sample_bytes=1 << 18)
     assert ms is not None and ms > 0
     assert all(p.grad is None and bool((p == 1).all()) for p in params)
+
+
+def test_timed_recompute_is_the_median_per_layer_shared_by_flops_and_bounded():
+    from ckplan.profiler import timed_recompute_ms
+    kinds = ["Block", "Block", "Head"]
+    flops = [100, 100, 50]
+    fwd = [10.0, 10.0, 4.0]
+    samples = {0: [7.0, 9.0, 8.0], 1: [6.0, 6.0], 2: [100.0]}
+    got = timed_recompute_ms(kinds, flops, fwd, samples)
+    # Blocks: medians 8 and 6 share their total 14 by FLOPs (equal): 7 each. Head: 100 ms timed
+    # for a 4 ms forward is noise, bounded to the range's top (2x the forward).
+    hi = RECOMPUTE_FACTOR_RANGE[1]
+    assert got == pytest.approx([7.0, 7.0, hi * 4.0])
+    assert timed_recompute_ms(kinds, flops, fwd, {0: [1.0], 1: [1.0]}) is None  # layer 2 never timed
+    assert timed_recompute_ms([], [], [], {}) is None
