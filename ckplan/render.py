@@ -155,7 +155,7 @@ def options_table(prof: Profile, *, wide: bool = False, console: Console | None 
     rows = []
     for r in prof.chain_layers:
         row = [str(r.index), escape(r.name), format_bytes(max(r.saved_bytes, r.output_bytes)),
-               f"{format_bytes(r.output_bytes)} +{format_ms(r.fwd_ms)}"]
+               f"{format_bytes(r.output_bytes)} +{format_ms(r.fwd_ms if r.recompute_ms is None else r.recompute_ms)}"]
         for n in names:
             o = r.option(n)
             row.append("-" if o is None else
