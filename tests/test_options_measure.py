@@ -140,9 +140,11 @@ def test_tiny_gpt_option_plans_predicted_vs_measured(tiny_gpt_spec, tmp_path):
                                        warmup=0, options=True))
     chain = chain_from_profile(prof)
     kept = [{o.name for o in ly.options} for ly in chain.layers]
-    assert all(k == {"sac-compute", "sac-linear"} for k in kept)  # sac-attn keeps more than store here
-    for r in prof.chain_layers:
-        assert r.option("sac-attn").saved_bytes > r.saved_bytes
+    # With recompute times proportional to the bytes freed, an option survives exactly when it keeps
+    # less than store (sac-attn keeps nearly all of it: a few hundred bytes less, or more).
+    for r, k in zip(prof.chain_layers, kept):
+        assert {"sac-compute", "sac-linear"} <= k
+        assert ("sac-attn" in k) == (r.option("sac-attn").saved_bytes < r.saved_bytes)
     n = chain.n_layers
     plans = {
         "all-sac-compute": plan_none(n).with_options(["sac-compute"] * n),
