@@ -142,9 +142,7 @@ class CompiledPeer:
         other masks than eager, and the gradient check against ``none`` fails on any model with
         dropout (BERT-large: loss 10.5244 vs 10.4978; with it, equal)."""
         import torch._functorch.config as functorch_config
-        import torch._inductor.config as inductor_config
-        with functorch_config.patch(activation_memory_budget=self.fraction), \
-                inductor_config.patch(fallback_random=True, joint_custom_pre_pass=save_random_ops):
+        with functorch_config.patch(activation_memory_budget=self.fraction), eager_random_ops():
             yield
 
     def _backend(self, gm, example_inputs):
@@ -152,6 +150,13 @@ class CompiledPeer:
         self.graphs += 1
         with self.compiling():
             return compile_fx(gm, example_inputs)
+
+
+def eager_random_ops():
+    """TorchInductor settings under which compiled code draws random numbers as eager does
+    (``fallback_random``) and never recomputes them in the backward (:func:`save_random_ops`)."""
+    import torch._inductor.config as inductor_config
+    return inductor_config.patch(fallback_random=True, joint_custom_pre_pass=save_random_ops)
 
 
 def save_random_ops(graph) -> None:
