@@ -119,15 +119,6 @@ FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the m
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
                            "with torch.compile, the plan applied around the compiled layers; selective "
                            "options are then not measured.")
-def _options_with(options: bool, compile: bool) -> bool:
-    """--compile measures no selective options (ckplan.compiled): said once, not warned."""
-    if compile and options:
-        from . import render
-        render.info("--compile: selective options are not measured (SAC runs layers under a dispatch "
-                    "mode, where compiled code runs eagerly); plans store or recompute whole compiled layers")
-    return options and not compile
-
-
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
                            "recompute options (sac-compute, sac-linear, sac-attn): one more measured step "
                            "each; --no-options skips them.")
@@ -189,7 +180,7 @@ def profile(
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
         prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
-                           options=_options_with(options, compile), compile=compile)
+                           options=options, compile=compile)
     doc = report.profile_doc(prof)
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
@@ -240,7 +231,7 @@ def plan(
         with _working("sweeping") as (progress, note):
             prof, pts = api.sweep(spec, profile_path=profile_file, device=device, points=points,
                                   overrides=_given(overrides), force=force, progress=progress, note=note,
-                                  options=_options_with(options, compile), compile=compile)
+                                  options=options, compile=compile)
         files = report.write_sweep(out_dir, prof.model, pts)
         render.info("wrote " + ", ".join(str(f) for f in files))
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
@@ -270,7 +261,7 @@ def plan(
     with _working("planning") as (progress, note):
         rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
                        overrides=_given(overrides), force=force, progress=progress, note=note,
-                       world_size=sizes[0], parallel=parallel, options=_options_with(options, compile),
+                       world_size=sizes[0], parallel=parallel, options=options,
                        compile=compile)
     render.info(_budget_line(budget, rep))
     doc = rep.to_doc()
@@ -366,7 +357,7 @@ def bench(
     with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
         res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                         device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
-                        force=force, options=_options_with(options, compile), compile=compile)
+                        force=force, options=options, compile=compile, note=render.info)
     # The results first, then the files: a failed write must not take the table with it.
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0
