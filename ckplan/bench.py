@@ -226,6 +226,7 @@ class _Run:
     stepper: _Stepper | None = None
     layers: CompiledLayers | None = None  # --compile: ckplan rows run with the chain layers compiled
     eager: bool = False  # compiled layers left out (the eager gradient cross-check)
+    ref_grads: dict | None = None  # the gradient check's reference, kept for that cross-check
 
     def step(self, e: _Entry, **callbacks) -> float:
         """One training step with ``e``'s plan applied (on ``e``'s compiled copy for a compiled peer)."""
@@ -493,6 +494,8 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
             e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
         elif ref is None and e.is_reference:
             ref, ref_loss = grads, e.loss
+            if run.layers is not None:
+                run.ref_grads = grads
             ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None), default=0.0)
             e.grad_diff, e.grad_tol = 0.0, rtol * ref_scale + atol
         elif ref is not None:
@@ -508,11 +511,11 @@ def _eager_cross_check(run: _Run, entries: list[_Entry], tick, notes: list[str])
     """With --compile: the reference (none, layers compiled) against the same step eager, once, so
     the gradient check's reference is itself checked against eager PyTorch."""
     ref = next((e for e in entries if e.is_reference and e.status == OK), None)
-    if ref is None:
+    compiled_grads, run.ref_grads = run.ref_grads, None
+    if ref is None or compiled_grads is None:
         return
     tick("gradients: none (eager)")
     init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
-    _, compiled_grads = _loss_and_grads(run, ref, init)
     run.eager = True
     try:
         loss, grads = _loss_and_grads(run, ref, init)
