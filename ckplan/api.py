@@ -125,8 +125,8 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
 
 def compile_options(names: tuple[str, ...], compile: bool, device_type: str,
                     note: Note | None = None) -> tuple[str, ...]:
-    """The options to measure with ``compile``: none (SAC runs layers under a dispatch mode, where
-    compiled code runs eagerly; said once through ``note``); compiling on meta is refused."""
+    """The options to measure (with ``compile``: compiled in, :mod:`ckplan.compiled`); compiling
+    on meta, or where TorchInductor cannot compile, is refused."""
     if not compile:
         return names
     if device_type == "meta":
@@ -136,10 +136,7 @@ def compile_options(names: tuple[str, ...], compile: bool, device_type: str,
     why = compile_unavailable(device_type)
     if why:
         raise UsageError(f"--compile cannot compile the chain layers here: {why}", tip="drop --compile")
-    if names:
-        _note(note, "--compile: selective options are not measured (compiled layers run eagerly under "
-                    "SAC's dispatch mode); planning stores or recomputes whole compiled layers")
-    return ()
+    return names
 
 
 def option_names(options: bool | Sequence[str] | None) -> tuple[str, ...]:
@@ -185,8 +182,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     ``options``: also measure the chain layers' selective options (:mod:`ckplan.sac`; True: all
     of ``POLICIES``, or a list of names), one more measured step (and ``repeats`` timed ones) each.
     ``compile``: measure the chain layers compiled with ``torch.compile`` (:mod:`ckplan.compiled`;
-    not with options, not on meta): the plans are then for compiled layers, to be run inside
-    ``ckplan.compiled_layers(model)``.
+    not on meta), their options compiled in: the plans are then for compiled layers, to be run
+    inside ``ckplan.compiled_layers(model)``.
     """
     import torch
 

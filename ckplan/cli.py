@@ -117,8 +117,8 @@ OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FI
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
-                           "with torch.compile, the plan applied around the compiled layers; selective "
-                           "options are then not measured.")
+                           "with torch.compile, the plan applied around the compiled layers (selective "
+                           "options compiled in).")
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
                            "recompute options (sac-compute, sac-linear, sac-attn): one more measured step "
                            "each; --no-options skips them.")

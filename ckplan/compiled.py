@@ -17,15 +17,22 @@ In your own loop::
         with ckplan.apply_plan(model, plan):      # compiled first, then the plan around them
             train(model)
 
-Selective options (SAC, ckplan.sac) are not combined with compiled layers: SAC runs the layer
-under a TorchDispatchMode, and ``torch.compile`` runs a frame under such a mode eagerly.
+Selective options (ckplan.sac) run compiled too: a layer stored with option P runs
+``torch.compile`` of ``checkpoint(forward, context_fn=P's SAC contexts)``, which Dynamo traces as
+one region whose ops carry P's save/recompute tags; AOTAutograd's partitioner then saves the ops P
+keeps and recomputes the others inside the compiled backward. (Eager SAC around a compiled forward
+would not do: SAC runs the layer under a TorchDispatchMode, and ``torch.compile`` runs a frame
+under such a mode eagerly.) One compiled function per option, shared by the layers: a graph per
+layer class and option, compiled on first use.
 """
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from .errors import UsageError
 
@@ -52,6 +59,53 @@ class _Backend:
             return compile_fx(gm, example_inputs)
 
 
+def _with_option(forward, *args, **kwargs):
+    # Compiled once per option (its own code object: Dynamo's cache is per code object) with
+    # CONTEXT_FN, that option's SAC contexts, bound in the function's globals.
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=CONTEXT_FN, **kwargs)  # noqa: F821
+
+
+def _option_function(name: str):
+    """``_with_option`` with option ``name``'s SAC contexts, as a function of its own."""
+    from .sac import context_fn
+    code = _with_option.__code__.replace(co_name=f"ckplan_{name.replace('-', '_')}")
+    return types.FunctionType(code, {**_with_option.__globals__, "CONTEXT_FN": context_fn(name)},
+                              f"ckplan_{name}")
+
+
+def _quiet_context_fn_warning() -> None:
+    """Drop torch's one-time warning that a ``context_fn`` reached ``checkpoint`` under compile
+    (its advice, no in-place ops in the region, is what functionalization and the gradient checks
+    of ckplan's tests cover); other warnings of that logger stay."""
+    import logging
+    logger = logging.getLogger("torch._higher_order_ops.wrap")
+    if not any(isinstance(f, _DropContextFnWarning) for f in logger.filters):
+        logger.addFilter(_DropContextFnWarning())
+
+
+class _DropContextFnWarning:
+    def filter(self, record) -> bool:
+        return "context_fn is passed to torch.utils.checkpoint" not in str(record.msg)
+
+
+class CompiledForward:
+    """A chain layer's compiled forward (what :class:`CompiledLayers` installs): called, it runs
+    the compiled forward; :meth:`with_option` gives the layer's compiled forward stored with a
+    selective option (what :func:`ckplan.sac.run_with_option` runs for a compiled layer)."""
+
+    def __init__(self, owner: CompiledLayers, eager_forward):
+        self.owner, self.eager = owner, eager_forward
+        self.compiled = torch.compile(eager_forward, backend=owner.backend)
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def with_option(self, name: str):
+        run = self.owner.option_runner(name)
+        eager = self.eager
+        return lambda *args, **kwargs: run(eager, *args, **kwargs)
+
+
 class CompiledLayers:
     """The chain layers' forwards compiled: made once, installed by :meth:`installed` (or by
     entering it) and removed again on exit, leaving each layer as it was."""
@@ -59,8 +113,17 @@ class CompiledLayers:
     def __init__(self, layers: list[nn.Module]):
         self.layers = list(layers)
         self.backend = _Backend()
-        self._compiled = [torch.compile(layer.forward, backend=self.backend) for layer in self.layers]
+        self._compiled = [CompiledForward(self, layer.forward) for layer in self.layers]
+        self._runners: dict[str, Any] = {}
         self._saved: list[tuple[nn.Module, Any]] | None = None
+
+    def option_runner(self, name: str):
+        """The compiled ``checkpoint(forward, *args)`` of option ``name``, shared by the layers."""
+        run = self._runners.get(name)
+        if run is None:
+            _quiet_context_fn_warning()
+            run = self._runners[name] = torch.compile(_option_function(name), backend=self.backend)
+        return run
 
     @property
     def graphs(self) -> int:

@@ -210,6 +210,11 @@ def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]]
     return [], []
 
 
+def _compiled(forward) -> bool:
+    """Whether ``forward`` is a compiled chain layer's (ckplan.compiled), its options compiled in."""
+    return getattr(forward, "with_option", None) is not None
+
+
 def _refuse_kv_cache(i: int, args: tuple, kwargs: dict) -> None:
     """A Hugging Face key/value cache would be appended to again by the recompute (a wrong-size
     error deep inside attention at best), so say what to change before anything runs."""
@@ -294,7 +299,8 @@ class PlanExecutor:
     def _run(self, i: int, args: tuple, kwargs: dict):
         orig, path = self._orig[i], self._path[i]
         if getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
-            return orig(*args, **kwargs)
+            option = getattr(self._tls, "option", STORE)
+            return run_with_option(orig, option, *args, **kwargs) if option != STORE else orig(*args, **kwargs)
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not _CAN_SPAN:
@@ -330,7 +336,7 @@ class PlanExecutor:
             seg.open.append(_Frame(item, frame, _checkpoint_hook(frame)))
         seg.calls[i] = _Call(args, kwargs, links)
         hook, own = seg.open[-1].hook, None
-        if self._option[i] != STORE:
+        if self._option[i] != STORE and not _compiled(orig):
             # Stored with a selective option inside a checkpoint: its own frame, as a nested
             # checkpoint of one layer (its input saved to the parent), whose recompute runs the
             # option's SAC recompute from the cache its parent's recompute fills (_replay).
@@ -341,7 +347,10 @@ class PlanExecutor:
             hook = _checkpoint_hook(own)
         try:
             with hook:
-                out = orig(*args, **kwargs)
+                if own is None and self._option[i] != STORE:  # a compiled layer: its option compiled in
+                    out = run_with_option(orig, self._option[i], *args, **kwargs)
+                else:
+                    out = orig(*args, **kwargs)
         except BaseException:
             tls.seg = None
             seg.close()
@@ -378,7 +387,11 @@ class PlanExecutor:
                 leaves = tensor_leaves(out)
                 inputs = [leaves[li] for li in calls[j].leaves]
             first = False
-            if isinstance(item, Store) and item.option != STORE:
+            if isinstance(item, Store) and item.option != STORE and _compiled(self._orig[j]):
+                # A compiled layer: its option is compiled in (ckplan.compiled), and what its
+                # compiled forward saves is what the option keeps through the parent's backward.
+                out = calls[j].replay(functools.partial(self._call_module, j, option=item.option), inputs)
+            elif isinstance(item, Store) and item.option != STORE:
                 out = self._option_fill(calls, j, item.option, inputs)
             elif isinstance(item, Store):
                 out = calls[j].replay(functools.partial(self._call_module, j), inputs)
@@ -412,16 +425,17 @@ class PlanExecutor:
         with torch.random.fork_rng(devices=call.devices, device_type=call.device_type), rec_ctx:
             return call.replay(functools.partial(self._call_module, j), list(inputs))
 
-    def _call_module(self, j: int, *args, **kwargs):
+    def _call_module(self, j: int, *args, option: str = STORE, **kwargs):
         """Recompute layer ``j`` through its module call, so its hooks run as in the first forward
-        (FSDP2 all-gathers the layer's parameters in its pre-forward hook), its forward unplanned."""
+        (FSDP2 all-gathers the layer's parameters in its pre-forward hook), its forward unplanned
+        (a compiled layer stored with a selective ``option``: its compiled forward with it)."""
         tls = self._tls
-        outer = getattr(tls, "replaying", False)
-        tls.replaying = True
+        outer, outer_option = getattr(tls, "replaying", False), getattr(tls, "option", STORE)
+        tls.replaying, tls.option = True, option
         try:
             return self.layers[j](*args, **kwargs)
         finally:
-            tls.replaying = outer
+            tls.replaying, tls.option = outer, outer_option
 
     def remove(self) -> None:
         seg = getattr(self._tls, "seg", None)

@@ -165,11 +165,18 @@ def save_random_ops(graph) -> None:
     replays in the backward on CPU; under an ``activation_memory_budget`` the min-cut partitioner
     would recompute them (a 6-layer GPT with dropout 0.1 at budget 0.5: a new dropout mask in the
     backward, gradients off by 0.065). ``MUST_SAVE`` keeps them out of the budget's choice."""
+    import operator
+
     from torch.utils.checkpoint import CheckpointPolicy
     for node in graph.nodes:
         tags = getattr(node.target, "tags", ())
         if node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            # A tuple-valued op (native_dropout): its items too, over a SAC policy's tag that
+            # would have them recomputed from an op that may not be (a compiled selective option).
+            for user in node.users:
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def is_hf_model(model: nn.Module) -> bool:

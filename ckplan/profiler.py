@@ -287,10 +287,11 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
     meta = device.type == "meta"
-    if compile and (meta or options):
-        raise UsageError("compiled layers are measured on cpu or cuda, without selective options"
-                         + (f" (device {device.type!r})" if meta else f" (options {', '.join(options)})"),
-                         tip="profile with --no-options on cpu or cuda to compile the layers")
+    if compile and meta:
+        raise UsageError(f"compiled layers are measured on cpu or cuda (device {device.type!r})",
+                         tip="profile on cpu or cuda to compile the layers")
+    for name in options:
+        policy_fn(name)  # an unknown option fails before anything runs
     compiled = _compiled_layers(layers, device) if compile else None
     params = list(dict.fromkeys(model.parameters()))
     step = _Step(model, args, kwargs, loss_fn, precision, device,
@@ -316,10 +317,12 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                 measured = _compiled_pass(inst, step, params, model, measured)
                 _zero(params)
                 times = _timing_passes(inst, step, params, repeats)
+                option_passes = _compiled_option_passes(inst, step, params, model, measured, options,
+                                                        repeats, accum)
         else:
             times = _Times({}, []) if meta else _timing_passes(inst, step, params, repeats)
-        option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
-                         for name in options]
+            option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
+                             for name in options]
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     rows = _with_options(rows, measured, option_passes, meta)
     notes = (step.sdpa_note,) if step.sdpa_note else ()
@@ -937,6 +940,71 @@ def _option_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], mod
             for key, w in inst.windows().items():
                 times.setdefault(key, []).append(w["ms"])
     return _OptionPass(name, measured, times, {i: list(v) for i, v in recompute_ms.items()})
+
+
+# ---- selective options on compiled layers (ckplan.compiled) -----------------------------------
+#
+# A compiled layer stored with option P runs P's SAC compiled in (CompiledForward.with_option), so
+# what it keeps is what its compiled forward saves: attributed per layer as packed, as for the
+# compiled layers without options (_compiled_pass). Its recompute runs inside the compiled backward
+# and cannot be timed apart: it is the layer's forward+backward time with P minus without, from
+# passes interleaved with plain compiled ones (the CPU's step time drifts over a process), shared
+# over layers of one type by FLOPs as the layers' own times are (smoothed_chain_ms). FLOPs stay
+# eager's: ``recompute_flops`` is 0.
+
+
+@contextmanager
+def _compiled_under_option(layers: list[nn.Module], name: str | None):
+    """Every compiled chain layer's forward stored with option ``name`` (None: as installed)."""
+    installed = [layer.__dict__["forward"] for layer in layers]
+    if name is not None:
+        for layer, fwd in zip(layers, installed):
+            layer.forward = fwd.with_option(name)
+    try:
+        yield
+    finally:
+        for layer, fwd in zip(layers, installed):
+            layer.forward = fwd
+
+
+def _compiled_option_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter], model: nn.Module,
+                            plain: _MeasuredPass, options: tuple[str, ...], repeats: int,
+                            accum: int) -> list[_OptionPass]:
+    """Per option: a warm-up pass (it compiles), the measured pass; then ``repeats`` rounds of a
+    plain compiled pass followed by one pass per option, every chain layer under it."""
+    if not options:
+        return []
+    measured: dict[str, _MeasuredPass] = {}
+    for name in options:
+        with _compiled_under_option(inst.layers, name):
+            for _ in range(1 + (accum > 1)):
+                step.run(inst)  # compiles the option's graph; with accum, gradients are there
+            m = _compiled_pass(inst, step, params, model, plain)
+        measured[name] = replace(m, live_at_end={i: m.saved.get(i, 0) for i in range(inst.n)})
+        _zero(params)
+    times: dict[str | None, dict[tuple[str, int], list[float]]] = {None: {}, **{n: {} for n in options}}
+    for _ in range(max(1, repeats)):
+        for name in (None, *options):
+            with _compiled_under_option(inst.layers, name):
+                step.run(inst)
+                _zero(params)
+            for key, w in inst.windows().items():
+                times[name].setdefault(key, []).append(w["ms"])
+    kinds = [type(layer).__name__ for layer in inst.layers]
+    flops = [plain.windows[("F", i)]["flops"] + plain.windows.get(("B", i), {}).get("flops", 0)
+             for i in range(inst.n)]
+
+    def fb_ms(t: dict[tuple[str, int], list[float]]) -> list[float]:
+        return [statistics.median(t[("F", i)]) + statistics.median(t.get(("B", i), [0.0])) for i in range(inst.n)]
+
+    base = smoothed_chain_ms(kinds, flops, fb_ms(times[None]))
+    fwd = smoothed_chain_ms(kinds, flops, [statistics.median(times[None][("F", i)]) for i in range(inst.n)])
+    out = []
+    for name in options:
+        with_option = smoothed_chain_ms(kinds, flops, fb_ms(times[name]))
+        extra = {i: [min(max(0.0, with_option[i] - base[i]), fwd[i])] for i in range(inst.n)}
+        out.append(_OptionPass(name, measured[name], times[name], extra))
+    return out
 
 
 def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: list[_OptionPass],

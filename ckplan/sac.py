@@ -90,4 +90,7 @@ def run_with_option(fn, name: str, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` as a layer stored with option ``name`` (``store``: as is)."""
     if name == STORE or not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    compiled = getattr(fn, "with_option", None)  # a compiled layer (ckplan.compiled): SAC compiled in
+    if compiled is not None:
+        return compiled(name)(*args, **kwargs)
     return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn(name), **kwargs)

@@ -48,6 +48,34 @@ def test_plans_around_compiled_layers_keep_eager_gradients():
     assert all("forward" not in b.__dict__ for b in model.blocks)
 
 
+@needs_inductor
+def test_selective_options_on_compiled_layers_keep_eager_gradients():
+    """Compiled layers stored with selective options (SAC compiled in), at the top level, inside
+    one- and multi-layer checkpoints and next to them: the eager model's gradients without
+    checkpoints, dropout on; one graph per option for the four identical blocks."""
+    torch.manual_seed(0)
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+    x = torch.randint(0, 97, (2, 16))
+    ref_loss, ref = _grads(model, x)
+    scale = max(g.abs().max().item() for g in ref.values())
+    layers = CompiledLayers(list(model.blocks))
+    cases = [
+        ([], ["sac-compute", "sac-linear", "sac-attn", "store"]),
+        ([(0, 1)], ["store", "sac-linear", "sac-linear", "sac-compute"]),
+        ([(0, 4), (1, 3)], ["sac-linear", "store", "sac-attn", "sac-compute"]),  # nested, options inside
+        ([(0, 2), (2, 4)], ["sac-compute", "sac-compute", "sac-linear", "store"]),
+    ]
+    for ranges, options in cases:
+        plan = Plan("custom", 4, items_from_ranges(4, ranges), {}).with_options(options)
+        with layers, apply_plan(model, plan, chain="blocks"):
+            loss, got = _grads(model, x)
+        assert loss == pytest.approx(ref_loss, rel=1e-6), (ranges, options)
+        diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
+        assert diff <= 1e-5 * scale, (ranges, options, diff)
+    assert layers.graphs <= 4  # store and three options, each compiled once for the four blocks
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+
+
 def test_compiled_layers_install_and_restore_own_forwards():
     model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
     own = model.blocks[1].forward = lambda *a, **k: type(model.blocks[1]).forward(model.blocks[1], *a, **k)
@@ -60,14 +88,38 @@ def test_compiled_layers_install_and_restore_own_forwards():
     assert "forward" not in model.blocks[0].__dict__ and model.blocks[1].forward is own
 
 
-def test_compile_is_refused_on_meta_and_with_options(tiny_gpt_spec, tmp_path):
+def test_compile_is_refused_on_meta(tiny_gpt_spec, tmp_path):
     spec = api.load(tiny_gpt_spec(tmp_path))
     with pytest.raises(UsageError, match="not on meta"):
         api.profile(spec, device="meta", compile=True)
-    model = api.build_model(spec, "cpu")
-    batch = api.make_batch(spec, "cpu")
-    with pytest.raises(UsageError, match="without selective options"):
-        profile_model(model, *batch, name="t", chain="blocks", device="cpu", options=True, compile=True)
+    model = api.build_model(spec, "meta")
+    batch = api.make_batch(spec, "meta")
+    with pytest.raises(UsageError, match="measured on cpu or cuda"):
+        profile_model(model, *batch, name="t", chain="blocks", device="meta", compile=True)
+
+
+@needs_inductor
+def test_compiled_profile_measures_compiled_options():
+    """Options on compiled layers: each keeps what its compiled forward saves. sac-linear keeps
+    the linear outputs only, so less than the compiled layer stored whole, and identical blocks
+    get identical records; the recompute is within [0, the layer's forward]."""
+    torch.manual_seed(0)
+    model = build_gpt(vocab_size=97, block_size=64, n_layer=3, n_head=2, n_embd=64, dropout=0.1)
+    x = torch.randint(0, 97, (4, 64))
+    prof = profile_model(model, (x,), {"labels": x}, name="t", chain="blocks", device="cpu",
+                         repeats=1, warmup=0, options=True, compile=True)
+    assert prof.compiled and prof.option_names == ("sac-compute", "sac-linear", "sac-attn")
+    rows = prof.chain_layers
+    for r in rows:
+        assert [o.name for o in r.options] == list(prof.option_names)
+        lin = r.option("sac-linear")
+        assert r.output_bytes <= lin.saved_bytes < r.saved_bytes
+        for o in r.options:
+            assert 0.0 <= o.recompute_ms <= r.fwd_ms + 1e-9 and o.recompute_flops == 0
+    for name in prof.option_names:
+        assert len({r.option(name).saved_bytes for r in rows[1:]}) == 1, name
+    chain = chain_from_profile(prof)
+    assert chain.has_options
 
 
 def test_compiled_flag_round_trips_and_is_checked(tmp_path):
@@ -95,7 +147,8 @@ def test_bench_compile_rows_predicted_and_exact(tiny_gpt_spec, tmp_path):
     none's, peaks within 5% of the compiled profile's prediction; none compiled is checked
     against eager."""
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, n_embd=64, dropout=0.1), batch_size=4, seq_len=32)
-    res = api.bench(spec, strategies=["none", "every-k", "dp"], k=1, steps=1, device="cpu", compile=True)
+    res = api.bench(spec, strategies=["none", "every-k", "dp", "selective"], k=1, steps=1, device="cpu",
+                    compile=True, options=True)
     assert res.compiled and res.device_tag == "cpu-compiled"
     for r in res.rows:
         assert r.status == "ok", r
