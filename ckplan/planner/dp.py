@@ -101,7 +101,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -147,20 +147,22 @@ class DPResult:
     notes: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True)
 class LayerTables:
-    """The tables on single layers that every entry point needs, built once per chain."""
+    """The tables on single layers that every entry point needs, built once per chain; the
+    min-peak table only when first asked for (grouped long chains plan without it: O(U^3))."""
 
-    units: Units
-    pairs: PairCosts
-    peaks: PeakTable
+    def __init__(self, units: Units, pairs: PairCosts):
+        self.units, self.pairs = units, pairs
+
+    @cached_property
+    def peaks(self) -> PeakTable:
+        return PeakTable(self.units, self.pairs)
 
 
 @lru_cache(maxsize=16)  # chains are immutable and hashable; plan_chain and sweep ask repeatedly
 def layer_tables(chain: Chain) -> LayerTables:
     u = make_units(chain)
-    pc = PairCosts(u)
-    return LayerTables(u, pc, PeakTable(u, pc))
+    return LayerTables(u, PairCosts(u))
 
 
 def _units_for(chain: Chain, mode: str, groups: int | None, cuts: str = "cheap") -> Units | None:

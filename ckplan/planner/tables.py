@@ -1101,6 +1101,7 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     K = np.full((U, W), np.inf)
     RT = np.full((W, U + 1), BIG, dtype=np.int64)
     KT = np.full((W, U + 1), np.inf)
+    vbuf = np.empty(U + 1, dtype=np.int64)
     for e in range(1, U + 1):
         for s in range(e - 1, -1, -1):
             if s + 1 == e:
@@ -1116,15 +1117,19 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
                     ro, ko = max(osr[o, s, e], ohold[s, o] + rn), kn + oms[s, o]
                     if np.isfinite(oms[s, o]) and (ro < sr or (ro == sr and ko < sk)):
                         sr, sk = ro, ko
+                # two branch-free passes (vectorised): the least need, then the least
+                # recompute among the splits reaching it
+                fn, rt, it, rs = fnone[s, s + 1:e], RT[e, s + 1:e], innerT[e, s + 1:e], R[s, s + 1:e]
+                xs, pj, kt, ks = xo[s:e - 1], P[s + 1:e], KT[e, s + 1:e], K[s, s + 1:e]
+                vs = vbuf[:e - s - 1]
                 vmin, kmin = TOP, np.inf  # every v is below TOP
-                for j in range(s + 1, e):
-                    v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + R[s, j])
-                    if v > vmin:
-                        continue
-                    if v < vmin:
-                        vmin, kmin = v, ((P[j] - P[s]) + KT[e, j]) + K[s, j]
-                    else:
-                        kmin = min(kmin, ((P[j] - P[s]) + KT[e, j]) + K[s, j])
+                for i in range(e - s - 1):
+                    vs[i] = max(fn[i], xs[i] + rt[i], it[i] + rs[i])
+                    vmin = min(vmin, vs[i])
+                ps = P[s]
+                for i in range(e - s - 1):
+                    if vs[i] == vmin:
+                        kmin = min(kmin, ((pj[i] - ps) + kt[i]) + ks[i])
                 if sr < vmin or (sr == vmin and sk <= kmin):
                     r, k = sr, sk
                 else:
