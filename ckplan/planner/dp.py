@@ -303,10 +303,15 @@ class DPSolver:
         slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
         q = choose_slot(self.units, self.span, g, slots)
         M = int(self.span // q)
-        table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
-        self._estimate = None if self.grouped else table.estimate
-        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
-                                q, table.C[0, U], table.slot_parts)]
+        self.readers = []
+        self._estimate = None
+        # A table none of whose plans fits up to ``top`` is not built (grouped tables just
+        # above the smallest peak): solve finds nothing there and the caller takes over.
+        if not self.grouped or int(peaks.R[0, U]) <= self.span:
+            table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
+            self._estimate = None if self.grouped else table.estimate
+            self.readers.append(_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
+                                        q, table.C[0, U], table.slot_parts))
         if flat if flat is not None else self.grouped:
             lu = layers.units
             N = lu.size
@@ -314,9 +319,10 @@ class DPSolver:
             slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, FLAT_CELL_BUDGET // (N * max_len)))
             fq = choose_slot(lu, self.span, g, slots)
             ft = FlatTable(lu, layers.pairs, fq, int(self.span // fq), "up" if fq == g else rounding,
-                           max_len)
-            self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
-                                        ft.C[0], lambda m: (ft.slot_ranges(m), {})))
+                           max_len, top_bytes=self.span)
+            if ft.built:
+                self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
+                                            ft.C[0], lambda m: (ft.slot_ranges(m), {})))
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts and not self.options_ignored
