@@ -24,13 +24,15 @@ solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto f
 sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
 (``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
 by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
-layers or more the exact plan on groups of ~6 layers cut at that plan's boundaries,
-``_group_bound``): nothing dearer is part of an optimal plan, and a tight bound prunes most
-breakpoints; each sub-chain also gets its own recompute cap (the bound minus the forward of the
-checkpoints around it, ``tables.reach``). With numba installed (``ckplan[fast]``) the frontiers,
-the min-peak table, the slot table and the depth-1 table's inner minimum are compiled
-(``tables.jitted``; identical tables, tests compare them): about 0.1 s at 100 layers (0.2-0.4 s
-with two selective options per layer) instead of 1-6 s, 0.8-1.2 s at 1000 layers (grouped).
+layers or more the plan read in exact bytes from the nested slot table on single layers with 256
+slots, ``_slot_bound``, 0.3-7% above the optimum): nothing dearer is part of an optimal plan, and
+a tight bound prunes most breakpoints; each sub-chain also gets its own recompute cap (the bound
+minus the forward of the checkpoints around it, ``tables.reach``). With numba installed
+(``ckplan[fast]``) the frontiers, the min-peak table, the slot table and the depth-1 table's
+inner minimum are compiled (``tables.jitted``; identical tables, tests compare them): about
+0.1 s at 100 layers (0.15-0.3 s with two selective options per layer, bound by the size of the
+exact frontiers) instead of 1-6 s, 0.1-0.9 s at 1000 layers (grouped; the layer-level min-peak
+table, O(U^3), is built only where a plan needs it: at the smallest peak).
 Measured with scripts/bench_planner.py; passing ``max_slots`` (or ``pareto=False``) asks for the
 slot tables below instead.
 
