@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_dp, plan_none, simulate
-from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
+from ckplan.planner.dp import DPSolver, _slot_bound, base_bytes, layer_tables
 from ckplan.planner.plan import Plan, items_from_ranges
 from ckplan.planner.synthetic import random_chain
 from ckplan.planner.tables import ParetoTable
@@ -101,6 +101,25 @@ def test_pruned_tables_answer_like_the_full_one():
         sc = simulate(chain, res.plan)
         assert sc.peak_bytes <= b
         assert sc.recompute_ms == pytest.approx(ref.cost(int(b) - base_bytes(chain)), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed, options", [(0, 0), (1, 2), (2, 1)])
+def test_slot_bound_prunes_nothing_an_optimal_plan_uses(seed, options):
+    """From 40 layers the exact tables are bounded by the slot table's plan (``_slot_bound``):
+    a plan that fits, so never below the optimum, and the bounded tables still answer it."""
+    n = 44
+    chain = random_chain(n, seed, max_size=WIDE, options=options)
+    ref = _reference(chain)
+    lo = min_peak(chain)
+    hi = simulate(chain, plan_none(n)).peak_bytes
+    for b in [lo, lo + (hi - lo) // 100, lo + (hi - lo) // 10, lo + (hi - lo) // 2]:
+        want = ref.cost(b - base_bytes(chain))
+        assert want * (1 - 1e-9) <= _slot_bound(chain, b) < math.inf
+        res = plan_dp(chain, b)
+        assert res.exact and res.plan.params["budget_bytes"] == b
+        sc = simulate(chain, res.plan)
+        assert sc.peak_bytes <= b
+        assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
 @pytest.mark.slow

@@ -24,13 +24,15 @@ solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto f
 sizes, ``slot_bytes`` = 1 and ``exact`` = True. The tables are bounded by the budgets asked
 (``plan_dp`` builds them up to its budget only; sub-chains no plan can reach are skipped) and
 by the recompute of a plan known to fit at the lowest budget (the smallest-peak plan, and on 40
-layers or more the exact plan on groups of ~6 layers cut at that plan's boundaries,
-``_group_bound``): nothing dearer is part of an optimal plan, and a tight bound prunes most
-breakpoints; each sub-chain also gets its own recompute cap (the bound minus the forward of the
-checkpoints around it, ``tables.reach``). With numba installed (``ckplan[fast]``) the frontiers,
-the min-peak table, the slot table and the depth-1 table's inner minimum are compiled
-(``tables.jitted``; identical tables, tests compare them): about 0.1 s at 100 layers (0.2-0.4 s
-with two selective options per layer) instead of 1-6 s, 0.8-1.2 s at 1000 layers (grouped).
+layers or more the plan read in exact bytes from the nested slot table on single layers with 256
+slots, ``_slot_bound``, 0.3-7% above the optimum): nothing dearer is part of an optimal plan, and
+a tight bound prunes most breakpoints; each sub-chain also gets its own recompute cap (the bound
+minus the forward of the checkpoints around it, ``tables.reach``). With numba installed
+(``ckplan[fast]``) the frontiers, the min-peak table, the slot table and the depth-1 table's
+inner minimum are compiled (``tables.jitted``; identical tables, tests compare them): about
+0.1 s at 100 layers (0.15-0.3 s with two selective options per layer, bound by the size of the
+exact frontiers) instead of 1-6 s, 0.1-0.9 s at 1000 layers (grouped; the layer-level min-peak
+table, O(U^3), is built only where a plan needs it: at the smallest peak).
 Measured with scripts/bench_planner.py; passing ``max_slots`` (or ``pareto=False``) asks for the
 slot tables below instead.
 
@@ -101,7 +103,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -125,8 +127,7 @@ CELL_BUDGET = 30_000_000  # U * U * slots float32 cells: ~120 MB, under 1 s at 1
 FLAT_CELL_BUDGET = 500_000_000  # U * max_len * slots cells visited by the depth-1 DP: ~1.5 s
 MIN_SLOTS, MAX_SLOTS = 500, 8192  # rotor uses 500
 EXACT_MAX_LAYERS = 120  # auto mode: above this, group layers
-UB_GROUP_MIN_LAYERS, UB_GROUP_LAYERS = 40, 6  # exact DP: the exact DP on groups bounds the optimum first
-UB_GROUP_CASCADE = (12, 6, 3, 2)  # layers per group of the cheap-cut bounds, coarse to fine
+UB_MIN_LAYERS, UB_SLOTS = 40, 256  # exact DP: a slot table (in UB_SLOTS) bounds the optimum first
 PARETO_MAX_POINTS = 50_000  # breakpoints per sub-chain before the exact DP gives way to slots
 NEAR_MIN_GROUPS, NEAR_MIN_UNITS = 40, 130  # near_min_plan: regular cuts, most units (~10 s)
 NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the single-layer DP
@@ -147,20 +148,22 @@ class DPResult:
     notes: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True)
 class LayerTables:
-    """The tables on single layers that every entry point needs, built once per chain."""
+    """The tables on single layers that every entry point needs, built once per chain; the
+    min-peak table only when first asked for (grouped long chains plan without it: O(U^3))."""
 
-    units: Units
-    pairs: PairCosts
-    peaks: PeakTable
+    def __init__(self, units: Units, pairs: PairCosts):
+        self.units, self.pairs = units, pairs
+
+    @cached_property
+    def peaks(self) -> PeakTable:
+        return PeakTable(self.units, self.pairs)
 
 
 @lru_cache(maxsize=16)  # chains are immutable and hashable; plan_chain and sweep ask repeatedly
 def layer_tables(chain: Chain) -> LayerTables:
     u = make_units(chain)
-    pc = PairCosts(u)
-    return LayerTables(u, pc, PeakTable(u, pc))
+    return LayerTables(u, PairCosts(u))
 
 
 def _units_for(chain: Chain, mode: str, groups: int | None, cuts: str = "cheap") -> Units | None:
@@ -301,10 +304,15 @@ class DPSolver:
         slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, CELL_BUDGET // (U * U)))
         q = choose_slot(self.units, self.span, g, slots)
         M = int(self.span // q)
-        table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
-        self._estimate = None if self.grouped else table.estimate
-        self.readers = [_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
-                                q, table.C[0, U], table.slot_parts)]
+        self.readers = []
+        self._estimate = None
+        # A table none of whose plans fits up to ``top`` is not built (grouped tables just
+        # above the smallest peak): solve finds nothing there and the caller takes over.
+        if not self.grouped or int(peaks.R[0, U]) <= self.span:
+            table = CostTable(self.units, pairs, q, M, "up" if q == g else rounding)
+            self._estimate = None if self.grouped else table.estimate
+            self.readers.append(_Reader("nested", int(peaks.R[0, U]), lambda a: table.parts(a, peaks),
+                                        q, table.C[0, U], table.slot_parts))
         if flat if flat is not None else self.grouped:
             lu = layers.units
             N = lu.size
@@ -312,9 +320,10 @@ class DPSolver:
             slots = max_slots or max(MIN_SLOTS, min(MAX_SLOTS, FLAT_CELL_BUDGET // (N * max_len)))
             fq = choose_slot(lu, self.span, g, slots)
             ft = FlatTable(lu, layers.pairs, fq, int(self.span // fq), "up" if fq == g else rounding,
-                           max_len)
-            self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
-                                        ft.C[0], lambda m: (ft.slot_ranges(m), {})))
+                           max_len, top_bytes=self.span)
+            if ft.built:
+                self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
+                                            ft.C[0], lambda m: (ft.slot_ranges(m), {})))
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts and not self.options_ignored
@@ -361,11 +370,12 @@ class DPSolver:
         ub = None
         if lowest >= min_peak(self.chain):
             ub = simulate(self.chain, min_peak_plan(self.chain, lowest)).recompute_ms
-            if self.chain.n_layers >= UB_GROUP_MIN_LAYERS and lowest < self.none_peak:
-                # a near-optimal plan from the exact DP on groups of layers cut at that plan's
-                # boundaries (so it is reachable) and at cheap ones: a much tighter bound, which
-                # prunes most of the frontiers away above the smallest peak
-                ub = min(ub, _group_bound(self.chain, lowest, ub))
+            if self.chain.n_layers >= UB_MIN_LAYERS and lowest < self.none_peak:
+                # a near-optimal plan from the slot table on single layers, read in exact
+                # bytes (so it fits): a much tighter bound (0.3-7% above the optimum with
+                # options, against 5-70% for the exact DP on groups of layers used before),
+                # which prunes most of the frontiers away
+                ub = min(ub, _slot_bound(self.chain, lowest))
         return ParetoTable(t.units, t.pairs, t.peaks.R, max(0, top - base_bytes(self.chain)),
                            PARETO_MAX_POINTS, ub)
 
@@ -428,38 +438,18 @@ class DPSolver:
         return None
 
 
-def _group_bound(chain: Chain, budget_bytes: int, ub: float) -> float:
-    """A bound on the optimum at ``budget_bytes`` below ``ub``: the recompute of exact plans on
-    groups of layers (every plan on groups is a plan). First on cheap cuts, coarse to fine
-    (groups of ``UB_GROUP_CASCADE`` layers, each bounded by the last, so each is quick); where
-    those reach no plan (near the smallest peak), on groups of ``UB_GROUP_LAYERS`` layers also
-    cut at the smallest-peak plan's boundaries (so that plan is one of them). ``ub`` when none
-    is cheaper."""
-    n = chain.n_layers
-    first = ub
-    for size in UB_GROUP_CASCADE:
-        if n // size >= 2:
-            ub = _grouped_cost(chain, budget_bytes, ub, cheap_cuts(chain, n // size))
-    if ub < first:
-        return ub
-    start = min_peak_plan(chain, budget_bytes)
-    ends = {e for r in start.recomputed_ranges() for e in (r.start, r.stop)}
-    cuts = sorted((set(cheap_cuts(chain, max(1, n // UB_GROUP_LAYERS))) | ends) - {n})
-    return _grouped_cost(chain, budget_bytes, ub, cuts) if len(cuts) < n else ub
-
-
-def _grouped_cost(chain: Chain, budget_bytes: int, ub: float, cuts: list[int]) -> float:
-    """The recompute of the exact plan on the groups starting at ``cuts`` when it is below ``ub``
-    (and fits), else ``ub``."""
-    u = make_units(chain, cuts)
-    pc = PairCosts(u)
+def _slot_bound(chain: Chain, budget_bytes: int) -> float:
+    """A bound on the optimum at ``budget_bytes``: the recompute of the plan read in exact bytes
+    (``CostTable.parts``, which fits by construction) from the nested slot table on single
+    layers with ``UB_SLOTS`` slots up to the budget (inf if, against construction, it does not
+    fit)."""
+    t = layer_tables(chain)
     avail = budget_bytes - base_bytes(chain)
-    pt = ParetoTable(u, pc, PeakTable(u, pc).R, avail, PARETO_MAX_POINTS, ub)
-    if not pt.ok or pt.cost(avail) == INF:
-        return ub
-    plan = plan_from(chain, u, *pt.parts(avail), {"budget_bytes": budget_bytes})
+    q = max(1, -(-avail // UB_SLOTS))
+    table = CostTable(t.units, t.pairs, q, avail // q, "nearest")
+    plan = plan_from(chain, t.units, *table.parts(avail, t.peaks), {"budget_bytes": budget_bytes})
     sc = simulate(chain, plan)
-    return min(ub, sc.recompute_ms) if sc.peak_bytes <= budget_bytes else ub
+    return sc.recompute_ms if sc.peak_bytes <= budget_bytes else INF
 
 
 def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:

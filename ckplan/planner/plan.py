@@ -226,6 +226,16 @@ class Plan:
         return plan
 
 
+_STORES: list[Store] = []  # Store(i) for every i seen: frozen, so shared (built once)
+
+
+def _stores(a: int, b: int) -> list[Store]:
+    """``[Store(i) for i in range(a, b)]``, from shared instances."""
+    while len(_STORES) < b:
+        _STORES.append(Store(len(_STORES)))
+    return _STORES[a:b]
+
+
 def items_from_ranges(n_layers: int, ranges: list[tuple[int, int]]) -> tuple[Item, ...]:
     """Build nested items from a laminar set of checkpointed ranges (any order)."""
     rs = sorted(set(ranges), key=lambda r: (r[0], -r[1]))
@@ -241,7 +251,7 @@ def items_from_ranges(n_layers: int, ranges: list[tuple[int, int]]) -> tuple[Ite
         """Pop frames that end at or before ``pos``."""
         while len(frames) > 1 and frames[-1][1] <= pos:
             s, t, its, nxt = frames.pop()
-            its.extend(Store(i) for i in range(nxt, t))
+            its.extend(_stores(nxt, t))
             parent = frames[-1]
             parent[2].append(Checkpoint(s, t, tuple(its)))
             parent[3] = t
@@ -252,12 +262,12 @@ def items_from_ranges(n_layers: int, ranges: list[tuple[int, int]]) -> tuple[Ite
         if t > top[1]:
             raise SpecError(f"plan checkpoints [{top[0]}, {top[1]}) and [{s}, {t}) overlap "
                             "without nesting")
-        top[2].extend(Store(i) for i in range(top[3], s))
+        top[2].extend(_stores(top[3], s))
         top[3] = s
         frames.append([s, t, [], s])
     close_until(n_layers)
     root = frames[0]
-    root[2].extend(Store(i) for i in range(root[3], n_layers))
+    root[2].extend(_stores(root[3], n_layers))
     return tuple(root[2])
 
 

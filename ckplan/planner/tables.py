@@ -356,7 +356,7 @@ class FlatTable:
     ``grads(j..) + x[j-1] + R_store(s, j)``, all exact bytes rounded once."""
 
     def __init__(self, u: Units, pc: PairCosts, slot: int, M: int, rounding: str,
-                 max_len: int | None = None):
+                 max_len: int | None = None, top_bytes: int | None = None):
         self.u, self.pc, self.slot, self.M = u, pc, slot, M
         U = u.size
         div = ceil_div if rounding == "up" else near_div
@@ -375,6 +375,25 @@ class FlatTable:
         self.hold_slots = div(hold, slot)
         self.x_slots = div(u.x_out, slot)
         self.store_slots = div(pc.store_req[:, U], slot)
+        # Exact bytes: R1[s] the least a depth-1 plan of [s, U) needs, K1[s] its recompute.
+        R1 = np.full(U, BIG, dtype=np.int64)
+        K1 = np.zeros(U)
+        R1[U - 1] = pc.store_req[U - 1, U]
+        for s in range(U - 2, -1, -1):
+            hi = min(U, s + 1 + self.max_len)
+            r = np.maximum(thr[s, s + 1:hi], u.x_out[s:hi - 1] + R1[s + 1:hi])
+            k = int(np.argmin(r))
+            rs = max(pc.store_req[s, U], hold[s] + R1[s + 1])
+            if rs <= r[k]:
+                R1[s], K1[s] = rs, K1[s + 1]
+            else:
+                R1[s], K1[s] = r[k], (pc.fwd_prefix_ms[s + 1 + k] - pc.fwd_prefix_ms[s]) + K1[s + 1 + k]
+        self.R1, self.K1 = R1, K1
+        # no depth-1 plan fits up to ``top_bytes``: no cost table (``built`` False)
+        self.built = top_bytes is None or int(R1[0]) <= top_bytes
+        if not self.built:
+            self.C = self.S = np.empty((0, 0))
+            return
         P = pc.fwd_prefix_ms
         self.dtype = DTYPE = np.float64 if U <= SMALL_UNITS else np.float32
         C = np.empty((U, M + 1), dtype=DTYPE)
@@ -398,20 +417,6 @@ class FlatTable:
             if s >= 1:
                 S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(P[s])
         self.C, self.S = C, S
-        # Exact bytes: R1[s] the least a depth-1 plan of [s, U) needs, K1[s] its recompute.
-        R1 = np.full(U, BIG, dtype=np.int64)
-        K1 = np.zeros(U)
-        R1[U - 1] = pc.store_req[U - 1, U]
-        for s in range(U - 2, -1, -1):
-            hi = min(U, s + 1 + self.max_len)
-            r = np.maximum(thr[s, s + 1:hi], u.x_out[s:hi - 1] + R1[s + 1:hi])
-            k = int(np.argmin(r))
-            rs = max(pc.store_req[s, U], hold[s] + R1[s + 1])
-            if rs <= r[k]:
-                R1[s], K1[s] = rs, K1[s + 1]
-            else:
-                R1[s], K1[s] = r[k], (P[s + 1 + k] - P[s]) + K1[s + 1 + k]
-        self.R1, self.K1 = R1, K1
 
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
         U, P = self.u.size, self.pc.fwd_prefix_ms
@@ -1101,6 +1106,7 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     K = np.full((U, W), np.inf)
     RT = np.full((W, U + 1), BIG, dtype=np.int64)
     KT = np.full((W, U + 1), np.inf)
+    vbuf = np.empty(U + 1, dtype=np.int64)
     for e in range(1, U + 1):
         for s in range(e - 1, -1, -1):
             if s + 1 == e:
@@ -1116,15 +1122,19 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
                     ro, ko = max(osr[o, s, e], ohold[s, o] + rn), kn + oms[s, o]
                     if np.isfinite(oms[s, o]) and (ro < sr or (ro == sr and ko < sk)):
                         sr, sk = ro, ko
+                # two branch-free passes (vectorised): the least need, then the least
+                # recompute among the splits reaching it
+                fn, rt, it, rs = fnone[s, s + 1:e], RT[e, s + 1:e], innerT[e, s + 1:e], R[s, s + 1:e]
+                xs, pj, kt, ks = xo[s:e - 1], P[s + 1:e], KT[e, s + 1:e], K[s, s + 1:e]
+                vs = vbuf[:e - s - 1]
                 vmin, kmin = TOP, np.inf  # every v is below TOP
-                for j in range(s + 1, e):
-                    v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + R[s, j])
-                    if v > vmin:
-                        continue
-                    if v < vmin:
-                        vmin, kmin = v, ((P[j] - P[s]) + KT[e, j]) + K[s, j]
-                    else:
-                        kmin = min(kmin, ((P[j] - P[s]) + KT[e, j]) + K[s, j])
+                for i in range(e - s - 1):
+                    vs[i] = max(fn[i], xs[i] + rt[i], it[i] + rs[i])
+                    vmin = min(vmin, vs[i])
+                ps = P[s]
+                for i in range(e - s - 1):
+                    if vs[i] == vmin:
+                        kmin = min(kmin, ((pj[i] - ps) + kt[i]) + ks[i])
                 if sr < vmin or (sr == vmin and sk <= kmin):
                     r, k = sr, sk
                 else:
