@@ -947,10 +947,10 @@ def _option_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], mod
 # A compiled layer stored with option P runs P's SAC compiled in (CompiledForward.with_option), so
 # what it keeps is what its compiled forward saves: attributed per layer as packed, as for the
 # compiled layers without options (_compiled_pass). Its recompute runs inside the compiled backward
-# and cannot be timed apart: it is the layer's forward+backward time with P minus without, from
-# passes interleaved with plain compiled ones (the CPU's step time drifts over a process), shared
-# over layers of one type by FLOPs as the layers' own times are (smoothed_chain_ms). FLOPs stay
-# eager's: ``recompute_flops`` is 0.
+# and cannot be timed apart: it is the layer's forward+backward time with P minus without, paired
+# per round with a plain compiled pass run just before (the CPU's step time drifts over a process),
+# the median over rounds of each layer type's total shared by FLOPs as the layers' own times are
+# (smoothed_chain_ms), within [0, the layer's forward]. FLOPs stay eager's: ``recompute_flops`` is 0.
 
 
 @contextmanager
@@ -970,8 +970,8 @@ def _compiled_under_option(layers: list[nn.Module], name: str | None):
 def _compiled_option_passes(inst: _Instrument, step: _Step, params: list[nn.Parameter], model: nn.Module,
                             plain: _MeasuredPass, options: tuple[str, ...], repeats: int,
                             accum: int) -> list[_OptionPass]:
-    """Per option: a warm-up pass (it compiles), the measured pass; then ``repeats`` rounds of a
-    plain compiled pass followed by one pass per option, every chain layer under it."""
+    """Per option: a warm-up pass (it compiles), the measured pass; then ``max(3, repeats)``
+    rounds of a plain compiled pass followed by one pass per option, every chain layer under it."""
     if not options:
         return []
     measured: dict[str, _MeasuredPass] = {}
@@ -982,28 +982,39 @@ def _compiled_option_passes(inst: _Instrument, step: _Step, params: list[nn.Para
             m = _compiled_pass(inst, step, params, model, plain)
         measured[name] = replace(m, live_at_end={i: m.saved.get(i, 0) for i in range(inst.n)})
         _zero(params)
+    # Paired rounds: per round, the plain pass and one pass per option back to back, so a slow
+    # stretch of the machine shifts both sides of each difference alike.
     times: dict[str | None, dict[tuple[str, int], list[float]]] = {None: {}, **{n: {} for n in options}}
-    for _ in range(max(1, repeats)):
+    rounds: list[dict[str | None, list[float]]] = []
+    for _ in range(max(3, repeats)):
+        fb: dict[str | None, list[float]] = {}
         for name in (None, *options):
             with _compiled_under_option(inst.layers, name):
                 step.run(inst)
                 _zero(params)
-            for key, w in inst.windows().items():
+            windows = inst.windows()
+            for key, w in windows.items():
                 times[name].setdefault(key, []).append(w["ms"])
+            fb[name] = [windows[("F", i)]["ms"] + windows.get(("B", i), {}).get("ms", 0.0) for i in range(inst.n)]
+        rounds.append(fb)
     kinds = [type(layer).__name__ for layer in inst.layers]
     flops = [plain.windows[("F", i)]["flops"] + plain.windows.get(("B", i), {}).get("flops", 0)
              for i in range(inst.n)]
-
-    def fb_ms(t: dict[tuple[str, int], list[float]]) -> list[float]:
-        return [statistics.median(t[("F", i)]) + statistics.median(t.get(("B", i), [0.0])) for i in range(inst.n)]
-
-    base = smoothed_chain_ms(kinds, flops, fb_ms(times[None]))
     fwd = smoothed_chain_ms(kinds, flops, [statistics.median(times[None][("F", i)]) for i in range(inst.n)])
     out = []
     for name in options:
-        with_option = smoothed_chain_ms(kinds, flops, fb_ms(times[name]))
-        extra = {i: [min(max(0.0, with_option[i] - base[i]), fwd[i])] for i in range(inst.n)}
-        out.append(_OptionPass(name, measured[name], times[name], extra))
+        # Per layer type: the median over rounds of the type's summed difference, shared by FLOPs
+        # (a type with a FLOP-free layer: each layer's own median difference).
+        extra = [statistics.median(r[name][i] - r[None][i] for r in rounds) for i in range(inst.n)]
+        for kind in dict.fromkeys(kinds):
+            idx = [i for i, k in enumerate(kinds) if k == kind]
+            total_flops = sum(flops[i] for i in idx)
+            if total_flops > 0 and all(flops[i] > 0 for i in idx):
+                total = statistics.median(sum(r[name][i] - r[None][i] for i in idx) for r in rounds)
+                for i in idx:
+                    extra[i] = total * flops[i] / total_flops
+        recompute = {i: [min(max(0.0, extra[i]), fwd[i])] for i in range(inst.n)}
+        out.append(_OptionPass(name, measured[name], times[name], recompute))
     return out
 
 
