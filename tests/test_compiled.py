@@ -27,23 +27,31 @@ def _grads(model, x, seed=1):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@needs_inductor
-def test_plans_around_compiled_layers_keep_eager_gradients():
-    """Compiled layers (dropout 0.1) inside one- and multi-layer checkpoints: the gradients of the
-    eager model without checkpoints, and the layers are left as they were."""
+def _compiled_plans_match_eager(plans):
+    """Each (label, plan) applied around the compiled blocks of a 4-layer dropout GPT: loss and
+    gradients as the eager model's without checkpoints; returns the model and its CompiledLayers."""
     torch.manual_seed(0)
     model = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
     x = torch.randint(0, 97, (2, 16))
     ref_loss, ref = _grads(model, x)
     scale = max(g.abs().max().item() for g in ref.values())
     layers = CompiledLayers(list(model.blocks))
-    for ranges in ([], [(0, 1), (1, 2), (2, 3), (3, 4)], [(0, 3)], [(1, 3)]):
-        plan = Plan("custom", 4, items_from_ranges(4, ranges), {})
+    for label, plan in plans:
         with layers, apply_plan(model, plan, chain="blocks"):
             loss, got = _grads(model, x)
-        assert loss == pytest.approx(ref_loss, rel=1e-6), ranges
+        assert loss == pytest.approx(ref_loss, rel=1e-6), label
         diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
-        assert diff <= 1e-5 * scale, (ranges, diff)
+        assert diff <= 1e-5 * scale, (label, diff)
+    return model, layers
+
+
+@needs_inductor
+def test_plans_around_compiled_layers_keep_eager_gradients():
+    """Compiled layers (dropout 0.1) inside one- and multi-layer checkpoints: the gradients of the
+    eager model without checkpoints, and the layers are left as they were."""
+    plans = [(ranges, Plan("custom", 4, items_from_ranges(4, ranges), {}))
+             for ranges in ([], [(0, 1), (1, 2), (2, 3), (3, 4)], [(0, 3)], [(1, 3)])]
+    model, layers = _compiled_plans_match_eager(plans)
     assert layers.graphs >= 1  # it compiled (one graph for the four identical blocks)
     assert all("forward" not in b.__dict__ for b in model.blocks)
 
@@ -53,25 +61,15 @@ def test_selective_options_on_compiled_layers_keep_eager_gradients():
     """Compiled layers stored with selective options (SAC compiled in), at the top level, inside
     one- and multi-layer checkpoints and next to them: the eager model's gradients without
     checkpoints, dropout on; one graph per option for the four identical blocks."""
-    torch.manual_seed(0)
-    model = build_gpt(vocab_size=97, block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
-    x = torch.randint(0, 97, (2, 16))
-    ref_loss, ref = _grads(model, x)
-    scale = max(g.abs().max().item() for g in ref.values())
-    layers = CompiledLayers(list(model.blocks))
     cases = [
         ([], ["sac-compute", "sac-linear", "sac-attn", "store"]),
         ([(0, 1)], ["store", "sac-linear", "sac-linear", "sac-compute"]),
         ([(0, 4), (1, 3)], ["sac-linear", "store", "sac-attn", "sac-compute"]),  # nested, options inside
         ([(0, 2), (2, 4)], ["sac-compute", "sac-compute", "sac-linear", "store"]),
     ]
-    for ranges, options in cases:
-        plan = Plan("custom", 4, items_from_ranges(4, ranges), {}).with_options(options)
-        with layers, apply_plan(model, plan, chain="blocks"):
-            loss, got = _grads(model, x)
-        assert loss == pytest.approx(ref_loss, rel=1e-6), (ranges, options)
-        diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
-        assert diff <= 1e-5 * scale, (ranges, options, diff)
+    model, layers = _compiled_plans_match_eager(
+        [((ranges, options), Plan("custom", 4, items_from_ranges(4, ranges), {}).with_options(options))
+         for ranges, options in cases])
     assert layers.graphs <= 4  # store and three options, each compiled once for the four blocks
     assert all("forward" not in b.__dict__ for b in model.blocks)
 
