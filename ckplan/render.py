@@ -164,8 +164,10 @@ def options_table(prof: Profile, *, wide: bool = False, console: Console | None 
         rows.append(row)
     _print_table(out, cols, rows, wide, title="selective options: kept for backward +forward redone")
     if kept is not None and any(o.name not in kept[r.index] for r in prof.chain_layers for o in r.options):
-        out.print("*: beaten by store, full or another option on both memory and time; "
-                  "the planner leaves it out", soft_wrap=True)
+        from .planner.calibrate import TIE_BYTES, TIE_FWD
+        out.print("*: beaten by store, full or another option on both memory and time (or a near tie "
+                  f"with an earlier one: bytes within {TIE_BYTES:.0%}, time within {TIE_FWD:.0%} of the "
+                  "forward); the planner leaves it out", soft_wrap=True)
 
 
 def _kept_options(prof: Profile) -> list[set[str]] | None:

@@ -193,6 +193,19 @@ def test_dominated_options_are_dropped():
     assert [o.name for o in undominated(ly, opts)] == ["a", "e"]
 
 
+def test_near_ties_keep_the_earlier_option():
+    """Kept bytes within 1% and recomputes within 5% of the forward are one choice: the earlier
+    stays whichever the noise made faster; a real difference in either keeps both."""
+    ly = _layer(xbar=10_000, x=100, fwd_ms=10.0)
+    p, q = Option("p", 5000, 1.3, 0, 0), Option("q", 4990, 1.0, 0, 0)  # q: 0.2% less, 0.3 ms faster
+    assert [o.name for o in undominated(ly, [p, q])] == ["p"]
+    assert [o.name for o in undominated(ly, [q, p])] == ["q"]
+    far = Option("r", 4000, 3.0, 0, 0)  # 20% less memory, slower
+    slow = Option("s", 4995, 2.0, 0, 0)  # 7% of the forward slower than p, less memory
+    assert [o.name for o in undominated(ly, [p, far, slow])] == ["p", "r", "s"]
+    assert [o.name for o in undominated(ly, [Option("t", 9950, 0.4, 0, 0)])] == []  # ~store
+
+
 def test_old_profile_json_without_options_loads(tmp_path):
     torch.manual_seed(0)
     prof = _profile(Stack(Mlp, n=2), torch.randn(4, 16), options=["sac-compute"])

@@ -152,15 +152,28 @@ def with_options(chain: Chain, profile: Profile) -> Chain:
                                        for ly, opts in zip(chain.layers, options)))
 
 
+# Two ways to store a layer closer than this are one choice (the earlier stays), so that timing
+# noise does not decide between them run to run: kept bytes within TIE_BYTES of each other and
+# recompute times within TIE_FWD of the layer's forward (gpt2-small compiled: sac-compute and
+# sac-linear keep the same bytes, their recomputes 29 and 37 ms beside a 250 ms forward).
+TIE_BYTES = 0.01
+TIE_FWD = 0.05
+
+
 def undominated(layer: Layer, options: list[Option]) -> tuple[Option, ...]:
     """The options no other choice of the layer beats on (kept bytes, recompute ms): ``store``
-    (xbar, 0), ``full`` (x, fwd_ms) or another option; on a tie the earlier choice stays."""
+    (xbar, 0), ``full`` (x, fwd_ms) or another option; on a tie, or a near-tie (TIE_BYTES,
+    TIE_FWD), the earlier choice stays."""
     choices = [(layer.xbar_bytes, 0.0), (layer.x_bytes, layer.fwd_ms)] + \
         [(o.xbar_bytes, o.recompute_ms) for o in options]
+
+    def near(c: tuple[int, float], mine: tuple[int, float]) -> bool:
+        return abs(c[0] - mine[0]) <= TIE_BYTES * mine[0] and abs(c[1] - mine[1]) <= TIE_FWD * layer.fwd_ms
+
     kept = []
     for j, o in enumerate(options, start=2):
         mine = choices[j]
-        beaten = any(c[0] <= mine[0] and c[1] <= mine[1] and (c != mine or k < j)
+        beaten = any(k < j if near(c, mine) else (c[0] <= mine[0] and c[1] <= mine[1])
                      for k, c in enumerate(choices) if k != j)
         if not beaten:
             kept.append(o)
