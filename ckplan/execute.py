@@ -390,7 +390,7 @@ class PlanExecutor:
             if isinstance(item, Store) and item.option != STORE and _compiled(self._orig[j]):
                 # A compiled layer: its option is compiled in (ckplan.compiled), and what its
                 # compiled forward saves is what the option keeps through the parent's backward.
-                out = calls[j].replay(functools.partial(self._call_module, j, option=item.option), inputs)
+                out = calls[j].replay(functools.partial(self._call_module, j, _ckplan_option=item.option), inputs)
             elif isinstance(item, Store) and item.option != STORE:
                 out = self._option_fill(calls, j, item.option, inputs)
             elif isinstance(item, Store):
@@ -425,13 +425,14 @@ class PlanExecutor:
         with torch.random.fork_rng(devices=call.devices, device_type=call.device_type), rec_ctx:
             return call.replay(functools.partial(self._call_module, j), list(inputs))
 
-    def _call_module(self, j: int, *args, option: str = STORE, **kwargs):
+    def _call_module(self, j: int, *args, _ckplan_option: str = STORE, **kwargs):
         """Recompute layer ``j`` through its module call, so its hooks run as in the first forward
         (FSDP2 all-gathers the layer's parameters in its pre-forward hook), its forward unplanned
-        (a compiled layer stored with a selective ``option``: its compiled forward with it)."""
+        (a compiled layer stored with a selective ``_ckplan_option``: its compiled forward with it;
+        the keyword is named so as not to take a keyword of the layer's own)."""
         tls = self._tls
         outer, outer_option = getattr(tls, "replaying", False), getattr(tls, "option", STORE)
-        tls.replaying, tls.option = True, option
+        tls.replaying, tls.option = True, _ckplan_option
         try:
             return self.layers[j](*args, **kwargs)
         finally:
