@@ -18,7 +18,7 @@ from ckplan import api
 from ckplan.bench import run_bench
 from ckplan.cli import app
 from ckplan.planner import Checkpoint, Plan, Store, chain_from_profile, plan_none, simulate
-from ckplan.planner.calibrate import undominated
+from ckplan.planner.calibrate import TIE_BYTES, undominated
 from ckplan.planner.chain import Layer, Option
 from ckplan.records import Profile
 from ckplan.spec import build_model, make_batch, to_loss
@@ -141,10 +141,12 @@ def test_tiny_gpt_option_plans_predicted_vs_measured(tiny_gpt_spec, tmp_path):
     chain = chain_from_profile(prof)
     kept = [{o.name for o in ly.options} for ly in chain.layers]
     # With recompute times proportional to the bytes freed, an option survives exactly when it keeps
-    # less than store (sac-attn keeps nearly all of it: a few hundred bytes less, or more).
+    # less than store by more than a near tie (sac-attn keeps nearly all of it: a few hundred bytes
+    # less, or more, for next to no recompute, so it is store within the noise).
     for r, k in zip(prof.chain_layers, kept):
         assert {"sac-compute", "sac-linear"} <= k
-        assert ("sac-attn" in k) == (r.option("sac-attn").saved_bytes < r.saved_bytes)
+        attn = r.option("sac-attn").saved_bytes
+        assert ("sac-attn" in k) == (r.saved_bytes - attn > TIE_BYTES * attn)
     n = chain.n_layers
     plans = {
         "all-sac-compute": plan_none(n).with_options(["sac-compute"] * n),
