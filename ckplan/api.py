@@ -112,7 +112,7 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
-    names = compile_options(option_names(options), compile, dev.type, note)
+    names = compile_options(option_names(options), compile, dev.type)
     _tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
                     + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)")
                     + (f", then {len(names)} selective options" if names else "")
@@ -123,8 +123,7 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
                          spec=spec.model_dump(mode="json"), options=names, compile=compile)
 
 
-def compile_options(names: tuple[str, ...], compile: bool, device_type: str,
-                    note: Note | None = None) -> tuple[str, ...]:
+def compile_options(names: tuple[str, ...], compile: bool, device_type: str) -> tuple[str, ...]:
     """The options to measure (with ``compile``: compiled in, :mod:`ckplan.compiled`); compiling
     on meta, or where TorchInductor cannot compile, is refused."""
     if not compile:
@@ -385,7 +384,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
-    names = compile_options(option_names(options), compile, dev.type, note)
+    names = compile_options(option_names(options), compile, dev.type)
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)

@@ -299,8 +299,8 @@ class PlanExecutor:
     def _run(self, i: int, args: tuple, kwargs: dict):
         orig, path = self._orig[i], self._path[i]
         if getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
-            option = getattr(self._tls, "option", STORE)
-            return run_with_option(orig, option, *args, **kwargs) if option != STORE else orig(*args, **kwargs)
+            # A compiled layer replayed with its option set by _call_module; otherwise store: as is.
+            return run_with_option(orig, getattr(self._tls, "option", STORE), *args, **kwargs)
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not _CAN_SPAN:
@@ -347,10 +347,11 @@ class PlanExecutor:
             hook = _checkpoint_hook(own)
         try:
             with hook:
-                if own is None and self._option[i] != STORE:  # a compiled layer: its option compiled in
-                    out = run_with_option(orig, self._option[i], *args, **kwargs)
-                else:
+                # Without a frame of its own: stored, or a compiled layer with its option compiled in.
+                if own is not None:
                     out = orig(*args, **kwargs)
+                else:
+                    out = run_with_option(orig, self._option[i], *args, **kwargs)
         except BaseException:
             tls.seg = None
             seg.close()
