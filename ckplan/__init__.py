@@ -71,6 +71,15 @@ def compiled_layers(model, *, chain: str | None = None):
     return _compiled(model, chain=chain)
 
 
+def kept_freed_memory(device="cpu"):
+    """A context for CPU training steps timed as ckplan times them: glibc's malloc keeps freed
+    memory in the process (as PyTorch's CUDA caching allocator does) instead of returning it
+    and faulting it in again every step; a no-op off glibc or off the CPU. See
+    ``ckplan.measure.KeptFreedMemory``."""
+    from .measure import KeptFreedMemory
+    return KeptFreedMemory(device)
+
+
 def remove_plan(model) -> None:
     from .execute import remove_plan as _remove
     _remove(model)

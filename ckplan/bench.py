@@ -69,8 +69,10 @@ from .compiled import CompiledLayers
 from .errors import CkplanError, InfeasibleBudgetError, ModelRunError
 from .execute import apply_plan, remove_plan
 from .measure import (
+    KEPT_MEMORY_NOTE,
     AllocatorTimeline,
     Clock,
+    KeptFreedMemory,
     LiveTensorTracker,
     ResidentPeak,
     TrackerLimitExceeded,
@@ -297,7 +299,10 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
                 tick(f"memory: {e.name}")
                 _guarded(run, e, _memory_step)
         _profiler_cross_check(run, runnable, tick)
-        _timed_rounds(run, runnable, steps, tick)
+        with KeptFreedMemory(device) as kept:
+            _timed_rounds(run, runnable, steps, tick)
+        if kept.active and KEPT_MEMORY_NOTE not in notes:
+            notes.append(KEPT_MEMORY_NOTE)
         _compile_notes(run, runnable, notes)
         if run.layers is not None:
             notes.append(f"--compile: ckplan's rows ran with each chain layer's forward compiled (torch.compile, "

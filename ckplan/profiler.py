@@ -53,7 +53,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain
 from .errors import ModelRunError, UsageError
-from .measure import AllocatorTimeline, Clock, LiveTensorTracker, storages_of, unique_storage_bytes
+from .measure import (
+    KEPT_MEMORY_NOTE,
+    AllocatorTimeline,
+    Clock,
+    KeptFreedMemory,
+    LiveTensorTracker,
+    storages_of,
+    unique_storage_bytes,
+)
 from .records import CHAIN, POST, PRE, OptionRecord, StageRecord
 from .sac import policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
@@ -297,7 +305,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     step = _Step(model, args, kwargs, loss_fn, precision, device,
                  (meta_target or default_target()) if meta else None)
     inst = _Instrument(layers, Clock(device))
-    with _model_errors(meta), _state_restored(model, params, device), _hooks_installed(inst):
+    kept = KeptFreedMemory(device)
+    with kept, _model_errors(meta), _state_restored(model, params, device), _hooks_installed(inst):
         model.train()
         _zero(params)
         for _ in range(0 if meta else warmup):
@@ -326,6 +335,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     rows = _with_options(rows, measured, option_passes, meta)
     notes = (step.sdpa_note,) if step.sdpa_note else ()
+    if kept.active:
+        notes += (KEPT_MEMORY_NOTE,)
     if compiled is not None:
         notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)

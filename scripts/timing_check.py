@@ -12,6 +12,11 @@ profile's view beside the measurement:
   measured ``fb_k1 - fb`` (paired per round, median), and their ratio (the recompute factor);
 * the slowdown the bench reports (whole steps, optimizer included) vs the planner's prediction.
 
+The rounds run with freed memory kept in the process, as the profile and the bench time CPU
+steps (``ckplan.measure.KeptFreedMemory``); ``CKPLAN_CPU_MALLOC=system`` times with glibc's
+default instead (BERT-large 1 x 512: forward+backward 9.1 s instead of 5.5 s, and every layer
+checkpointed ran *faster* than none, page faults dominating).
+
 ``--plans N`` profiles N times more and prints the dp plan for a few budgets each time: the plans
 must be the same every time (reproducibility).
 """
@@ -24,7 +29,7 @@ import torch
 
 from ckplan import api
 from ckplan.execute import apply_plan, remove_plan
-from ckplan.measure import Clock
+from ckplan.measure import Clock, KeptFreedMemory
 from ckplan.planner import chain_from_profile, plan_chain, simulate
 from ckplan.spec import build_model, make_batch, to_loss
 from ckplan.training import forward_loss, make_optimizer
@@ -35,6 +40,7 @@ def main() -> None:
     ap.add_argument("spec")
     ap.add_argument("-b", "--batch-size", type=int)
     ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--optimizer", help="override the spec's optimizer (sgd, adamw, ...)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--plans", type=int, default=0)
@@ -42,7 +48,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    overrides = {k: v for k, v in (("batch_size", a.batch_size), ("seq_len", a.seq_len)) if v is not None}
+    overrides = {k: v for k, v in (("batch_size", a.batch_size), ("seq_len", a.seq_len),
+                                                ("optimizer", a.optimizer)) if v is not None}
     spec = api.load(a.spec, **overrides)
     torch.manual_seed(0)
     model = build_model(spec, "cpu")
@@ -74,23 +81,24 @@ def main() -> None:
     # Each plan runs twice in a row per round: the first step comes after the other plan's
     # (as in the bench, whose strategies alternate), the second after its own (as in training).
     times: dict[str, list[float]] = {"fb": [], "fb_k1": [], "opt": [], "fb_again": [], "fb_k1_again": []}
-    for r in range(a.rounds + 1):  # round 0 warms up
-        t_fb = fb()
-        t_opt = opt_step()
-        t_fb2 = fb()
-        opt_step()
-        apply_plan(model, k1, chain=prof.chain)
-        t_k1 = fb()
-        opt_step()
-        t_k12 = fb()
-        opt_step()
-        remove_plan(model)
-        if r:
-            times["fb"].append(t_fb)
-            times["fb_k1"].append(t_k1)
-            times["opt"].append(t_opt)
-            times["fb_again"].append(t_fb2)
-            times["fb_k1_again"].append(t_k12)
+    with KeptFreedMemory("cpu"):  # as the bench times (CKPLAN_CPU_MALLOC=system: glibc's default)
+        for r in range(a.rounds + 1):  # round 0 warms up
+            t_fb = fb()
+            t_opt = opt_step()
+            t_fb2 = fb()
+            opt_step()
+            apply_plan(model, k1, chain=prof.chain)
+            t_k1 = fb()
+            opt_step()
+            t_k12 = fb()
+            opt_step()
+            remove_plan(model)
+            if r:
+                times["fb"].append(t_fb)
+                times["fb_k1"].append(t_k1)
+                times["opt"].append(t_opt)
+                times["fb_again"].append(t_fb2)
+                times["fb_k1_again"].append(t_k12)
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = statistics.median(b - a_ for a_, b in zip(times["fb"], times["fb_k1"]))
     print(f"{prof.model}: {n} layers, batch {prof.batch_size}, profile repeats {a.repeats}, rounds {a.rounds}")

@@ -207,6 +207,8 @@ def test_cpu_rows_carry_the_resident_high_water_mark(tiny_gpt_spec, tmp_path):
         assert r.measured_rss_peak_bytes > r.measured_rss_growth_bytes >= 0
         assert 0 < r.measured_growth_bytes < r.measured_peak_bytes
     assert any("MALLOC_MMAP_THRESHOLD_" in n for n in res.notes)
+    from ckplan.measure import KEPT_MEMORY_NOTE, KeptFreedMemory
+    assert (KEPT_MEMORY_NOTE in res.notes) == KeptFreedMemory("cpu").active  # the timed steps kept memory
 
 
 def test_out_dir_checked_before_the_run(tiny_gpt_spec, tmp_path):

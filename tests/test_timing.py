@@ -124,3 +124,50 @@ def test_timed_recompute_is_the_median_per_layer_shared_by_flops_and_bounded():
     assert got == pytest.approx([7.0, 7.0, hi * 4.0])
     assert timed_recompute_ms(kinds, flops, fwd, {0: [1.0], 1: [1.0]}) is None  # layer 2 never timed
     assert timed_recompute_ms([], [], [], {}) is None
+
+
+def _freed_on_del(nbytes: int) -> int | None:
+    """Resident bytes returned to the kernel when a fresh ``nbytes`` tensor is freed (None without /proc)."""
+    import torch
+
+    from ckplan.measure import _proc_status_bytes
+    t = torch.ones(nbytes // 4)
+    before = _proc_status_bytes("VmRSS")
+    del t
+    after = _proc_status_bytes("VmRSS")
+    return None if before is None or after is None else before - after
+
+
+def test_cpu_steps_keep_freed_memory_and_the_default_comes_back(monkeypatch):
+    # Oracle: the kernel's resident set. glibc returns a 64 MiB block at once (above any mmap
+    # threshold); inside the block the pages stay with the process for the next step; after it,
+    # the default is back. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing is changed.
+    from ckplan.measure import CPU_MALLOC_ENV, KeptFreedMemory
+    MiB = 2**20
+    if not KeptFreedMemory("cpu").active:
+        pytest.skip("not glibc")
+    first = _freed_on_del(64 * MiB)
+    if first is None:
+        pytest.skip("no /proc/self/status")
+    assert first >= 63 * MiB
+    with KeptFreedMemory("cpu"), KeptFreedMemory("cpu"):  # nested: the inner exit keeps the setting
+        pass
+    assert _freed_on_del(64 * MiB) >= 63 * MiB
+    import ckplan
+    with ckplan.kept_freed_memory() as outer:  # the public name
+        assert outer.active
+        with KeptFreedMemory("cpu"):
+            assert _freed_on_del(64 * MiB) < MiB
+        assert _freed_on_del(64 * MiB) < MiB
+    assert _freed_on_del(64 * MiB) >= 63 * MiB
+    assert not KeptFreedMemory("meta").active
+    monkeypatch.setenv(CPU_MALLOC_ENV, "system")
+    with KeptFreedMemory("cpu") as k:
+        assert not k.active and _freed_on_del(64 * MiB) >= 63 * MiB
+
+
+def test_cpu_profile_says_its_times_kept_freed_memory(tiny_gpt_spec, tmp_path):
+    from ckplan.measure import KEPT_MEMORY_NOTE, KeptFreedMemory
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path, n_layer=2)), device="cpu", repeats=1, warmup=0)
+    assert (KEPT_MEMORY_NOTE in prof.notes) == KeptFreedMemory("cpu").active
+    assert KEPT_MEMORY_NOTE not in api.profile(api.load(tiny_gpt_spec(tmp_path, n_layer=2)), device="meta").notes
