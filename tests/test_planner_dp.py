@@ -7,6 +7,7 @@ the simulator. Chains are random with small integer sizes, so the DP runs on exa
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -32,8 +33,8 @@ from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_t
 from ckplan.planner.chain import Chain
 from ckplan.planner.dp import DPSolver, fixed_peak
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
-from ckplan.planner.simulate import peak_of
-from ckplan.planner.synthetic import random_chain, uniform_chain
+from ckplan.planner.simulate import peak_of, simulate_items
+from ckplan.planner.synthetic import random_chain, uniform_chain, with_tails
 from ckplan.units import format_bytes
 
 EXACT = 10**9  # slots enough for exact gcd-sized slots on small chains
@@ -101,6 +102,43 @@ def _check_against_brute(chain: Chain, general: bool = False) -> None:
 @given(chains)
 def test_dp_equals_brute_force(chain):
     _check_against_brute(chain)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.builds(lambda n, seed: with_tails(random_chain(n, seed), seed), st.integers(1, 6),
+                 st.integers(0, 2**32)))
+def test_dp_equals_brute_force_with_tails(chain):
+    """Layers whose last ops a checkpoint ending there does not redo (PyTorch's early stop):
+    the DP's costs Q[j] - P[s] against the simulator on every plan."""
+    _check_against_brute(chain)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.builds(lambda n, seed: with_tails(random_chain(n, seed), seed), st.integers(1, 4),
+                 st.integers(0, 2**32)))
+def test_dp_with_tails_is_optimal_over_every_nesting(chain):
+    """A checkpoint ending an inner sequence gets no tail off its parent's recompute; such plans
+    still never win."""
+    _check_against_brute(chain, general=True)
+
+
+def test_a_checkpoint_skips_only_its_last_layers_tail():
+    # Oracle by hand: forward 1 ms and tail 0.25 ms per layer. A checkpoint redoes the forward of
+    # its layers but stops before the last one's tail; a nested checkpoint runs whole in its
+    # parent's recompute and is then recomputed itself; an inner sequence ending in a checkpoint
+    # gets no tail off.
+    chain = replace(uniform_chain(4, x_bytes=1), layers=tuple(
+        replace(ly, tail_ms=0.25) for ly in uniform_chain(4, x_bytes=1).layers))
+    S = Store
+    cases = {
+        "C[0,2){S0 S1} C[2,4){S2 S3}": ((Checkpoint(0, 2, (S(0), S(1))), Checkpoint(2, 4, (S(2), S(3)))), 3.5),
+        "C[0,1) .. C[3,4)": (tuple(Checkpoint(i, i + 1, (S(i),)) for i in range(4)), 3.0),
+        "C[0,4){C[0,2){S0 S1} S2 S3}": ((Checkpoint(0, 4, (Checkpoint(0, 2, (S(0), S(1))), S(2), S(3))),), 3.75 + 1.75),
+        "C[0,4){S0 S1 C[2,4){S2 S3}}": ((Checkpoint(0, 4, (S(0), S(1), Checkpoint(2, 4, (S(2), S(3))))),), 4 + 1.75),
+    }
+    for name, (items, want) in cases.items():
+        assert simulate_items(chain, items).recompute_ms == pytest.approx(want), name
+    assert chain.layers[0].alone_ms == 0.75
 
 
 @settings(max_examples=15, deadline=None)

@@ -15,12 +15,18 @@ from ckplan.planner import min_peak, min_peak_plan, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.dp import base_bytes, layer_tables
 from ckplan.planner.groups import cheap_cuts, make_units
-from ckplan.planner.synthetic import random_chain
+from ckplan.planner.synthetic import random_chain, with_tails
 
 pytest.importorskip("numba")
 
 CASES = [(n, seed, size, opts) for n, seed in ((1, 0), (2, 1), (6, 2), (13, 3), (24, 4))
          for size in (7, 1_000_003) for opts in (0, 2)]
+
+
+def _chain(n: int, seed: int, size: int, opts: int = 0):
+    """A random chain whose layers have tails (``Layer.tail_ms``), so the kernels' checkpoint
+    costs ``Q[j] - P[s]`` differ from the forward prefix sums."""
+    return with_tails(random_chain(n, seed, max_size=size, options=opts), seed + 7)
 
 
 def _both(monkeypatch, build):
@@ -33,7 +39,7 @@ def _both(monkeypatch, build):
 
 @pytest.mark.parametrize("n,seed,size,opts", CASES)
 def test_peak_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts):
-    u = make_units(random_chain(n, seed, max_size=size, options=opts))
+    u = make_units(_chain(n, seed, size, opts))
     pc = T.PairCosts(u)
     a, b = _both(monkeypatch, lambda: T.PeakTable(u, pc))
     np.testing.assert_array_equal(a.R, b.R)
@@ -43,7 +49,7 @@ def test_peak_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts):
 @pytest.mark.parametrize("n,seed,size,opts", CASES)
 @pytest.mark.parametrize("frac,bounded", [(0.0, True), (0.05, True), (0.4, True), (1.0, False)])
 def test_pareto_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts, frac, bounded):
-    ch = random_chain(n, seed, max_size=size, options=opts)
+    ch = _chain(n, seed, size, opts)
     t = layer_tables(ch)
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
@@ -68,7 +74,7 @@ def test_pareto_table_compiled_stops_at_max_points(monkeypatch):
 
 @pytest.mark.parametrize("n,seed,size", [(6, 0, 7), (40, 1, 7), (90, 2, 1_000_003)])
 def test_flat_table_compiled_equals_numpy(monkeypatch, n, seed, size):
-    t = layer_tables(random_chain(n, seed, max_size=size))
+    t = layer_tables(_chain(n, seed, size))
     a, b = _both(monkeypatch, lambda: T.FlatTable(t.units, t.pairs, 997, 700, "nearest", 30))
     np.testing.assert_array_equal(a.C, b.C)
     np.testing.assert_array_equal(a.S, b.S)
@@ -79,7 +85,7 @@ def test_flat_table_compiled_equals_numpy(monkeypatch, n, seed, size):
                                                      (70, 1, 7, 2, None), (200, 2, 1_000_003, 0, 80)])
 @pytest.mark.parametrize("rounding", ["nearest", "up"])
 def test_cost_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts, groups, rounding):
-    ch = random_chain(n, seed, max_size=size, options=opts)
+    ch = _chain(n, seed, size, opts)
     u = make_units(ch, None if groups is None else cheap_cuts(ch, groups))
     pc = T.PairCosts(u)
     M = 150

@@ -33,7 +33,7 @@ from ckplan.planner.chain import STORE, Chain
 from ckplan.planner.dp import OPTIONS_IGNORED, DPSolver
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
-from ckplan.planner.synthetic import random_chain, with_casts, with_options
+from ckplan.planner.synthetic import random_chain, with_casts, with_options, with_tails
 
 SIZE = 997  # sizes drawn up to this: they do not divide evenly
 
@@ -140,6 +140,21 @@ def check_against_brute(chain: Chain) -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(option_chains(4))
 def test_dp_with_options_equals_brute_force(chain):
+    check_against_brute(chain)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(option_chains(4), st.integers(0, 2**32))
+def test_dp_with_options_and_tails_equals_brute_force(chain, seed):
+    """The exact frontiers and the gcd-slot table with layer tails (a checkpoint ending at a
+    layer does not redo its tail), options on: the simulator's recompute on every plan."""
+    check_against_brute(with_tails(chain, seed))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.builds(lambda n, seed: with_tails(random_chain(n, seed, max_size=SIZE), seed),
+                 st.integers(1, 5), st.integers(0, 2**32)))
+def test_exact_dp_with_tails_equals_brute_force(chain):
     check_against_brute(chain)
 
 

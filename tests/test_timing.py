@@ -82,6 +82,16 @@ def test_chain_recomputes_at_the_measured_cost_and_keeps_the_base(tiny_gpt_spec,
     k1 = simulate(chain, plan_chain(chain, "every-k", None, 1).plan)
     assert k1.recompute_ms == pytest.approx(sum(r.recompute_ms for r in prof.chain_layers))
     assert k1.overhead == pytest.approx(k1.recompute_ms / measured_base)
+    # Inside a multi-layer checkpoint a layer redoes its whole forward window; only the last one
+    # stops at its recompute (PyTorch's early stop): every-k k=2 costs window + recompute per pair.
+    ch = prof.chain_layers
+    k2 = simulate(chain, plan_chain(chain, "every-k", None, 2).plan)
+    want = sum(ch[i].fwd_ms + (ch[i + 1].recompute_ms if i + 1 < len(ch) else 0.0)
+               for i in range(0, len(ch) - 1, 2))
+    if len(ch) % 2:
+        want += ch[-1].recompute_ms
+    assert k2.recompute_ms == pytest.approx(want)
+    assert k2.recompute_ms > k1.recompute_ms
 
 
 def test_optimizer_step_time_is_in_the_base_step(tiny_gpt_spec, tmp_path):

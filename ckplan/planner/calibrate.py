@@ -10,8 +10,9 @@ Selective options (``StageRecord.options``, measured with every chain layer unde
 with that option; an option that another way to run the layer beats on both kept bytes and
 recompute time (``store``, ``full`` or another option) is dropped.
 
-Times: a chain layer's ``fwd_ms`` in the Chain is its measured recompute cost (the profile's
-``recompute_ms``) when there is one, the rest of its forward window going to ``bwd_ms``.
+Times: a chain layer's ``fwd_ms`` in the Chain is its forward window, what it redoes inside a
+multi-layer checkpoint, and ``tail_ms`` what a checkpoint ending at it does not redo (window -
+the profile's ``recompute_ms``, timed with the layer alone in a checkpoint; see ``_layer_ms``).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def chain_from_profile(profile: Profile) -> Chain:
         return 0 if accum else r.grad_bytes
 
     pre_r, post_r = profile.pre, profile.post
-    layers = tuple(Layer(r.name, *_layer_ms(r), r.output_bytes,
+    layers = tuple(Layer(r.name, *_layer_ms(r)[:2], r.output_bytes,
                          max(r.saved_bytes, r.output_bytes), 0, 0, grad(r), r.fwd_flops, r.bwd_flops,
-                         r.cast_bytes)
+                         r.cast_bytes, tail_ms=_layer_ms(r)[2])
                    for r in rows)
     chain = Chain(
         layers=layers,
@@ -67,14 +68,23 @@ def chain_from_profile(profile: Profile) -> Chain:
     return with_options(calibrate(chain, profile), profile)
 
 
-def _layer_ms(r: StageRecord) -> tuple[float, float]:
-    """(fwd_ms, bwd_ms) of a chain layer for the planner: fwd_ms is what the simulator adds when
-    the layer is recomputed, so it is the measured recompute cost when the profile has one; the
-    rest of the forward window moves to bwd_ms, so one step without checkpointing (the sum of
-    both over all stages) still costs what was measured."""
+def _layer_ms(r: StageRecord) -> tuple[float, float, float]:
+    """(fwd_ms, bwd_ms, tail_ms) of a chain layer for the planner.
+
+    The profile's ``recompute_ms`` is timed with the layer alone in a checkpoint, where PyTorch's
+    non-reentrant checkpoint stops the recompute once the last saved tensor is back: the
+    layer's final ops are skipped (on GPT-2 blocks the c_proj matmul, whose input is saved
+    before it runs: 0.74x the forward window). Inside a multi-layer checkpoint only the last
+    layer is cut short; the others run their whole forward. So ``fwd_ms`` is the forward window
+    (what an inner layer redoes) and ``tail_ms`` the part a checkpoint ending at the layer skips,
+    window - recompute (a checkpoint around the layer alone costs ``recompute_ms``). Where the
+    recompute was slower than the window, ``fwd_ms`` is the recompute and the difference moves
+    to ``bwd_ms``, so one step without checkpointing (fwd + bwd of every stage) still costs what
+    was measured. Without a recompute timing (meta): the window and no tail."""
     if r.recompute_ms is None:
-        return r.fwd_ms, r.bwd_ms
-    return r.recompute_ms, max(0.0, r.bwd_ms + r.fwd_ms - r.recompute_ms)
+        return r.fwd_ms, r.bwd_ms, 0.0
+    fwd = max(r.fwd_ms, r.recompute_ms)
+    return fwd, max(0.0, r.bwd_ms + r.fwd_ms - fwd), fwd - r.recompute_ms
 
 
 def calibrate(chain: Chain, profile: Profile) -> Chain:
@@ -162,9 +172,9 @@ TIE_FWD = 0.05
 
 def undominated(layer: Layer, options: list[Option]) -> tuple[Option, ...]:
     """The options no other choice of the layer beats on (kept bytes, recompute ms): ``store``
-    (xbar, 0), ``full`` (x, fwd_ms) or another option; on a tie, or a near-tie (TIE_BYTES,
+    (xbar, 0), ``full`` (x, alone_ms) or another option; on a tie, or a near-tie (TIE_BYTES,
     TIE_FWD), the earlier choice stays."""
-    choices = [(layer.xbar_bytes, 0.0), (layer.x_bytes, layer.fwd_ms)] + \
+    choices = [(layer.xbar_bytes, 0.0), (layer.x_bytes, layer.alone_ms)] + \
         [(o.xbar_bytes, o.recompute_ms) for o in options]
 
     def near(c: tuple[int, float], mine: tuple[int, float]) -> bool:

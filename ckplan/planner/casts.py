@@ -148,7 +148,7 @@ class CastFrontier:
                     xj = int(u.x_out[j - 1])
                     if extra + int(pt.R[s, j]) > mb or not self._fits(j, mf - xj - cs, mb - xj):
                         continue
-                    step = (P[j] - P[s]) + est(s, j, mb - extra, float(pt.K[s, j]))
+                    step = (pc.ckpt_end_ms[j] - P[s]) + est(s, j, mb - extra, float(pt.K[s, j]))
                     states[j].append((h + xj, c + cs, cost + step, s, idx, j))
         last = states[U - 1] = _prune(states[U - 1], max_states)
         ends = [i for i, (h, c, _, _, _, _) in enumerate(last)

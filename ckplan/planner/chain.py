@@ -56,6 +56,11 @@ class Layer:
     bwd_flops: int = 0
     cast_bytes: int = 0  # autocast weight copies made in its forward (inside xbar when stored)
     options: tuple[Option, ...] = ()  # selective ways to store it, besides keeping everything
+    # Forward time a checkpoint *ending* at this layer does not redo: PyTorch's non-reentrant
+    # checkpoint stops its recompute once the last tensor saved for backward is back, so the
+    # last layer's final ops (GPT-2's c_proj matmul: its input is saved before it runs) are
+    # skipped. A checkpoint [s, j) recomputes fwd(s..j-1) - tail(j-1); 0 <= tail <= fwd.
+    tail_ms: float = 0.0
 
     def option(self, name: str) -> Layer:
         """This layer as the simulator sees it when stored with option ``name``."""
@@ -67,6 +72,11 @@ class Layer:
                                bwd_tmp_bytes=o.bwd_tmp_bytes, options=())
         known = ", ".join([STORE, *(o.name for o in self.options)])
         raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
+
+    @property
+    def alone_ms(self) -> float:
+        """What a checkpoint around this layer alone redoes (``full``): its forward less its tail."""
+        return self.fwd_ms - self.tail_ms
 
     def option_ms(self, name: str) -> float:
         """Forward time option ``name`` redoes in the layer's backward (0 for ``store``)."""
@@ -128,6 +138,9 @@ class Chain:
                 raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes}")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
+            if not 0 <= ly.tail_ms <= ly.fwd_ms:
+                raise ValueError(f"layer {i} ({ly.name}): tail_ms {ly.tail_ms} not within [0, fwd_ms "
+                                 f"{ly.fwd_ms}]")
             object.__setattr__(ly, "options", tuple(ly.options))
             names = [o.name for o in ly.options]
             if len(set(names)) != len(names) or STORE in names or "full" in names:

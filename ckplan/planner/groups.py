@@ -43,6 +43,14 @@ class Units:
     opt_bwd_req: np.ndarray  # bwd_req with option o
     opt_ms: np.ndarray  # forward time option o redoes in the unit's backward (0 for store)
     opt_names: tuple[tuple[str, ...], ...]  # per unit, the names of its valid columns
+    tail_ms: np.ndarray  # the last layer's tail_ms: not redone by a checkpoint ending at the unit
+
+    @property
+    def ckpt_end_ms(self) -> np.ndarray:
+        """``Q`` (U + 1): a checkpoint ``[s, j)`` recomputes ``Q[j] - P[s]``, with ``P`` the
+        prefix of ``fwd_ms`` and ``Q[j] = P[j] - tail_ms[j - 1]`` (``Q[0] = 0``)."""
+        P = np.concatenate([[0.0], np.cumsum(self.fwd_ms)])
+        return P - np.concatenate([[0.0], self.tail_ms])
 
     @property
     def size(self) -> int:
@@ -139,7 +147,8 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
                 opt_ms[s, c] = o.recompute_ms
     return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
                  i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
-                 opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names))
+                 opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
+                 np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64))
 
 
 def size_gcd(chain: Chain) -> int:

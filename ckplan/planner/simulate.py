@@ -146,6 +146,10 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         mem = after
                         if again:
                             recompute_ms += ly.fwd_ms
+            if again and seq and isinstance(seq[-1], Store):
+                # the recompute stops once the last saved tensor is back: the last layer's tail
+                # is not redone (a sequence ending in a checkpoint does not get this)
+                recompute_ms -= L[seq[-1].layer].tail_ms
         elif kind == "bwd":
             _, seq, ctx = task
             stack.extend(("bwd1", it, ctx) for it in seq)

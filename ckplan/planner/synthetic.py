@@ -75,6 +75,14 @@ def with_options(chain: Chain, seed: int | np.random.Generator = 0, *, options: 
     return replace(chain, layers=tuple(out))
 
 
+def with_tails(chain: Chain, seed: int | np.random.Generator = 0, *, most: float = 0.5) -> Chain:
+    """``chain`` with a ``tail_ms`` on every layer, up to ``most`` of its forward: what a
+    checkpoint ending at the layer does not redo (PyTorch's early stop)."""
+    rng = np.random.default_rng(seed)
+    return replace(chain, layers=tuple(replace(ly, tail_ms=float(rng.uniform(0.0, most)) * ly.fwd_ms)
+                                       for ly in chain.layers))
+
+
 def with_casts(chain: Chain, seed: int | np.random.Generator = 0, *, share: float = 0.8) -> Chain:
     """``chain`` with autocast copies on about ``share`` of its layers, each at most what the
     layer keeps besides its output (a stored layer's copies are inside its ``xbar``)."""

@@ -9,8 +9,9 @@ Legend (the names follow rotor's paper and stay short because the array code is 
   ``s``/``j``/``e``: unit indices, a sub-sequence is ``[s, e)`` and a checkpoint ``[s, j)``.
 * ``M``: the top slot (slots ``m = 0..M``); ``slot``: bytes per slot; ``m``/``mb``: memory
   available above the start of a sub-sequence, in slots / in exact bytes.
-* ``fwd_prefix_ms[j]``: forward time of units ``< j`` (rotor's P), so a checkpoint ``[s, j)``
-  recomputes ``fwd_prefix_ms[j] - fwd_prefix_ms[s]``.
+* ``fwd_prefix_ms[j]``: forward time of units ``< j`` (rotor's P), and ``ckpt_end_ms[j]`` (Q) the
+  same less the tail of unit ``j-1`` (``Layer.tail_ms``: what PyTorch's checkpoint does not redo
+  after the last saved tensor), so a checkpoint ``[s, j)`` recomputes ``Q[j] - P[s]``.
 * Pair costs (:class:`PairCosts`, exact bytes): ``store_req[s, e]`` what ``Store(s)`` needs in a
   sequence ending at ``e`` (``opt_store_req[o, s, e]`` the same with selective option ``o``,
   ``o = 0`` being ``store``; options are the ``opt_*`` columns of ``Units``);
@@ -106,6 +107,8 @@ class PairCosts:
         gp = np.concatenate([[0], np.cumsum(u.grad)])
         self.grads = gp[None, :] - gp[:, None]  # grads[j, e] = grads of units j..e-1
         self.fwd_prefix_ms = np.concatenate([[0.0], np.cumsum(u.fwd_ms)])
+        # a checkpoint [s, j) recomputes ckpt_end_ms[j] - fwd_prefix_ms[s] (Units.ckpt_end_ms)
+        self.ckpt_end_ms = u.ckpt_end_ms
         xo = u.x_out
         # store_req[s, e]: what Store(s) needs (its forward, and its backward once the rest of a
         # sequence ending at e is done).
@@ -172,7 +175,7 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
     smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks (plus the
     recompute of a selective option of ``Store(s)``); ``estimate=None`` is ``K`` itself
     (checkpoints then ranked all at once). Feasibility of the checkpoints is checked at once."""
-    P, xo = pc.fwd_prefix_ms, u.x_out
+    P, Q, xo = pc.fwd_prefix_ms, pc.ckpt_end_ms, u.x_out
     n_opt = u.n_options
 
     def choose(s: int, e: int, mb: int) -> Step:
@@ -196,13 +199,13 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
         js = js[need <= mb]
         if estimate is None:
             if len(js):  # the sums of the loop below, all at once
-                ests = ((P[js] - P[s]) + K[s, js]) + K[js, e]
+                ests = ((Q[js] - P[s]) + K[s, js]) + K[js, e]
                 k = int(np.argmin(ests))  # the first least, as the loop's strict <
                 if best is None or ests[k] < best[0]:
                     best = (ests[k], int(js[k]))
         else:
             for j in js.tolist():
-                est = ((P[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
+                est = ((Q[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
                        + estimate(j, e, mb - int(xo[j - 1]), K[j, e]))
                 if best is None or est < best[0]:
                     best = (est, j)
@@ -251,12 +254,13 @@ class CostTable:
                    np.ascontiguousarray(u.opt_ms, dtype=DTYPE),
                    np.ascontiguousarray(self.x_slots, dtype=i64),
                    np.ascontiguousarray(self.inner_slots, dtype=i64),
-                   np.ascontiguousarray(self.fnone_slots, dtype=i64), P.astype(DTYPE))
+                   np.ascontiguousarray(self.fnone_slots, dtype=i64), P.astype(DTYPE),
+                   pc.ckpt_end_ms.astype(DTYPE))
             self.C = C
             return
         mgrid = np.arange(M + 1)
         for e in range(1, U + 1):
-            best = np.full((e, M + 1), INF, dtype=DTYPE)  # min_j C[s,j,m-d] + C[j,e,m-x] + P[j]
+            best = np.full((e, M + 1), INF, dtype=DTYPE)  # min_j C[s,j,m-d] + C[j,e,m-x] + Q[j]
             for j in range(e - 1, -1, -1):
                 # Finish C[j, e]: every checkpoint [j, j') with j' > j has been added to best[j].
                 req = max(0, min(int(self.store_slots[j, e]), M + 1))
@@ -277,7 +281,7 @@ class CostTable:
                 if j == 0:
                     continue
                 # Checkpoint [s, j) for every s < j, followed by the rest [j, e).
-                rest = shift(C[j, e], int(self.x_slots[j - 1]), M, DTYPE) + float(P[j])
+                rest = shift(C[j, e], int(self.x_slots[j - 1]), M, DTYPE) + float(pc.ckpt_end_ms[j])
                 val = shift(C[:j, j], int(self.inner_slots[j, e]), M, DTYPE, add=rest)
                 f = self.fnone_slots[:j, j]
                 w = int(f.max())  # the no-saving forward only rules out the first w slots
@@ -290,7 +294,7 @@ class CostTable:
         return INF if m < 0 else float(self.C[s, e, min(m, self.M)])
 
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
-        P = self.pc.fwd_prefix_ms
+        P, Q = self.pc.fwd_prefix_ms, self.pc.ckpt_end_ms
         best: tuple[float, int | None] = (INF, None)
         bo = 0
         for o in [0, *self.opts[s]]:
@@ -306,7 +310,7 @@ class CostTable:
             r = self._at(j, e, m - int(self.x_slots[j - 1]))
             if r == INF:
                 continue
-            v = (self._at(s, j, m - int(self.inner_slots[j, e])) + (r + P[j])) - P[s]
+            v = (self._at(s, j, m - int(self.inner_slots[j, e])) + (r + Q[j])) - P[s]
             if v < best[0]:
                 best = (v, j)
         if best[0] == INF:
@@ -387,22 +391,22 @@ class FlatTable:
             if rs <= r[k]:
                 R1[s], K1[s] = rs, K1[s + 1]
             else:
-                R1[s], K1[s] = r[k], (pc.fwd_prefix_ms[s + 1 + k] - pc.fwd_prefix_ms[s]) + K1[s + 1 + k]
+                R1[s], K1[s] = r[k], (pc.ckpt_end_ms[s + 1 + k] - pc.fwd_prefix_ms[s]) + K1[s + 1 + k]
         self.R1, self.K1 = R1, K1
         # no depth-1 plan fits up to ``top_bytes``: no cost table (``built`` False)
         self.built = top_bytes is None or int(R1[0]) <= top_bytes
         if not self.built:
             self.C = self.S = np.empty((0, 0))
             return
-        P = pc.fwd_prefix_ms
+        P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
         self.dtype = DTYPE = np.float64 if U <= SMALL_UNITS else np.float32
         C = np.empty((U, M + 1), dtype=DTYPE)
-        S = np.full((U, M + 1), INF, dtype=DTYPE)  # S[j] = C[j, m - x[j-1]] + P[j]
+        S = np.full((U, M + 1), INF, dtype=DTYPE)  # S[j] = C[j, m - x[j-1]] + Q[j]
         mgrid = np.arange(M + 1)
         C[U - 1] = 0.0
         C[U - 1, :max(0, min(int(self.store_slots[U - 1]), M + 1))] = INF
         if U > 1:
-            S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(P[U - 1])
+            S[U - 1] = shift(C[U - 1], int(self.x_slots[U - 2]), M, DTYPE) + float(Q[U - 1])
         masked_min = jitted("_masked_min", U)
         for s in range(U - 2, -1, -1):
             store = shift(C[s + 1], int(self.hold_slots[s]), M, DTYPE)
@@ -415,7 +419,7 @@ class FlatTable:
                 low = np.where(mgrid[None, :] < t[:, None], INF, S[s + 1:hi]).min(axis=0)
             np.minimum(store, low - float(P[s]), out=C[s])
             if s >= 1:
-                S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(P[s])
+                S[s] = shift(C[s], int(self.x_slots[s - 1]), M, DTYPE) + float(Q[s])
         self.C, self.S = C, S
 
     def _slot_choose(self, s: int, e: int, m: int) -> Step:
@@ -457,7 +461,7 @@ class FlatTable:
         js = np.arange(s + 1, hi)
         left = mb - u.x_out[js - 1]
         ok = np.maximum(self.thr[s, js], u.x_out[js - 1] + self.R1[js]) <= mb
-        vals = np.where(ok, (P[js] - P[s]) + est(js, left), INF)
+        vals = np.where(ok, (pc.ckpt_end_ms[js] - P[s]) + est(js, left), INF)
         k = int(np.argmin(vals))
         if min(store, vals[k]) == INF:
             raise RuntimeError(f"flat DP reconstruction: no feasible option at ({s}, {mb})")
@@ -508,7 +512,8 @@ class PeakTable:
                 np.ascontiguousarray(u.opt_hold, dtype=i64), np.ascontiguousarray(u.opt_ms, dtype=np.float64),
                 np.ascontiguousarray(pc.fnone, dtype=i64), np.ascontiguousarray(u.x_out, dtype=i64),
                 np.ascontiguousarray(pc.inner_extra.T, dtype=i64),
-                np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64))
+                np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64),
+                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
             return
         ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
         en = ln + st
@@ -521,7 +526,7 @@ class PeakTable:
         opt_ok = [np.isfinite(u.opt_ms[:, o]) for o in range(n_opt)]
         # DL[n, j] = inner_extra(j, j + n)
         DL = np.where(en <= U, pc.inner_extra[st, np.where(en <= U, en, 0)], 0)
-        P = pc.fwd_prefix_ms
+        P, Q = pc.fwd_prefix_ms, np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64)
         xo = u.x_out
         D = np.full((W, W), BIG, dtype=np.int64)  # D[n, s] = R(s, s + n)
         KD = np.zeros((W, W))  # KD[n, s] = K(s, s + n)
@@ -545,7 +550,7 @@ class PeakTable:
             v = np.maximum(FN[1:n, :ns], _diag(xo, 0, n, ns) + _skew(D, n, ns))
             np.maximum(v, _skew(DL, n, ns) + D[1:n, :ns], out=v)
             vmin = v.min(axis=0)
-            kc = (_diag(P, 1, n, ns) - P[:ns]) + _skew(KD, n, ns) + KD[1:n, :ns]
+            kc = (_diag(Q, 1, n, ns) - P[:ns]) + _skew(KD, n, ns) + KD[1:n, :ns]
             kmin = np.where(v == vmin, kc, INF).min(axis=0)
             store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
             KD[n, :ns] = np.where(store, sk, kmin)
@@ -636,7 +641,8 @@ class ParetoTable:
         args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
                 np.ascontiguousarray(u.opt_ms, dtype=np.float64), np.ascontiguousarray(pc.fnone, dtype=i64),
                 np.ascontiguousarray(xo, dtype=i64), np.ascontiguousarray(pc.inner_extra, dtype=i64),
-                np.ascontiguousarray(P, dtype=np.float64))
+                np.ascontiguousarray(P, dtype=np.float64),
+                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
         Ri = np.ascontiguousarray(R, dtype=i64)
         cap, kcap = caps(U, Ri, self.top, ub, *args)
         off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
@@ -679,7 +685,7 @@ class ParetoTable:
                     js = np.arange(s + 1, e)
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                                       pc.inner_extra[js, e] + R[s, js])
-                    js = js[(need <= c_se) & (P[js] - P[s] <= k_se)]
+                    js = js[(need <= c_se) & (pc.ckpt_end_ms[js] - P[s] <= k_se)]
                     if len(js):
                         seg = _splits(s, e, js, shifted, F, pc, P, c_se)
                         mems.append(seg[0])
@@ -785,7 +791,7 @@ def _splits(s: int, e: int, js: np.ndarray, shifted: dict[tuple[int, int], Front
     ok[ok] &= (aj[ia[ok]] == tj[ok]) & (bj[ib[ok]] == tj[ok])
     tk, tj, ia, ib = tk[ok], tj[ok], ia[ok], ib[ok]
     mem = np.maximum(tk - (tj - s) * K + lo, pc.fnone[s, tj])
-    return mem, ac[ia] + bc[ib] + (P[tj] - P[s]), tj
+    return mem, ac[ia] + bc[ib] + (pc.ckpt_end_ms[tj] - P[s]), tj
 
 
 def _envelope(mem: np.ndarray, cost: np.ndarray, choice: np.ndarray, cap: int,
@@ -830,7 +836,7 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
     U = u.size
     xo = u.x_out
     n_opt = u.n_options
-    P = pc.fwd_prefix_ms
+    P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
     kcap = np.full((U + 1, U + 1), -np.inf)
     cap[0, U], kcap[0, U] = top, ub
@@ -848,12 +854,12 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
             js = np.arange(s + 1, e)
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)
-            ok &= P[js] - P[s] <= k
+            ok &= Q[js] - P[s] <= k
             js = js[ok]
             if len(js):
                 cap[js, e] = np.maximum(cap[js, e], c - xo[js - 1])
                 cap[s, js] = np.maximum(cap[s, js], c - pc.inner_extra[js, e])
-                kd = k - (P[js] - P[s])
+                kd = k - (Q[js] - P[s])
                 kcap[js, e] = np.maximum(kcap[js, e], kd)
                 kcap[s, js] = np.maximum(kcap[s, js], kd)
     return cap, kcap
@@ -944,7 +950,7 @@ def _first_mem(mem: np.ndarray, b: int, lo: int, n: int, add: int, lim: int) -> 
 
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
-                   inner: np.ndarray, P: np.ndarray, max_points: int) -> tuple:
+                   inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int) -> tuple:
     """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
     ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
     offset -1 where skipped."""
@@ -992,7 +998,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                 fn = fnone[s, j]
                 xa, xb = xo[j - 1], inner[j, e]
                 need = max(fn, xa + R[j, e], xb + R[s, j])
-                dp = P[j] - P[s]
+                dp = Q[j] - P[s]
                 if need > c_se or not dp <= k_se or off[j, e] < 0 or off[s, j] < 0:
                     continue
                 ba, la, bb, lb = off[j, e], ln[j, e], off[s, j], ln[s, j]
@@ -1068,7 +1074,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
 
 def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
                  oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray, inner: np.ndarray,
-                 P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 P: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`reach`, compiled."""
     n_opt = osr.shape[0]
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
@@ -1086,7 +1092,7 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
                     kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
             for j in range(s + 1, e):
-                dp = P[j] - P[s]
+                dp = Q[j] - P[s]
                 if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + R[s, j]) <= c and dp <= k:
                     cap[j, e] = max(cap[j, e], c - xo[j - 1])
                     cap[s, j] = max(cap[s, j], c - inner[j, e])
@@ -1096,7 +1102,8 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
 
 
 def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray,
-                 xo: np.ndarray, innerT: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 xo: np.ndarray, innerT: np.ndarray, P: np.ndarray,
+                 Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``PeakTable``'s R and K, compiled: the same options, comparisons and sums in the same
     order (identical tables). ``innerT[e, j]`` is ``inner_extra[j, e]``; ``RT``/``KT`` are
     transposed copies so that the inner loop over ``j`` reads contiguous rows."""
@@ -1125,7 +1132,7 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
                 # two branch-free passes (vectorised): the least need, then the least
                 # recompute among the splits reaching it
                 fn, rt, it, rs = fnone[s, s + 1:e], RT[e, s + 1:e], innerT[e, s + 1:e], R[s, s + 1:e]
-                xs, pj, kt, ks = xo[s:e - 1], P[s + 1:e], KT[e, s + 1:e], K[s, s + 1:e]
+                xs, pj, kt, ks = xo[s:e - 1], Q[s + 1:e], KT[e, s + 1:e], K[s, s + 1:e]
                 vs = vbuf[:e - s - 1]
                 vmin, kmin = TOP, np.inf  # every v is below TOP
                 for i in range(e - s - 1):
@@ -1156,21 +1163,21 @@ def _shifted(C: np.ndarray, s: int, e: int, m: int, d: int, M: int, inf: Any) ->
 def _cost_kernel(C: np.ndarray, best: np.ndarray, rest: np.ndarray, consts: np.ndarray,
                  store_slots: np.ndarray, hold_slots: np.ndarray, ohold: np.ndarray, osr: np.ndarray,
                  oms: np.ndarray, x_slots: np.ndarray, inner_slots: np.ndarray,
-                 fnone_slots: np.ndarray, P: np.ndarray) -> None:
+                 fnone_slots: np.ndarray, P: np.ndarray, Q: np.ndarray) -> None:
     """``CostTable``'s loops, compiled, into ``C``: every sum in the table's precision (``oms``,
-    ``P`` and ``consts`` = (inf, 0) are given in it), as the numpy path; ``best`` and ``rest``
+    ``P``, ``Q`` and ``consts`` = (inf, 0) are given in it), as the numpy path; ``best`` and ``rest``
     are scratch."""
     U, M1 = C.shape[0], C.shape[2]
     M = M1 - 1
     n_opt = oms.shape[1]
     inf, zero = consts[0], consts[1]
     for e in range(1, U + 1):
-        best[:e] = inf  # min_j C[s,j,m-d] + C[j,e,m-x] + P[j]
+        best[:e] = inf  # min_j C[s,j,m-d] + C[j,e,m-x] + Q[j]
         for j in range(e - 1, -1, -1):
             # Finish C[j, e]: every checkpoint [j, j') with j' > j has been added to best[j].
             req = max(0, min(store_slots[j, e], M1))
             h = hold_slots[j]
-            pj = P[j]
+            pj, qj = P[j], Q[j]
             for m in range(M1):
                 if m < req:
                     v = inf
@@ -1194,7 +1201,7 @@ def _cost_kernel(C: np.ndarray, best: np.ndarray, rest: np.ndarray, consts: np.n
             xs = x_slots[j - 1]
             lo = M1
             for m in range(M1):
-                rest[m] = _shifted(C, j, e, m, xs, M, inf) + pj
+                rest[m] = _shifted(C, j, e, m, xs, M, inf) + qj
                 if lo == M1 and rest[m] < inf:
                     lo = m
             d = inner_slots[j, e]
