@@ -932,6 +932,9 @@ class _OptionPass:
     measured: _MeasuredPass
     times: dict[tuple[str, int], list[float]]  # window -> milliseconds of the timed passes
     recompute_ms: dict[int, list[float]]  # chain layer -> its recompute's milliseconds, per timed pass
+    # recompute_ms is already all the option adds to the layer's forward+backward (compiled);
+    # else that is the recompute plus what SAC's dispatch mode adds around it (_option_cost_ms)
+    whole: bool = False
 
 
 def _option_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], model: nn.Module,
@@ -1025,8 +1028,32 @@ def _compiled_option_passes(inst: _Instrument, step: _Step, params: list[nn.Para
                 for i in idx:
                     extra[i] = total * flops[i] / total_flops
         recompute = {i: [min(max(0.0, extra[i]), fwd[i])] for i in range(inst.n)}
-        out.append(_OptionPass(name, measured[name], times[name], recompute))
+        out.append(_OptionPass(name, measured[name], times[name], recompute, whole=True))
     return out
+
+
+def _option_cost_ms(p: _OptionPass, rows: tuple[StageRecord, ...]) -> dict[int, float]:
+    """Per chain layer, what option ``p`` adds to its forward+backward: the recompute timed in
+    its backward, plus what running under SAC's dispatch mode adds to the forward and to the rest
+    of the backward (each at least 0: window under the option minus the plain window; on
+    gpt2-small blocks 2-4 ms of forward beside a 4.4 ms `sac-compute` recompute, which alone
+    under-priced `dp` by a point), shared within a layer type by forward FLOPs as the layers' own
+    times are (``smoothed_chain_ms``): equal layers get equal costs."""
+    chain = [r for r in rows if r.role == CHAIN]
+    vals = []
+    for r in chain:
+        i = r.index
+        rec = statistics.median(p.recompute_ms[i]) if p.recompute_ms.get(i) else 0.0
+        if p.whole:
+            vals.append(rec)
+            continue
+        fwd = p.times.get(("F", i))
+        bwd = p.times.get(("B", i))
+        more_f = statistics.median(fwd) - r.fwd_ms if fwd else 0.0
+        more_b = statistics.median(bwd) - rec - r.bwd_ms if bwd else 0.0
+        vals.append(rec + max(0.0, more_f) + max(0.0, more_b))
+    smooth = smoothed_chain_ms([r.type for r in chain], [r.fwd_flops for r in chain], vals)
+    return {r.index: v for r, v in zip(chain, smooth)}
 
 
 def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: list[_OptionPass],
@@ -1034,6 +1061,7 @@ def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: l
     """The chain rows with one OptionRecord per measured option."""
     if not passes:
         return rows
+    costs = {} if meta else {p.name: _option_cost_ms(p, rows) for p in passes}
     out = []
     for r in rows:
         if r.role != CHAIN:
@@ -1050,7 +1078,7 @@ def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: l
                 recompute_ms = flops / ASSUMED_FLOPS_PER_S * 1e3
                 bwd_ms = bwd_flops / ASSUMED_FLOPS_PER_S * 1e3
             else:
-                recompute_ms = statistics.median(p.recompute_ms[i]) if p.recompute_ms.get(i) else 0.0
+                recompute_ms = costs[p.name][i]
                 bwd_ms = statistics.median(p.times[("B", i)]) if p.times.get(("B", i)) else r.bwd_ms
             opts.append(OptionRecord(
                 name=p.name, saved_bytes=p.measured.live_at_end.get(i, 0),

@@ -246,3 +246,29 @@ def test_unknown_option_is_a_usage_error(bad):
     from ckplan.errors import UsageError
     with pytest.raises(UsageError):
         api.option_names(bad)
+
+
+def test_option_cost_adds_what_sac_adds_around_its_recompute():
+    # Oracle by hand: two layers of one type and equal FLOPs. Plain windows: forward 10 ms,
+    # backward 20 ms. Under the option: forwards 12 and 14 ms (SAC's dispatch mode), backwards
+    # 25 and 27 ms of which the recompute is 4 ms. Costs: 4 + 2 + 1 = 7 and 4 + 4 + 3 = 11,
+    # shared by FLOPs: 9 each. A forward that ran faster under the option adds nothing, and a
+    # compiled pass's difference (whole) is taken as it is.
+    from ckplan.profiler import _option_cost_ms, _OptionPass
+    from ckplan.records import CHAIN, StageRecord
+
+    def row(i):
+        return StageRecord(index=i, name=f"l{i}", type="Block", role=CHAIN, param_bytes=0, grad_bytes=0,
+                           output_bytes=4, saved_bytes=8, fwd_ms=10.0, bwd_ms=20.0, fwd_flops=100,
+                           bwd_flops=200, fwd_tmp_bytes=0, bwd_tmp_bytes=0, fwd_peak_bytes=0,
+                           bwd_peak_bytes=0, recompute_ms=9.0)
+
+    rows = (row(0), row(1))
+    times = {("F", 0): [12.0, 12.0, 30.0], ("F", 1): [14.0], ("B", 0): [25.0], ("B", 1): [27.0]}
+    p = _OptionPass("sac-x", None, times, {0: [4.0, 3.0, 5.0], 1: [4.0]})
+    assert _option_cost_ms(p, rows) == {0: pytest.approx(9.0), 1: pytest.approx(9.0)}
+    faster = _OptionPass("sac-x", None, {("F", 0): [8.0], ("F", 1): [8.0], ("B", 0): [24.0], ("B", 1): [24.0]},
+                         {0: [4.0], 1: [4.0]})
+    assert _option_cost_ms(faster, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}
+    whole = dataclasses.replace(p, whole=True)
+    assert _option_cost_ms(whole, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}

@@ -15,8 +15,9 @@ inner plan of every checkpoint are such sequences, which is what makes the recur
   ``s`` fit (its backward runs after the rest: ``bwd_req[s] + grads(s+1..e-1) - x[e-1]``).
 * ``Checkpoint[s, j)`` with ``s < j < e`` (a checkpoint never ends a sequence: dropping it is
   never worse), then ``C(j, e, m - x[j-1])`` for the rest, then its inner plan
-  ``C(s, j, m - grads(j..e-1) + x[e-1] - x[j-1])`` costing ``fwd(s..j-1)`` more; feasible when
-  the forward that keeps no activations fits.
+  ``C(s, j, m - grads(j..e-1) + x[e-1] - x[j-1])`` costing ``fwd(s..j-1) - tail(j-1)`` more
+  (``Layer.tail_ms``: PyTorch's early stop skips the last layer's tail); feasible when the
+  forward that keeps no activations fits.
 
 **Exact bytes (the default).** Chains that are not grouped and have no autocast copies are
 solved by the same recursion with each ``C(s, e, .)`` kept as its exact Pareto frontier of
