@@ -61,7 +61,7 @@ def main() -> None:
     chain = chain_from_profile(prof)
     n = chain.n_layers
     k1 = plan_chain(chain, "every-k", None, 1).plan
-    sum_fwd = sum(ly.fwd_ms for ly in chain.layers)  # the recompute the planner predicts
+    sum_fwd = sum(ly.alone_ms for ly in chain.layers)  # the recompute the planner predicts for k=1
     sum_windows = sum(r.fwd_ms for r in prof.chain_layers)  # the measured forward windows
     opt = make_optimizer(model.parameters(), spec.train.optimizer, spec.train.lr, "cpu")
     clock = Clock(torch.device("cpu"))
@@ -117,7 +117,7 @@ def main() -> None:
     meas = (med["fb"] + extra + med["opt"]) / (med["fb"] + med["opt"])
     print(f"  every-k k=1 slowdown: predicted {1 + pred:.3f}   measured {meas:.3f}")
     for i, ly in enumerate(chain.layers[:4]):
-        print(f"    layer {i}: fwd {ly.fwd_ms:.2f} bwd {ly.bwd_ms:.2f}")
+        print(f"    layer {i}: fwd {ly.fwd_ms:.2f} (tail {ly.tail_ms:.2f}) bwd {ly.bwd_ms:.2f}")
     if a.plans:
         budgets = _budgets(chain)
         seen: list[list[str]] = [[plan_chain(chain, "dp", b, 1).plan.describe() for b in budgets]]
