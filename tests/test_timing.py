@@ -136,44 +136,67 @@ def test_timed_recompute_is_the_median_per_layer_shared_by_flops_and_bounded():
     assert timed_recompute_ms([], [], [], {}) is None
 
 
-def _freed_on_del(nbytes: int) -> int | None:
-    """Resident bytes returned to the kernel when a fresh ``nbytes`` tensor is freed (None without /proc)."""
-    import torch
+_FREED_SCRIPT = """
+import json, sys, torch
+import ckplan
+from ckplan.measure import KeptFreedMemory, _proc_status_bytes
+MiB = 2**20
 
-    from ckplan.measure import _proc_status_bytes
-    t = torch.ones(nbytes // 4)
+
+def freed():  # resident bytes returned to the kernel when a fresh 64 MiB tensor is freed
+    t = torch.ones(64 * MiB // 4)
     before = _proc_status_bytes("VmRSS")
     del t
-    after = _proc_status_bytes("VmRSS")
-    return None if before is None or after is None else before - after
+    return before - _proc_status_bytes("VmRSS")
 
 
-def test_cpu_steps_keep_freed_memory_and_the_default_comes_back(monkeypatch):
-    # Oracle: the kernel's resident set. glibc returns a 64 MiB block at once (above any mmap
-    # threshold); inside the block the pages stay with the process for the next step; after it,
-    # the default is back. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing is changed.
+out = {"active": KeptFreedMemory("cpu").active, "default": freed()}
+with KeptFreedMemory("cpu"), KeptFreedMemory("cpu"):  # nested: the inner exit keeps the setting
+    pass
+out["after_empty_block"] = freed()
+with ckplan.kept_freed_memory() as outer:  # the public name
+    with KeptFreedMemory("cpu"):
+        out["inner"] = freed()
+    out["outer"] = freed()
+out["after"] = freed()
+out["meta_active"] = KeptFreedMemory("meta").active
+print(json.dumps(out))
+"""
+
+
+def test_cpu_steps_keep_freed_memory_and_the_default_comes_back():
+    # Oracle: the kernel's resident set, in a fresh process (a heap that earlier tests grew would
+    # serve the block from memory already kept). glibc returns a 64 MiB block at once (above any
+    # mmap threshold); inside the block the pages stay with the process for the next step; after
+    # it, the default is back. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing changes.
+    import json
+    import os
+    import subprocess
+    import sys
+
     from ckplan.measure import CPU_MALLOC_ENV, KeptFreedMemory
     MiB = 2**20
     if not KeptFreedMemory("cpu").active:
         pytest.skip("not glibc")
-    first = _freed_on_del(64 * MiB)
-    if first is None:
+    if not os.path.exists("/proc/self/status"):
         pytest.skip("no /proc/self/status")
-    assert first >= 63 * MiB
-    with KeptFreedMemory("cpu"), KeptFreedMemory("cpu"):  # nested: the inner exit keeps the setting
-        pass
-    assert _freed_on_del(64 * MiB) >= 63 * MiB
-    import ckplan
-    with ckplan.kept_freed_memory() as outer:  # the public name
-        assert outer.active
-        with KeptFreedMemory("cpu"):
-            assert _freed_on_del(64 * MiB) < MiB
-        assert _freed_on_del(64 * MiB) < MiB
-    assert _freed_on_del(64 * MiB) >= 63 * MiB
-    assert not KeptFreedMemory("meta").active
-    monkeypatch.setenv(CPU_MALLOC_ENV, "system")
-    with KeptFreedMemory("cpu") as k:
-        assert not k.active and _freed_on_del(64 * MiB) >= 63 * MiB
+
+    def run(env_value=None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != CPU_MALLOC_ENV}
+        if env_value is not None:
+            env[CPU_MALLOC_ENV] = env_value
+        done = subprocess.run([sys.executable, "-c", _FREED_SCRIPT], capture_output=True, text=True,
+                              env=env, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    got = run()
+    assert got["active"] and not got["meta_active"]
+    assert got["default"] >= 63 * MiB and got["after_empty_block"] >= 63 * MiB
+    assert got["inner"] < MiB and got["outer"] < MiB
+    assert got["after"] >= 63 * MiB
+    off = run("system")
+    assert not off["active"]
+    assert off["inner"] >= 63 * MiB and off["outer"] >= 63 * MiB
 
 
 def test_cpu_profile_says_its_times_kept_freed_memory(tiny_gpt_spec, tmp_path):
