@@ -66,7 +66,7 @@ import torch
 
 from .chainfind import resolve_chain
 from .compiled import CompiledLayers
-from .errors import CkplanError, InfeasibleBudgetError, ModelRunError
+from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError
 from .execute import apply_plan, remove_plan
 from .measure import (
     KEPT_MEMORY_NOTE,
@@ -365,6 +365,11 @@ def _plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
             res = plan_chain(chain, s, budget_bytes, k)
         except InfeasibleBudgetError as err:
             entries.append(_Entry(s, None, status=INFEASIBLE, message=err.message))
+            continue
+        except SpecError as err:  # selective without an option every layer keeps: the other rows go on
+            if s != "selective":
+                raise
+            entries.append(_Entry(s, None, status=ERROR, message=f"{err.message} ({err.tip})"))
             continue
         entries.append(_Entry(s, res.plan, res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan),
                               held_for_backward_bytes(chain, res.plan), res.score.overhead))

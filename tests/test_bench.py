@@ -238,3 +238,16 @@ def test_results_printed_even_when_the_reports_cannot_be_written(tiny_gpt_spec, 
     else:
         assert "Error:" in r.output and "not written" in r.output and "No space left" in r.output
     assert list(out.iterdir()) == []  # no CSV and JSON without their PNG, no temporary files
+
+
+def test_selective_without_options_is_one_error_row_not_the_whole_bench(tiny_gpt_spec, tmp_path):
+    # A profile without options (or whose options were all dominated) cannot plan `selective`;
+    # known only after the profile, so that row says why and the other rows still run.
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    res = api.bench(spec, strategies=["none", "selective", "every-k"], device="cpu", steps=1, warmup=0,
+                    options=False)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["selective"].status == "error" and "this chain has none" in rows["selective"].message
+    assert rows["none"].status == "ok" and rows["every-k"].status == "ok"
+    assert rows["every-k"].measured_peak_bytes == pytest.approx(rows["every-k"].predicted_peak_bytes, rel=1e-3)
+    assert not res.failed_rows

@@ -44,10 +44,10 @@ def chain_from_profile(profile: Profile) -> Chain:
         return 0 if accum else r.grad_bytes
 
     pre_r, post_r = profile.pre, profile.post
-    layers = tuple(Layer(r.name, *_layer_ms(r)[:2], r.output_bytes,
+    layers = tuple(Layer(r.name, fwd, bwd, r.output_bytes,
                          max(r.saved_bytes, r.output_bytes), 0, 0, grad(r), r.fwd_flops, r.bwd_flops,
-                         r.cast_bytes, tail_ms=_layer_ms(r)[2])
-                   for r in rows)
+                         r.cast_bytes, tail_ms=tail)
+                   for r, (fwd, bwd, tail) in ((r, _layer_ms(r)) for r in rows))
     chain = Chain(
         layers=layers,
         pre=Pre(max(pre_r.saved_bytes, pre_r.output_bytes), 0, 0, grad(pre_r), pre_r.fwd_ms, pre_r.bwd_ms),

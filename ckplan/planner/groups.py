@@ -46,13 +46,6 @@ class Units:
     tail_ms: np.ndarray  # the last layer's tail_ms: not redone by a checkpoint ending at the unit
 
     @property
-    def ckpt_end_ms(self) -> np.ndarray:
-        """``Q`` (U + 1): a checkpoint ``[s, j)`` recomputes ``Q[j] - P[s]``, with ``P`` the
-        prefix of ``fwd_ms`` and ``Q[j] = P[j] - tail_ms[j - 1]`` (``Q[0] = 0``)."""
-        P = np.concatenate([[0.0], np.cumsum(self.fwd_ms)])
-        return P - np.concatenate([[0.0], self.tail_ms])
-
-    @property
     def size(self) -> int:
         return len(self.bounds)
 

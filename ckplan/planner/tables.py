@@ -107,8 +107,9 @@ class PairCosts:
         gp = np.concatenate([[0], np.cumsum(u.grad)])
         self.grads = gp[None, :] - gp[:, None]  # grads[j, e] = grads of units j..e-1
         self.fwd_prefix_ms = np.concatenate([[0.0], np.cumsum(u.fwd_ms)])
-        # a checkpoint [s, j) recomputes ckpt_end_ms[j] - fwd_prefix_ms[s] (Units.ckpt_end_ms)
-        self.ckpt_end_ms = u.ckpt_end_ms
+        # Q: a checkpoint [s, j) recomputes ckpt_end_ms[j] - fwd_prefix_ms[s], its units' forward
+        # less the tail of unit j-1 (Layer.tail_ms); Q[0] = 0
+        self.ckpt_end_ms = self.fwd_prefix_ms - np.concatenate([[0.0], u.tail_ms])
         xo = u.x_out
         # store_req[s, e]: what Store(s) needs (its forward, and its backward once the rest of a
         # sequence ending at e is done).
