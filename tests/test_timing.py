@@ -143,8 +143,8 @@ from ckplan.measure import KeptFreedMemory, _proc_status_bytes
 MiB = 2**20
 
 
-def freed():  # resident bytes returned to the kernel when a fresh 64 MiB tensor is freed
-    t = torch.ones(64 * MiB // 4)
+def freed(mib=64):  # resident bytes returned to the kernel when a fresh tensor of mib MiB is freed
+    t = torch.ones(mib * MiB // 4)
     before = _proc_status_bytes("VmRSS")
     del t
     return before - _proc_status_bytes("VmRSS")
@@ -158,7 +158,10 @@ with ckplan.kept_freed_memory() as outer:  # the public name
     with KeptFreedMemory("cpu"):
         out["inner"] = freed()
     out["outer"] = freed()
-out["after"] = freed()
+# after the block, a block larger than anything the heap grew to inside it: the heap keeps what
+# it grew (glibc can trim only a contiguous brk heap, and some machines' main arena is not), but
+# a new large block is mmapped again and returned at once, as by default
+out["after"] = freed(128)
 out["meta_active"] = KeptFreedMemory("meta").active
 print(json.dumps(out))
 """
@@ -168,7 +171,7 @@ def test_cpu_steps_keep_freed_memory_and_the_default_comes_back():
     # Oracle: the kernel's resident set, in a fresh process (a heap that earlier tests grew would
     # serve the block from memory already kept). glibc returns a 64 MiB block at once (above any
     # mmap threshold); inside the block the pages stay with the process for the next step; after
-    # it, the default is back. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing changes.
+    # it, the default is back for blocks larger than what the heap grew to. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing changes.
     import json
     import os
     import subprocess
@@ -193,7 +196,7 @@ def test_cpu_steps_keep_freed_memory_and_the_default_comes_back():
     assert got["active"] and not got["meta_active"]
     assert got["default"] >= 63 * MiB and got["after_empty_block"] >= 63 * MiB
     assert got["inner"] < MiB and got["outer"] < MiB
-    assert got["after"] >= 63 * MiB
+    assert got["after"] >= 127 * MiB
     off = run("system")
     assert not off["active"]
     assert off["inner"] >= 63 * MiB and off["outer"] >= 63 * MiB
