@@ -171,7 +171,8 @@ def test_cpu_steps_keep_freed_memory_and_the_default_comes_back():
     # Oracle: the kernel's resident set, in a fresh process (a heap that earlier tests grew would
     # serve the block from memory already kept). glibc returns a 64 MiB block at once (above any
     # mmap threshold); inside the block the pages stay with the process for the next step; after
-    # it, the default is back for blocks larger than what the heap grew to. With CKPLAN_CPU_MALLOC=system, and off the CPU, nothing changes.
+    # it, the default is back for blocks larger than what the heap grew to. With
+    # CKPLAN_CPU_MALLOC=system, and off the CPU, nothing changes.
     import json
     import os
     import subprocess
