@@ -226,7 +226,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         optimizer=optimizer, accum=accum, input_requires_grad=m.input_requires_grad,
         times_estimated=dev.type == "meta", layers=m.rows, totals=totals,
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
-        notes=tuple(notes), spec=spec or {}, compiled=compile,
+        notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 

@@ -62,7 +62,7 @@ from .measure import (
     storages_of,
     unique_storage_bytes,
 )
-from .records import CHAIN, POST, PRE, OptionRecord, StageRecord
+from .records import CHAIN, POST, PRE, OptionRecord, SideInput, StageRecord
 from .sac import policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
@@ -127,6 +127,11 @@ class _Instrument:
     # Compiled layers (no tracker): saved storages attributed when first packed (_first_seen).
     attribute_on_pack: bool = False
     seen_in: dict[int, tuple[weakref.ref, tuple[str, int]]] = field(default_factory=dict)
+    # Side inputs (records.SideInput), in the measured pass: storages the chain layers receive
+    # besides the hidden state, not made by a chain layer; those dead when the backward starts.
+    side_seen: dict[int, tuple[weakref.ref, int, set[int]]] = field(default_factory=dict)
+    chain_made: set[int] = field(default_factory=set)
+    side_inputs: tuple[SideInput, ...] = ()
 
     @property
     def n(self) -> int:
@@ -181,6 +186,8 @@ class _Instrument:
         def hook(module, args, kwargs):
             if self.attribute_on_pack and not self.paused:
                 self._not_made_here((args, kwargs), i)
+            if self.track_saved and not self.paused:
+                self._note_side_inputs(i, args, kwargs)
             if i == 0:
                 x = first_tensor((args, kwargs))
                 if x is not None:
@@ -195,6 +202,8 @@ class _Instrument:
         def hook(module, args, kwargs, out):
             if self.attribute_on_pack and not self.paused:
                 self._not_made_here(out, i)  # saved later (by the next stage) is not made there
+            if self.track_saved and not self.paused:
+                self.chain_made.update(id(st) for st in storages_of(out))
             y = first_tensor(out)
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
@@ -204,8 +213,35 @@ class _Instrument:
                 self.mark("F", self.n)
         return hook
 
+    def _note_side_inputs(self, i: int, args, kwargs) -> None:
+        x = first_tensor((args, kwargs))
+        hidden = {id(st) for st in storages_of(x)} if x is not None else set()
+        for st in storages_of((args, kwargs)):
+            k = id(st)
+            if k in hidden or k in self.excluded or k in self.chain_made:
+                continue
+            made = self.alloc_window.get(k)
+            if made is not None and made != ("F", -1):
+                continue  # made inside the chain (between two layers): not modelled
+            seen = self.side_seen.get(k)
+            if seen is None or seen[0]() is not st:
+                self.side_seen[k] = (weakref.ref(st), st.nbytes(), {i})
+            else:
+                seen[2].add(i)
+
+    def _dead_side_inputs(self) -> tuple[SideInput, ...]:
+        """The side inputs no longer alive (nothing saved them), bytes summed per set of layers."""
+        by_layers: dict[tuple[int, ...], int] = {}
+        for ref, nbytes, layers in self.side_seen.values():
+            if ref() is None and nbytes:
+                key = tuple(sorted(layers))
+                by_layers[key] = by_layers.get(key, 0) + nbytes
+        return tuple(SideInput(b, ls) for ls, b in sorted(by_layers.items()))
+
     def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
         self.marks.clear()
+        self.side_seen.clear()
+        self.chain_made.clear()
         self.mark("F", -1)
         if self.track_saved:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
@@ -213,6 +249,8 @@ class _Instrument:
         else:
             loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
         self.mark("B", self.n)
+        if self.track_saved:
+            self.side_inputs = self._dead_side_inputs()
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
         self.live_at_end = self._live_by_stage() if self.track_saved else {}
         loss.backward()
@@ -269,6 +307,7 @@ class StepMeasurement:
     chain_path: str
     chain_detected: bool
     notes: tuple[str, ...] = ()  # what the profile assumed (on meta: the attention kernels)
+    side_inputs: tuple[SideInput, ...] = ()
 
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
@@ -341,7 +380,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
-                           chain_path, detected, notes)
+                           chain_path, detected, notes, measured.side_inputs)
 
 
 class _Step:
@@ -455,6 +494,7 @@ class _MeasuredPass:
     cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
     # every storage a stage's forward made that is alive when the forward ends (saved or not)
     live_at_end: dict[int, int] = field(default_factory=dict)
+    side_inputs: tuple[SideInput, ...] = ()
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -495,7 +535,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
-        live_at_end=inst.live_at_end)
+        live_at_end=inst.live_at_end, side_inputs=inst.side_inputs)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 

@@ -40,6 +40,21 @@ class OptionRecord:
 
 
 @dataclass(frozen=True)
+class SideInput:
+    """Tensors the chain layers receive besides the hidden state, made before the chain (attention
+    masks, ``position_ids``, ALiBi biases) and freed when the forward ends in a step without
+    checkpoints (no op saves them). A checkpoint, or a layer stored with a selective option (SAC
+    runs it in a checkpoint), keeps the arguments of its layers until its backward, so these
+    bytes then stay. ``layers``: the chain layers (0-based) that receive them."""
+
+    bytes: int
+    layers: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "layers": list(self.layers)}
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """One row of a profile: what comes before the chain, one chain layer, or what comes after.
 
@@ -134,6 +149,8 @@ class Profile:
     spec: dict[str, Any] = field(default_factory=dict)  # the resolved spec, to rebuild the model
     # The chain layers were profiled compiled (ckplan.compiled): plans are for compiled layers.
     compiled: bool = False
+    # Tensors passed to chain layers that a checkpoint keeps alive (SideInput); () in older profiles.
+    side_inputs: tuple[SideInput, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -157,6 +174,7 @@ class Profile:
         d = dataclasses.asdict(self)
         d["layers"] = [r.to_dict() for r in self.layers]
         d["notes"] = list(self.notes)
+        d["side_inputs"] = [si.to_dict() for si in self.side_inputs]
         return d
 
     @classmethod
@@ -171,6 +189,8 @@ class Profile:
         d["layers"] = tuple(StageRecord.from_dict(r) for r in d["layers"])
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
+        d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]))
+                                 for si in d.get("side_inputs", ()))
         return cls(**d)
 
 

@@ -120,6 +120,9 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
         ("activations (saved for backward)", tt.activation_bytes),
         ("predicted peak, no checkpointing", tt.predicted_peak_bytes),
     ]
+    if prof.side_inputs:  # after the activations: what checkpoints keep besides them
+        totals.insert(-1, ("side inputs (masks, ids; kept by checkpoints)",
+                           sum(si.bytes for si in prof.side_inputs)))
     if tt.measured_peak_bytes is not None:
         totals.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
     for k, v in totals:

@@ -11,6 +11,7 @@ Python script.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import sys
@@ -255,9 +256,11 @@ def _build_hf(fields: dict, task: str | None):
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
     auto = getattr(transformers, _HF_TASKS[task])
     try:
-        return auto.from_config(config, attn_implementation="sdpa")
+        return auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     except (ValueError, ImportError):
-        return auto.from_config(config)
+        # Architectures without SDPA attention (Bloom, GPT-J): transformers' own attention. A
+        # failed attempt leaves "sdpa" set on the config it was given, hence the copy above.
+        return auto.from_config(config, attn_implementation="eager")
 
 
 def _hf_config_class(transformers, model_type):

@@ -122,3 +122,37 @@ def step_with_plan(model, args, kwargs, plan, seed: int = 123):
         if ex is not None:
             ex.remove()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+class MaskedBlock(nn.Module):
+    """``tanh(up(h) + bias)``: the bias is added, and addition saves neither input, so nothing
+    keeps it for backward (like an additive attention mask)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, h, bias, position_ids=None):
+        return h + self.down(torch.tanh(self.up(h) + bias))
+
+
+class MaskedChain(nn.Module):
+    """Side inputs: even layers get one (B, 4d) bias and odd layers another, both made before the
+    chain from the input (as Hugging Face models build masks), with ``position_ids`` for all.
+    Without checkpoints they die when the forward ends; a checkpoint keeps them until its backward."""
+
+    def __init__(self, d: int = 32, n_layers: int = 6):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList(MaskedBlock(d) for _ in range(n_layers))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        with torch.no_grad():
+            even = x.repeat(1, 4) * 0.1
+            odd = -even.flip(1)
+            pos = torch.arange(x.shape[0]).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, even if i % 2 == 0 else odd, position_ids=pos)
+        return self.head(h).pow(2).mean()

@@ -64,6 +64,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         optimizer=profile.optimizer,
         grads_in_persistent=accum,
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
+        side_inputs=profile.side_inputs,
     )
     return with_options(calibrate(chain, profile), profile)
 

@@ -15,10 +15,19 @@ layer's forward. Autocast's cache keeps them until the whole forward (loss inclu
 whatever the plan: for a stored layer they are also saved for backward, so they are already in
 ``xbar_bytes``; for a layer inside a top-level checkpoint the simulator adds them from its
 forward to the end of the forward (see :mod:`ckplan.planner.simulate`).
+
+Side inputs (``Chain.side_inputs``, :class:`ckplan.records.SideInput`): tensors made by *pre* and
+passed to chain layers besides the hidden state (attention masks, ``position_ids``), which no op
+saves, so without checkpoints they are freed when the chain's forward ends. A checkpoint keeps the
+arguments of its layers until its backward: the simulator keeps them until the backward of the
+first top-level item that holds one of their layers. The DP tables count them as live for the
+whole step (``tables.base_bytes``): an upper bound on every op, so a plan they fit fits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from ..records import SideInput
 
 STORE = "store"  # the option every layer has: keep everything it saves for backward
 
@@ -124,6 +133,7 @@ class Chain:
     optimizer: str = ""  # the optimizer's name (adamw, sgd-momentum, sgd); "" when unknown
     grads_in_persistent: bool = False  # gradient accumulation: all gradients are in persistent_bytes
     opt_ms: float = 0.0  # the optimizer step's time per micro-batch (its step / accum); 0 when unknown
+    side_inputs: tuple[SideInput, ...] = ()  # kept by checkpoints until their backward (above)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -159,6 +169,12 @@ class Chain:
                  self.delta_in_bytes, self.persistent_bytes, self.opt_step_peak_bytes)
         if any(not isinstance(v, int) or v < 0 for v in fixed):
             raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
+        object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
+        for si in self.side_inputs:
+            if (not isinstance(si.bytes, int) or si.bytes < 0 or not si.layers
+                    or any(not 0 <= i < len(self.layers) for i in si.layers)):
+                raise ValueError(f"side input {si}: bytes must be a non-negative int and layers "
+                                 f"indices of the {len(self.layers)} chain layers")
 
     @property
     def n_layers(self) -> int:
@@ -173,6 +189,10 @@ class Chain:
     def has_options(self) -> bool:
         """Whether any layer has selective options besides ``store``."""
         return any(ly.options for ly in self.layers)
+
+    @property
+    def side_bytes(self) -> int:
+        return sum(si.bytes for si in self.side_inputs)
 
     def without_options(self) -> Chain:
         """The same chain with only ``store`` and ``full`` for every layer."""

@@ -29,6 +29,10 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
+* side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers): live
+  from pre's forward; freed when the chain's forward ends, or, when a top-level item holds one of
+  their layers (a checkpoint over it, or the layer stored with a selective option), after the
+  backward of the first such item.
 * pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
 
@@ -113,7 +117,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             on_op(name, stage, ctx, again, live, transient, after)
 
     pre, post = chain.pre, chain.post
-    live = mem + pre.retained_bytes
+    side_free, side_held = _side_releases(chain, items)
+    live = mem + pre.retained_bytes + chain.side_bytes
     op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
@@ -152,7 +157,13 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 recompute_ms -= L[seq[-1].layer].tail_ms
         elif kind == "bwd":
             _, seq, ctx = task
-            stack.extend(("bwd1", it, ctx) for it in seq)
+            for idx, it in enumerate(seq):
+                if ctx is None and side_held.get(idx):
+                    stack.append(("side", idx))  # after this item's whole backward
+                stack.append(("bwd1", it, ctx))
+        elif kind == "side":
+            mem -= side_held[task[1]]
+            op("side", None, None, False, mem, 0, mem)
         elif kind == "bwd1":
             _, it, ctx = task
             if isinstance(it, Store):
@@ -172,6 +183,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 stack.append(("bwd", it.inner, inner_ctx))
                 stack.append(("fwd", it.inner, inner_ctx))
         elif kind == "postF":
+            if side_free:  # the chain's forward is over: nothing keeps them
+                mem -= side_free
+                op("side", None, None, False, mem, 0, mem)
             live = mem + post.xbar_bytes
             op("F", n, None, False, live, post.fwd_tmp_bytes, live)
             mem = live
@@ -191,9 +205,36 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     return _Replay(peak, where, recompute_ms)
 
 
+def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int, int]]:
+    """Side-input bytes freed when the chain's forward ends, and per top-level item index the
+    bytes freed after that item's backward (the first item holding one of their layers)."""
+    if not chain.side_inputs:
+        return 0, {}
+    holder: dict[int, int] = {}  # layer -> index of the top-level item that holds it
+    for idx, it in enumerate(items):
+        if isinstance(it, Store):
+            if it.option != STORE:
+                holder[it.layer] = idx
+        else:
+            for k in range(it.start, it.stop):
+                holder[k] = idx
+    free = 0
+    held: dict[int, int] = {}
+    for si in chain.side_inputs:
+        idxs = [holder[i] for i in si.layers if i in holder]
+        if idxs:
+            first = min(idxs)
+            held[first] = held.get(first, 0) + si.bytes
+        else:
+            free += si.bytes
+    return free, held
+
+
 def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> str:
     if op == "opt":
         return "optimizer step"
+    if op == "side":
+        return "side inputs (masks, position ids) freed"
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
     if stage == PRE:
