@@ -361,6 +361,19 @@ def profile_problem(data: Any) -> str | None:
         return f"optimizer is {data.get('optimizer')!r}, not one of {', '.join(OPTIMIZERS)}"
     if not isinstance(data.get("compiled", False), bool):
         return f"compiled is {data.get('compiled')!r}, not true or false"
+    side = data.get("side_inputs", [])  # added later: optional
+    if not isinstance(side, list):
+        return "side_inputs is not a list"
+    for j, si in enumerate(side):
+        if not isinstance(si, dict) or "bytes" not in si or "layers" not in si:
+            return f"side_inputs[{j}] is not an object with bytes and layers"
+        problem = _number_problem(f"side_inputs[{j}].bytes", si["bytes"], "int")
+        if problem:
+            return problem
+        ls = si["layers"]
+        if (not isinstance(ls, list) or not ls
+                or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in ls)):
+            return f"side_inputs[{j}].layers is {ls!r}, not a list of chain layer indices 0..{n - 1}"
     return None
 
 

@@ -234,6 +234,9 @@ def _swap(doc):
     (_drop, "layers[2].index"),
     (_swap, "layers[1].index"),
     (lambda d: d.update(batch_size=0), "batch_size"),
+    (lambda d: d.update(side_inputs=[{"bytes": -4, "layers": [0]}]), "side_inputs[0].bytes"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [99]}]), "side_inputs[0].layers"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4}]), "side_inputs[0] is not an object"),
 ])
 def test_bad_profile_json_is_rejected_with_the_field_named(saved_profile, tmp_path, breakit, needle):
     doc = saved_profile
