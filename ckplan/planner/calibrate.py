@@ -16,6 +16,7 @@ the profile's ``recompute_ms``, timed with the layer alone in a checkpoint; see 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..errors import SpecError
@@ -66,7 +67,37 @@ def chain_from_profile(profile: Profile) -> Chain:
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
         side_inputs=profile.side_inputs,
     )
-    return with_options(calibrate(chain, profile), profile)
+    return on_time_grid(with_options(calibrate(chain, profile), profile))
+
+
+def time_grid_ms(chain: Chain) -> float:
+    """The grid ``on_time_grid`` puts a chain's times on: a power of two small enough that any sum
+    the tables form (a layer recomputed at most once per nesting level, so at most ``n`` times the
+    chain's forward and option times) stays below 2^52 grid steps, where float64 adds exactly."""
+    total = sum(ly.fwd_ms + ly.bwd_ms + sum(o.recompute_ms for o in ly.options) for ly in chain.layers)
+    reach = 4.0 * max(total, 1e-12) * max(1, chain.n_layers)
+    return 2.0 ** (math.ceil(math.log2(reach)) - 52)
+
+
+def on_time_grid(chain: Chain) -> Chain:
+    """The chain with every layer's times rounded to the binary grid of :func:`time_grid_ms`
+    (relative changes of about 2^-50 of the chain's time).
+
+    Sums of such values are exact in float64, so plans that cost the same (identical blocks: a
+    full checkpoint on layer 4 or on layer 8) cost *exactly* the same in every table, whatever
+    order the sums run in, and the DP's tie rules, not rounding noise, choose among them. Before,
+    scaling every time of a profile by one factor (the same problem) moved the dp plan's
+    checkpoints between equivalent layers; profiles of the same model did the same."""
+    q = time_grid_ms(chain)
+
+    def grid(ms: float) -> float:
+        return round(ms / q) * q
+
+    def layer(ly):
+        fwd = grid(ly.fwd_ms)
+        return replace(ly, fwd_ms=fwd, bwd_ms=grid(ly.bwd_ms), tail_ms=min(fwd, grid(ly.tail_ms)),
+                       options=tuple(replace(o, recompute_ms=grid(o.recompute_ms)) for o in ly.options))
+    return replace(chain, layers=tuple(layer(ly) for ly in chain.layers))
 
 
 def _layer_ms(r: StageRecord) -> tuple[float, float, float]:
