@@ -94,3 +94,20 @@ def test_cost_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts, grou
     assert a.C.dtype == b.C.dtype
     for s in range(u.size):  # every C[s, e] with s < e (the rest is never written)
         np.testing.assert_array_equal(a.C[s, s + 1:], b.C[s, s + 1:])
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.02])
+def test_pareto_kernel_gallop_keeps_long_chains_identical(monkeypatch, frac):
+    # Long walks over wide envelopes (50 layers, 2 options, near the smallest peak) are where the
+    # kernel gallops over envelope segments (tables.GALLOP_BLOCK): every frontier must still equal
+    # the numpy path's, point for point.
+    ch = _chain(50, 11, 1_000_003, 2)
+    t = layer_tables(ch)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(50)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    ub = simulate(ch, min_peak_plan(ch, b)).recompute_ms
+    x, y = _both(monkeypatch, lambda: T.ParetoTable(t.units, t.pairs, t.peaks.R, b - base_bytes(ch), None, ub))
+    assert x.F.keys() == y.F.keys() and x.n_points > 50
+    for k, f in x.F.items():
+        for got, want in zip(y.F[k], f):
+            np.testing.assert_array_equal(got, want)

@@ -889,6 +889,11 @@ USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"
 # loading numba and the compiled kernels takes about half a second per process (and compiling
 # them, the first time on a machine, several seconds; numba caches them on disk).
 NUMBA_MIN_UNITS = 40
+# The frontier kernel's walk over a checkpoint's points gallops over envelope segments it cannot
+# beat, starting GALLOP_BLOCK segments wide, at its start and after GALLOP_AFTER points in a row
+# that the envelope drops (73% of the points walked at 100 layers near the smallest peak were in
+# walks that added nothing): 1.3x on the kernel there, identical tables.
+GALLOP_BLOCK, GALLOP_AFTER = 16, 16
 _JIT: dict[str, Any] = {}
 
 
@@ -1038,7 +1043,35 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     cm, cc, cch = _grow(cm, la + lb), _grow(cc, la + lb), _grow(cch, la + lb)
                 nc = 0
                 ia, ib = -1, -1
+                rej = GALLOP_AFTER
                 while pa < la or pb < lb:
+                    if rej >= GALLOP_AFTER and q >= 0:
+                        # Gallop over envelope segments no point of this checkpoint can beat: on
+                        # [em[q], em[q + g]) the envelope is at most ec[q] and the checkpoint's
+                        # points at least its cost just below em[q + g] (both non-increasing),
+                        # so when that cost is >= ec[q] the merge would drop every point there.
+                        # Skipping them changes nothing (tests compare with the numpy path).
+                        rej = 0
+                        g = GALLOP_BLOCK
+                        while g >= 2:
+                            if q + g >= ne:
+                                g = ne - 1 - q if ne - 1 - q < g else g // 2
+                                if g < 2:
+                                    break
+                                continue
+                            tend = em[q + g]
+                            na = _first_mem(mem, ba, pa, la, xa, tend)
+                            nb = _first_mem(mem, bb, pb, lb, xb, tend)
+                            ja = na - 1 if na > pa else ia
+                            jb = nb - 1 if nb > pb else ib
+                            if ja < 0 or jb < 0 or (cost[ba + ja] + cost[bb + jb]) + dp >= ec[q]:
+                                pa, pb, ia, ib = na, nb, ja, jb
+                                q += g
+                                g *= 2
+                            else:
+                                g //= 2
+                        if not (pa < la or pb < lb):
+                            break
                     ta = mem[ba + pa] + xa if pa < la else BIG
                     tb = mem[bb + pb] + xb if pb < lb else BIG
                     t = min(ta, tb)
@@ -1056,7 +1089,9 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                         while q + 1 < ne and em[q + 1] <= m:  # the envelope at m: ec[q]
                             q += 1
                         if q >= 0 and c >= ec[q]:
+                            rej += 1
                             continue  # the merge would drop it
+                        rej = 0
                         cm[nc], cc[nc], cch[nc] = m, c, j
                         nc += 1
                 if nc == 0:
