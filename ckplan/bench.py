@@ -277,19 +277,15 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
     _compile_entries(entries, model, chain, budget_bytes, device)
     for e in entries:
-        eager_peer = e.kind == "peer" and profile.compiled and e.compiled is None
-        if eager_peer:
-            # peers run as they are (eagerly), while the profile, and so every prediction, is of
-            # the compiled layers: no prediction for them
-            e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
         if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
-            e.message = "the model's own activation_checkpointing_enable(use_reentrant=False); " + (
-                "ran eagerly, so no prediction (the profile is of compiled layers)" if eager_peer
-                else "predicted: every-k k=1")
-        elif eager_peer and e.name in ("hf", "sac-policy"):
-            e.message = e.message.replace("; predicted as ckplan's sac-compute option on every layer", "")
-            e.message = (e.message + "; " if e.message else "") + (
-                "ran eagerly, so no prediction (the profile is of compiled layers)")
+            e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
+                         "every-k k=1")
+        if e.kind == "peer" and profile.compiled and e.compiled is None:
+            # Peers run as they are (eagerly), while the profile, and so every prediction, is of
+            # the compiled layers: no prediction for them.
+            e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
+            kept = [part for part in e.message.split("; ") if part and not part.startswith("predicted")]
+            e.message = "; ".join([*kept, "ran eagerly, so no prediction (the profile is of compiled layers)"])
     if any(e.kind == "peer" for e in entries):
         notes.append(PEERS_NOTE)
     runnable = [e for e in entries if e.runnable]
