@@ -188,6 +188,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
 
     from .measure import device_info
     from .profiler import measure_step
+    from .sdpa import default_target
     from .training import optimizer_memory, optimizer_step_ms
 
     check_train_args(optimizer=optimizer, precision=precision, accum=accum)
@@ -199,7 +200,9 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
                      options=option_names(options), compile=compile)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
-    opt_state, opt_tmp = optimizer_memory(trainable, optimizer, lr, dev.type)
+    # On meta the optimizer is the one the target device runs (foreach on CUDA, counters on the host).
+    opt_dev = dev.type if dev.type != "meta" else (meta_target or default_target())
+    opt_state, opt_tmp, opt_scalars = optimizer_memory(trainable, optimizer, lr, opt_dev)
     info = device_info(dev)
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
     buffer_bytes = sum(b.untyped_storage().nbytes() for b in dict.fromkeys(model.buffers()))
@@ -219,6 +222,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         measured_peak_bytes=None if dev.type == "meta" else
         param_bytes + buffer_bytes + inputs + opt_state + m.measured_peak_rel,
         optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev),
+        optimizer_scalar_bytes=opt_scalars,
     )
     prof = Profile(
         model=name, device=dev.type, device_name=info.name, chain=m.chain_path,
@@ -346,6 +350,15 @@ def profile_problem(data: Any) -> str | None:
             problem = _number_problem("totals.optimizer_ms", totals.get(f.name), "float", optional=True)
             if problem:
                 return problem
+            continue
+        if f.name == "optimizer_scalar_bytes":  # added later: optional, within optimizer_bytes
+            value = totals.get(f.name, 0)
+            problem = _number_problem(f"totals.{f.name}", value, "int")
+            if problem:
+                return problem
+            if isinstance(totals.get("optimizer_bytes"), int) and value > totals["optimizer_bytes"]:
+                return (f"totals.{f.name} is {value}, more than totals.optimizer_bytes "
+                        f"({totals['optimizer_bytes']}) that it is part of")
             continue
         if f.name not in totals:
             return f"totals.{f.name} is missing"

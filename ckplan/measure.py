@@ -51,6 +51,9 @@ class TrackerLimitExceeded(RuntimeError):
     """Raised inside the step when live bytes pass the tracker's ``limit_bytes`` (a CPU 'OOM')."""
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Counts live bytes of storages created while active; keeps the peak.
 
@@ -86,7 +89,9 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {id(s) for s in storages_of((args, kwargs))}
+        # ``torch.tensor(...)`` makes its storage outside dispatch and shows it here only as
+        # ``lift_fresh``'s input and output: new all the same (Adam's step counters, say).
+        inputs = set() if func is _LIFT_FRESH else {id(s) for s in storages_of((args, kwargs))}
         new: list[tuple[int, int]] = []
         for st in storages_of(out):
             key = id(st)

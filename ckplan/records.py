@@ -121,6 +121,9 @@ class Totals:
     # One optimizer.step(), timed on stand-ins (ckplan.training.optimizer_step_ms); None on meta
     # and in older profiles (then 0 in the predicted step time).
     optimizer_ms: float | None = None
+    # Scalar optimizer state (AdamW's step counters, 0-dim, one per parameter), counted in
+    # optimizer_bytes: it is not sharded with the parameters (planner.parallel). 0 in older profiles.
+    optimizer_scalar_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -85,13 +85,19 @@ def forward_loss(model, args, kwargs, loss_fn, precision: str, device_type: str)
     return loss
 
 
-def optimizer_memory(params, name: str, lr: float, device_type: str) -> tuple[int, int]:
-    """(state bytes, transient bytes of step()) for ``params``, measured on meta-tensor stand-ins.
+def optimizer_memory(params, name: str, lr: float, device_type: str) -> tuple[int, int, int]:
+    """(state bytes, transient bytes of step(), scalar state bytes) for ``params``, measured on
+    meta-tensor stand-ins.
 
     The user's parameters and optimizer are never touched: shadows with the same shapes and
     dtypes live on the meta device, get meta gradients, and a real ``torch.optim`` step runs on
     them under the live-tensor tracker (the first step creates the state, the second shows the
     temporaries).
+
+    Scalar state (AdamW's ``step`` counter, one 0-dim tensor per parameter) is the third value
+    and is part of the first: it does not shrink when FSDP shards the parameters. PyTorch keeps
+    the counters on the CPU unless the step is fused or capturable, so they are counted only
+    when the step runs on the CPU (on CUDA the allocator never sees them).
     """
     shadows = []
     for p in params:
@@ -99,7 +105,7 @@ def optimizer_memory(params, name: str, lr: float, device_type: str) -> tuple[in
         s.grad = torch.empty_like(s)
         shadows.append(s)
     if not shadows:
-        return 0, 0
+        return 0, 0, 0
     opt = make_optimizer(shadows, name, lr, device_type)
     with LiveTensorTracker() as tr:
         opt.step()
@@ -107,5 +113,14 @@ def optimizer_memory(params, name: str, lr: float, device_type: str) -> tuple[in
         tr.reset_peak()
         opt.step()
         tmp = tr.peak - tr.live
-    # Scalar `step` counters live on the CPU (a few bytes each) and are counted too.
-    return int(state), int(max(tmp, 0))
+    elsewhere = scalars = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if not isinstance(v, torch.Tensor):
+                continue
+            nbytes = v.untyped_storage().nbytes()
+            if v.device.type != "meta" and device_type != "cpu":
+                elsewhere += nbytes  # host memory while the step runs on the device
+            elif v.dim() == 0:
+                scalars += nbytes
+    return int(state - elsewhere), int(max(tmp, 0)), int(scalars)

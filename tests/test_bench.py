@@ -36,6 +36,21 @@ def test_measured_peak_matches_prediction(configs, tiny_gpt_spec, tmp_path, whic
     assert rows["dp"].measured_peak_bytes <= (res.budget_bytes or rows["none"].measured_peak_bytes) * 1.05
 
 
+def test_adamw_step_counters_are_in_the_prediction(tiny_gpt_spec, tmp_path):
+    # AdamW's step counters are 4-byte CPU tensors made by torch.tensor(), outside dispatch; a
+    # tracker that missed them predicted every row 4 B per parameter tensor low.
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    res = api.bench(spec, strategies=["none", "every-k"], device="cpu", steps=1, warmup=1, k=1)
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    n_tensors = 2 + 3 * 12 + 2  # embeddings, 3 blocks of 12 tensors, the final norm (tied head)
+    assert res.optimizer == prof.optimizer == "adamw"
+    assert prof.totals.optimizer_scalar_bytes == 4 * n_tensors
+    for r in res.rows:
+        assert r.status == "ok", r.message
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, r.strategy
+        assert r.measured_fwd_bwd_peak_bytes == r.predicted_fwd_bwd_peak_bytes, r.strategy
+
+
 def test_oom_row_and_the_run_goes_on(tiny_gpt_spec, tmp_path):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64), batch_size=8, seq_len=32)
     prof = api.profile(spec, device="cpu", repeats=1, warmup=0)

@@ -1,6 +1,8 @@
 """The per-rank memory model (FSDP2, DDP) against bytes computed by hand. No torch."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ckplan.errors import UsageError
@@ -32,6 +34,18 @@ def test_fsdp_fixed_memory_is_sharded():
     assert [ly.grad_bytes for ly in ch.layers] == [P // W] * 3  # reduce-scatter outputs
     # optimizer step: persistent + sharded grads + its temporaries scaled by the shard ratio
     assert ch.opt_step_peak_bytes == 109 + 35 + round(10 * 35 / 140)
+
+
+def test_fsdp_step_counters_are_not_sharded():
+    # AdamW's step counters (4 B per parameter tensor, here 4 tensors) live whole on every rank.
+    base = chain3()
+    ch = per_rank_chain(replace(base, optimizer_bytes=base.optimizer_bytes + 16, optimizer_scalar_bytes=16,
+                                persistent_bytes=base.persistent_bytes + 16,
+                                opt_step_peak_bytes=base.opt_step_peak_bytes + 16),
+                        world_size=W, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R)
+    shards = 3 * (P // W) + R // W
+    assert ch.optimizer_bytes == 2 * shards + 16
+    assert ch.persistent_bytes == 4 + shards + 2 * shards + 16
 
 
 def test_fsdp_transients_by_hand():

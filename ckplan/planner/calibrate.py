@@ -62,6 +62,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         param_bytes=t.param_bytes,
         total_grad_bytes=t.grad_bytes,
         optimizer_bytes=t.optimizer_bytes,
+        optimizer_scalar_bytes=t.optimizer_scalar_bytes,
         optimizer=profile.optimizer,
         grads_in_persistent=accum,
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,

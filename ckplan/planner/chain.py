@@ -130,6 +130,7 @@ class Chain:
     param_bytes: int = 0
     total_grad_bytes: int = 0
     optimizer_bytes: int = 0
+    optimizer_scalar_bytes: int = 0  # the part of optimizer_bytes that is not sharded (step counters)
     optimizer: str = ""  # the optimizer's name (adamw, sgd-momentum, sgd); "" when unknown
     grads_in_persistent: bool = False  # gradient accumulation: all gradients are in persistent_bytes
     opt_ms: float = 0.0  # the optimizer step's time per micro-batch (its step / accum); 0 when unknown

@@ -108,7 +108,9 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     # Optimizer state follows the local shard; rank 0 holds the largest (padded) one.
     unpadded = chain.param_bytes or full_params
     ratio = min(1.0, sharded_params / unpadded) if unpadded else 1.0
-    opt_state = int(round(chain.optimizer_bytes * ratio))
+    # Scalar state (step counters) is one per parameter on every rank: not sharded.
+    fixed = chain.optimizer_scalar_bytes
+    opt_state = int(round((chain.optimizer_bytes - fixed) * ratio)) + fixed
     others = chain.persistent_bytes - chain.param_bytes - chain.optimizer_bytes  # buffers, batch
     persistent = others + sharded_params + opt_state
     grads_full = chain.total_grad_bytes
