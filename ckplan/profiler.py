@@ -59,6 +59,7 @@ from .measure import (
     Clock,
     KeptFreedMemory,
     LiveTensorTracker,
+    TrackerLimitExceeded,
     storages_of,
     unique_storage_bytes,
 )
@@ -345,6 +346,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                  (meta_target or default_target()) if meta else None)
     inst = _Instrument(layers, Clock(device))
     kept = KeptFreedMemory(device)
+    option_notes: list[str] = []
     with kept, _model_errors(meta), _state_restored(model, params, device), _hooks_installed(inst):
         model.train()
         _zero(params)
@@ -369,11 +371,22 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                                                         repeats, accum)
         else:
             times = _Times({}, []) if meta else _timing_passes(inst, step, params, repeats)
-            option_passes = [_option_pass(inst, step, params, model, name, 0 if meta else repeats, accum)
-                             for name in options]
+            option_passes = []
+            for name in options:
+                try:
+                    option_passes.append(_option_pass(inst, step, params, model, name,
+                                                      0 if meta else repeats, accum))
+                except RuntimeError as e:  # SAC refuses the model (an in-place op on a cached output)
+                    if isinstance(e, (torch.OutOfMemoryError, TrackerLimitExceeded)):
+                        raise
+                    _zero(params)
+                    first = str(e).strip().split("\n")[0]
+                    option_notes.append(f"option {name!r} left out: the chain layers cannot run under it "
+                                        f"({type(e).__name__}: {first})")
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     rows = _with_options(rows, measured, option_passes, meta)
     notes = (step.sdpa_note,) if step.sdpa_note else ()
+    notes += tuple(option_notes)
     if kept.active:
         notes += (KEPT_MEMORY_NOTE,)
     if compiled is not None:

@@ -36,7 +36,8 @@ class ModelSpec(_Strict):
     hf: Optional[dict[str, Any]] = None
     target: Optional[str] = None
     args: dict[str, Any] = Field(default_factory=dict)
-    task: Optional[Literal["causal-lm", "masked-lm", "sequence-classification", "base"]] = None
+    task: Optional[Literal["causal-lm", "masked-lm", "sequence-classification", "image-classification",
+                           "base"]] = None
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -233,6 +234,7 @@ _HF_TASKS = {
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
     "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
     "base": "AutoModel",
 }
 _HF_DEFAULT_TASK = {"bert": "masked-lm", "roberta": "masked-lm", "distilbert": "masked-lm",
@@ -255,6 +257,12 @@ def _build_hf(fields: dict, task: str | None):
         raise SpecError(f"model.hf for model_type {model_type!r}: {e}".split("\n")[0]) from None
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
     auto = getattr(transformers, _HF_TASKS[task])
+    try:  # a task with several classes (DeiT: with and without the teacher head) takes the first
+        classes = auto._model_mapping[type(config)]
+        if isinstance(classes, (tuple, list)) and not getattr(config, "architectures", None):
+            config.architectures = [classes[0].__name__]
+    except (KeyError, AttributeError):
+        pass  # not a model of this task: from_config says so below
     try:
         return auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     except (ValueError, ImportError):
@@ -285,6 +293,9 @@ def hf_config_fields(config_cls) -> set[str]:
         if init is not None:
             known |= {p.name for p in inspect.signature(init).parameters.values()
                       if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+    # settable properties: PretrainedConfig's num_labels (which fills id2label), say
+    known |= {n for cls in config_cls.__mro__ for n, v in vars(cls).items()
+              if isinstance(v, property) and v.fset is not None and not n.startswith("_")}
     if dataclasses.is_dataclass(config_cls):
         known |= {f.name for f in dataclasses.fields(config_cls)}
     try:

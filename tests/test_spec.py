@@ -82,3 +82,26 @@ def test_overrides_apply_and_unknown_keywords_are_named(write_spec, tmp_path):
     assert (s.train.precision, s.train.optimizer, s.train.accum) == ("bf16", "adamw", 2)
     with pytest.raises(UsageError, match="batchsize"):
         api.load(path, batchsize=4)
+
+
+def test_hf_config_properties_and_image_classification_build():
+    # num_labels is a settable property of every config (it fills id2label), not a field.
+    spec = validate({"model": {"hf": {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2,
+                                      "num_attention_heads": 2, "intermediate_size": 64,
+                                      "image_size": 32, "patch_size": 8, "num_labels": 7},
+                               "task": "image-classification"},
+                     "input": {"batch_size": 1, "shape": [3, 32, 32], "dtype": "float32",
+                               "name": "pixel_values", "labels": {"shape": [], "high": 7}}})
+    m = build_model(spec, "meta")
+    assert type(m).__name__ == "ViTForImageClassification" and m.classifier.out_features == 7
+
+
+def test_hf_task_with_several_classes_builds_the_first():
+    # DeiT maps image-classification to two classes (with and without the teacher head).
+    spec = validate({"model": {"hf": {"model_type": "deit", "hidden_size": 32, "num_hidden_layers": 2,
+                                      "num_attention_heads": 2, "intermediate_size": 64,
+                                      "image_size": 32, "patch_size": 8},
+                               "task": "image-classification"},
+                     "input": {"batch_size": 1, "shape": [3, 32, 32], "dtype": "float32",
+                               "name": "pixel_values", "labels": {"shape": [], "high": 2}}})
+    assert type(build_model(spec, "meta")).__name__ == "DeiTForImageClassification"
