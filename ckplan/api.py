@@ -387,6 +387,10 @@ def profile_problem(data: Any) -> str | None:
         if (not isinstance(ls, list) or not ls
                 or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in ls)):
             return f"side_inputs[{j}].layers is {ls!r}, not a list of chain layer indices 0..{n - 1}"
+        by = si.get("made_by", -1)  # added later: optional
+        if isinstance(by, bool) or not isinstance(by, int) or not -1 <= by < min(ls):
+            return (f"side_inputs[{j}].made_by is {by!r}, not -1 (before the chain) or a chain layer "
+                    f"before every layer that receives them ({min(ls)})")
     return None
 
 

@@ -258,6 +258,27 @@ def _applied(run: _Run, e: _Entry):
     return apply_plan(run.model, e.plan, chain=run.profile.chain)
 
 
+def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, int]:
+    """(layers Hugging Face's own checkpointing wraps, how many of them are chain layers)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return 0, 0
+    _, container, _ = resolve_chain(model, chain_path)
+    chain = {id(m) for m in container}
+    own: list = []
+
+    def outermost(m) -> None:  # a checkpointed layer's own checkpointed blocks run inside it
+        for child in m.children():
+            if isinstance(child, GradientCheckpointingLayer):
+                own.append(child)
+            else:
+                outermost(child)
+
+    outermost(model)
+    return len(own), sum(id(m) in chain for m in own)
+
+
 def _runs_compiled_layers(e: _Entry) -> bool:
     """With --compile: ckplan's rows (the peers run as they are)."""
     return e.compiled is None and e.kind == "ckplan"
@@ -280,6 +301,12 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
             e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
                          "every-k k=1")
+            own, in_chain = _hf_checkpointed_layers(model, profile.chain)
+            if own > in_chain:
+                # An encoder-decoder checkpoints its decoder too: the chain plan does not describe it.
+                e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
+                e.message = (f"the model's own activation_checkpointing_enable(use_reentrant=False): it "
+                             f"checkpoints {own} layers, {own - in_chain} outside the chain, so no prediction")
         if e.kind == "peer" and profile.compiled and e.compiled is None:
             # Peers run as they are (eagerly), while the profile, and so every prediction, is of
             # the compiled layers: no prediction for them.

@@ -129,9 +129,11 @@ class _Instrument:
     attribute_on_pack: bool = False
     seen_in: dict[int, tuple[weakref.ref, tuple[str, int]]] = field(default_factory=dict)
     # Side inputs (records.SideInput), in the measured pass: storages the chain layers receive
-    # besides the hidden state, not made by a chain layer; those dead when the backward starts.
-    side_seen: dict[int, tuple[weakref.ref, int, set[int]]] = field(default_factory=dict)
-    chain_made: set[int] = field(default_factory=set)
+    # besides the hidden state, made before the chain or by an earlier layer's forward; those dead
+    # when the backward starts.
+    # (ref, bytes, layers that received it, the chain layer that made it or -1 for before the chain)
+    side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
+    chain_made: dict[int, int] = field(default_factory=dict)  # storage -> the chain layer it left
     side_inputs: tuple[SideInput, ...] = ()
 
     @property
@@ -204,7 +206,8 @@ class _Instrument:
             if self.attribute_on_pack and not self.paused:
                 self._not_made_here(out, i)  # saved later (by the next stage) is not made there
             if self.track_saved and not self.paused:
-                self.chain_made.update(id(st) for st in storages_of(out))
+                for st in storages_of(out):
+                    self.chain_made.setdefault(id(st), i)
             y = first_tensor(out)
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
@@ -219,25 +222,34 @@ class _Instrument:
         hidden = {id(st) for st in storages_of(x)} if x is not None else set()
         for st in storages_of((args, kwargs)):
             k = id(st)
-            if k in hidden or k in self.excluded or k in self.chain_made:
+            if k in hidden or k in self.excluded:
                 continue
             made = self.alloc_window.get(k)
-            if made is not None and made != ("F", -1):
-                continue  # made inside the chain (between two layers): not modelled
+            if k in self.chain_made:
+                by = self.chain_made[k]  # another output of an earlier layer (T5's position bias)
+            elif made is None or made == ("F", -1):
+                by = -1
+            elif made[0] == "F" and 0 <= made[1] < i:
+                by = made[1]
+            else:
+                continue  # made between two layers, outside any layer: not modelled
             seen = self.side_seen.get(k)
             if seen is None or seen[0]() is not st:
-                self.side_seen[k] = (weakref.ref(st), st.nbytes(), {i})
+                self.side_seen[k] = (weakref.ref(st), st.nbytes(), {i}, by)
             else:
                 seen[2].add(i)
 
     def _dead_side_inputs(self) -> tuple[SideInput, ...]:
         """The side inputs no longer alive (nothing saved them), bytes summed per set of layers."""
-        by_layers: dict[tuple[int, ...], int] = {}
-        for ref, nbytes, layers in self.side_seen.values():
-            if ref() is None and nbytes:
-                key = tuple(sorted(layers))
+        by_layers: dict[tuple[tuple[int, ...], int], int] = {}
+        for ref, nbytes, layers, by in self.side_seen.values():
+            # One made by a chain layer counts when it skips a layer (given to layers after the
+            # next one, as T5's position bias is to every later block); a tensor carried from
+            # one layer to the next only is chain state, not a side input.
+            if ref() is None and nbytes and (by < 0 or max(layers) > by + 1):
+                key = (tuple(sorted(layers)), by)
                 by_layers[key] = by_layers.get(key, 0) + nbytes
-        return tuple(SideInput(b, ls) for ls, b in sorted(by_layers.items()))
+        return tuple(SideInput(b, ls, by) for (ls, by), b in sorted(by_layers.items()))
 
     def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
         self.marks.clear()
@@ -1132,6 +1144,8 @@ def _with_options(rows: tuple[StageRecord, ...], plain: _MeasuredPass, passes: l
                 bwd_ms = bwd_flops / ASSUMED_FLOPS_PER_S * 1e3
             else:
                 recompute_ms = costs[p.name][i]
+                if p.whole:  # compiled: clamped to the forward of its own rounds; the row's is the bound
+                    recompute_ms = min(recompute_ms, r.fwd_ms)
                 bwd_ms = statistics.median(p.times[("B", i)]) if p.times.get(("B", i)) else r.bwd_ms
             opts.append(OptionRecord(
                 name=p.name, saved_bytes=p.measured.live_at_end.get(i, 0),

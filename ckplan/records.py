@@ -49,9 +49,16 @@ class SideInput:
 
     bytes: int
     layers: tuple[int, ...]
+    # The chain layer that makes them, for one made inside the chain and given to layers after the
+    # next one (T5's position bias, from its first block); -1: made before the chain. A
+    # checkpoint over that layer makes them again in its recompute: it does not keep them.
+    made_by: int = -1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "layers": list(self.layers)}
+        d: dict[str, Any] = {"bytes": self.bytes, "layers": list(self.layers)}
+        if self.made_by >= 0:
+            d["made_by"] = self.made_by
+        return d
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,8 @@ class Profile:
         d["layers"] = tuple(StageRecord.from_dict(r) for r in d["layers"])
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
-        d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]))
+        d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]),
+                                           int(si.get("made_by", -1)))
                                  for si in d.get("side_inputs", ()))
         return cls(**d)
 

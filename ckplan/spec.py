@@ -36,8 +36,8 @@ class ModelSpec(_Strict):
     hf: Optional[dict[str, Any]] = None
     target: Optional[str] = None
     args: dict[str, Any] = Field(default_factory=dict)
-    task: Optional[Literal["causal-lm", "masked-lm", "sequence-classification", "image-classification",
-                           "base"]] = None
+    task: Optional[Literal["causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification",
+                           "image-classification", "base"]] = None
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -233,6 +233,7 @@ def _build_builtin(name: str, args: dict):
 _HF_TASKS = {
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
     "sequence-classification": "AutoModelForSequenceClassification",
     "image-classification": "AutoModelForImageClassification",
     "base": "AutoModel",
@@ -256,6 +257,11 @@ def _build_hf(fields: dict, task: str | None):
     except (TypeError, ValueError) as e:
         raise SpecError(f"model.hf for model_type {model_type!r}: {e}".split("\n")[0]) from None
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
+    if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
+        # T5's configs on the Hub say 0, its padding id; built from fields the config has none,
+        # and the model needs it to shift the labels into decoder inputs.
+        pad = getattr(config, "pad_token_id", None)
+        config.decoder_start_token_id = pad if pad is not None else 0
     auto = getattr(transformers, _HF_TASKS[task])
     try:  # a task with several classes (DeiT: with and without the teacher head) takes the first
         classes = auto._model_mapping[type(config)]
@@ -307,10 +313,16 @@ def hf_config_fields(config_cls) -> set[str]:
     return known
 
 
+# Read by the models from any config though no config class declares them (transformers 5).
+HF_GENERIC_FIELDS = frozenset({"decoder_start_token_id", "pad_token_id", "bos_token_id", "eos_token_id",
+                               "sep_token_id", "problem_type", "id2label", "label2id", "num_labels",
+                               "tie_word_embeddings", "is_encoder_decoder"})
+
+
 def _check_hf_fields(config_cls, model_type: str, fields: dict) -> None:
     # transformers keeps unknown keywords as attributes without a word, so `n_layers: 2` (a typo
     # for n_layer) would silently build the default 12 layers.
-    known = hf_config_fields(config_cls)
+    known = hf_config_fields(config_cls) | HF_GENERIC_FIELDS
     for name in fields:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)

@@ -188,3 +188,46 @@ def test_hf_vision_model_option_sac_refuses_is_left_out_with_a_note(tmp_path):
         assert row.max_grad_diff == 0.0
         # within 8 bytes: BatchNorm's checkpointed rows measure +8 B (README: known limits)
         assert 0 <= row.predicted_peak_bytes - row.measured_peak_bytes + 8 <= 64, row.strategy
+
+
+def test_a_side_input_made_by_a_layer_is_not_kept_by_a_checkpoint_over_that_layer():
+    # T5's first block makes the position bias and hands it to every later block: a checkpoint
+    # over a later block keeps it; one over the first block makes it again in its recompute.
+    ch = replace(random_chain(4, 3, max_size=5000), side_inputs=(SideInput(1000, (1, 2, 3), made_by=0),))
+    sides, ev = _side_events(ch, Plan("c", 4, items_from_ranges(4, [(0, 2), (2, 4)])))
+    i = sides[0][0]  # freed after [2, 4)'s backward, before [0, 2)'s
+    assert ev[i - 1].label == "B(layer 2) during recompute of [2,4)" and "[0,2)" in ev[i + 1].label
+    sides, ev = _side_events(ch, Plan("c", 4, items_from_ranges(4, [(0, 4)])))
+    assert len(sides) == 1 and ev[sides[0][0] + 1].label == "post forward (loss)"
+    with pytest.raises(ValueError, match="made_by"):
+        replace(ch, side_inputs=(SideInput(1000, (1, 2), made_by=1),))
+
+
+T5 = """
+model:
+  hf: {model_type: t5, vocab_size: 512, d_model: 64, d_ff: 128, num_layers: 4, num_decoder_layers: 4,
+       num_heads: 4, d_kv: 16, use_cache: false}
+  task: seq2seq-lm
+input: {batch_size: 2, shape: [64], dtype: int64, high: 512, name: input_ids, labels: copy}
+train: {optimizer: sgd}
+"""
+
+
+def test_hf_t5_position_bias_made_in_the_chain_is_predicted_to_the_byte(tmp_path):
+    # The encoder's first block makes the (1, heads, T, T) fp32 position bias; blocks 1-3 get it.
+    pytest.importorskip("transformers")
+    path = tmp_path / "t5.yaml"
+    path.write_text(T5)
+    spec = api.load(path)
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    assert prof.chain == "encoder.block"
+    assert SideInput(4 * 64 * 64 * 4, (1, 2, 3), made_by=0) in prof.side_inputs
+    assert type(prof).from_dict(prof.to_dict()).side_inputs == prof.side_inputs
+    res = api.bench(spec, strategies=["none", "every-k", "dp", "hf"], k=2, device="cpu", steps=1, warmup=0)
+    rows = {r.strategy: r for r in res.rows}
+    for name in ("none", "every-k", "dp"):
+        assert rows[name].status == "ok", rows[name].message
+        assert rows[name].measured_peak_bytes == rows[name].predicted_peak_bytes, name
+        assert rows[name].max_grad_diff == 0.0
+    # Hugging Face's own checkpointing wraps the decoder blocks too: no chain prediction for it
+    assert rows["hf"].predicted_peak_bytes is None and "4 outside the chain" in rows["hf"].message

@@ -173,9 +173,11 @@ class Chain:
         object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
         for si in self.side_inputs:
             if (not isinstance(si.bytes, int) or si.bytes < 0 or not si.layers
-                    or any(not 0 <= i < len(self.layers) for i in si.layers)):
-                raise ValueError(f"side input {si}: bytes must be a non-negative int and layers "
-                                 f"indices of the {len(self.layers)} chain layers")
+                    or any(not 0 <= i < len(self.layers) for i in si.layers)
+                    or not -1 <= si.made_by < min(si.layers)):
+                raise ValueError(f"side input {si}: bytes must be a non-negative int, layers "
+                                 f"indices of the {len(self.layers)} chain layers, made_by -1 or a "
+                                 "layer before them")
 
     @property
     def n_layers(self) -> int:

@@ -29,9 +29,10 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
-* side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers): live
-  from pre's forward; freed when the chain's forward ends, or, when a top-level item holds one of
-  their layers (a checkpoint over it, or the layer stored with a selective option), after the
+* side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers, or a
+  chain layer for layers after the next one): live from pre's forward; freed when the chain's
+  forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
+  layer stored with a selective option) and does not contain the layer that made them, after the
   backward of the first such item.
 * pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
@@ -221,7 +222,8 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
     free = 0
     held: dict[int, int] = {}
     for si in chain.side_inputs:
-        idxs = [holder[i] for i in si.layers if i in holder]
+        maker = holder.get(si.made_by) if si.made_by >= 0 else None  # makes them again: keeps none
+        idxs = [holder[i] for i in si.layers if i in holder and holder[i] != maker]
         if idxs:
             first = min(idxs)
             held[first] = held.get(first, 0) + si.bytes
