@@ -265,7 +265,7 @@ def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, int]:
     except ImportError:
         return 0, 0
     _, container, _ = resolve_chain(model, chain_path)
-    chain = {id(m) for m in container}
+    chain = {id(m) for m in container.children()}
     own: list = []
 
     def outermost(m) -> None:  # a checkpointed layer's own checkpointed blocks run inside it

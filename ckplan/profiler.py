@@ -397,7 +397,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                                         f"({type(e).__name__}: {first})")
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     rows = _with_options(rows, measured, option_passes, meta)
-    notes = (step.sdpa_note,) if step.sdpa_note else ()
+    notes: tuple[str, ...] = (step.sdpa_note,) if step.sdpa_note else ()
     notes += tuple(option_notes)
     if kept.active:
         notes += (KEPT_MEMORY_NOTE,)
