@@ -112,7 +112,7 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
-    names = compile_options(option_names(options), compile, dev.type)
+    names = compile_options(option_names(options, compile=compile), compile, dev.type)
     _tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
                     + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)")
                     + (f", then {len(names)} selective options" if names else "")
@@ -138,20 +138,25 @@ def compile_options(names: tuple[str, ...], compile: bool, device_type: str) -> 
     return names
 
 
-def option_names(options: bool | Sequence[str] | None) -> tuple[str, ...]:
-    """The selective options to measure: True for all of ckplan.sac.POLICIES, False/None for none,
-    or the names themselves (checked)."""
+def option_names(options: bool | Sequence[str] | None, *, compile: bool = False) -> tuple[str, ...]:
+    """The selective options to measure: True for all of ckplan.sac.POLICIES (and, with
+    ``compile``, the min-cut options ``ckplan.sac.MINCUT``), False/None for none, or the names
+    themselves (checked; min-cut ones only with ``compile``)."""
     if options is None or options is False:
         return ()
-    from .sac import POLICIES
+    from .sac import MINCUT, OPTIONS, POLICIES
     if options is True:
-        return POLICIES
+        return POLICIES + (tuple(MINCUT) if compile else ())
     if isinstance(options, str):
         options = [options]
     names = tuple(dict.fromkeys(str(o) for o in options))
-    unknown = [o for o in names if o not in POLICIES]
+    unknown = [o for o in names if o not in OPTIONS]
     if unknown:
-        raise UsageError(f"unknown selective option {unknown[0]!r}", tip=f"use some of: {', '.join(POLICIES)}")
+        raise UsageError(f"unknown selective option {unknown[0]!r}", tip=f"use some of: {', '.join(OPTIONS)}")
+    eager = [o for o in names if o in MINCUT and not compile]
+    if eager:
+        raise UsageError(f"selective option {eager[0]!r} needs compiled chain layers",
+                         tip="add --compile (compile=True), or choose from: " + ", ".join(POLICIES))
     return names
 
 
@@ -197,7 +202,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
     m = measure_step(model, args, kwargs, loss_fn, chain=chain, device=dev, precision=precision,
                      repeats=repeats, warmup=warmup, accum=accum, meta_target=meta_target,
-                     options=option_names(options), compile=compile)
+                     options=option_names(options, compile=compile), compile=compile)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     # On meta the optimizer is the one the target device runs (foreach on CUDA, counters on the host).
@@ -414,7 +419,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
-    names = compile_options(option_names(options), compile, dev.type)
+    names = compile_options(option_names(options, compile=compile), compile, dev.type)
     extra = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
         p = load_plan(plan_path)

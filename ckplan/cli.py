@@ -118,9 +118,11 @@ FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the m
                          "that one step does not fit in the memory available.")
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
                            "with torch.compile, the plan applied around the compiled layers (selective "
-                           "options compiled in).")
+                           "options compiled in, plus mincut-50 and mincut-20: torch.compile's min-cut "
+                           "partitioner at that activation memory budget, per layer).")
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
-                           "recompute options (sac-compute, sac-linear, sac-attn): one more measured step "
+                           "recompute options (sac-compute, sac-linear, sac-attn; with --compile also mincut-50, "
+                           "mincut-20): one more measured step "
                            "each; --no-options skips them.")
 PARALLEL_OPT = typer.Option(None, "--parallel", help="With --world-size / --nproc: fsdp (FSDP2, every chain "
                              "layer one unit) or ddp (default: the spec's parallel.kind, else fsdp).")

@@ -17,7 +17,10 @@ In your own loop::
         with ckplan.apply_plan(model, plan):      # compiled first, then the plan around them
             train(model)
 
-Selective options (ckplan.sac) run compiled too: a layer stored with option P runs
+Selective options (ckplan.sac) run compiled too. A ``mincut-*`` option runs the layer's forward
+compiled on its own (one function per option) under ``torch._functorch.config.activation_memory_budget``
+set to the option's budget, so AOTAutograd's min-cut partitioner chooses what the layer saves and
+recomputes, as ``torch.compile`` with a budget does for a whole model. A SAC option runs a layer stored with option P runs
 ``torch.compile`` of ``checkpoint(forward, context_fn=P's SAC contexts)``, which Dynamo traces as
 one region whose ops carry P's save/recompute tags; AOTAutograd's partitioner then saves the ops P
 keeps and recomputes the others inside the compiled backward. (Eager SAC around a compiled forward
@@ -73,6 +76,29 @@ def _option_function(name: str):
                               f"ckplan_{name}")
 
 
+def _with_budget(forward, *args, **kwargs):
+    # Compiled once per min-cut option (its own code object), called under that option's
+    # activation_memory_budget (CompiledLayers.option_runner): the partitioner reads it when the
+    # first call compiles the forward and backward.
+    return forward(*args, **kwargs)
+
+
+def _budget_function(name: str):
+    """``_with_budget`` as a function of its own for min-cut option ``name``."""
+    code = _with_budget.__code__.replace(co_name=f"ckplan_{name.replace('-', '_')}")
+    return types.FunctionType(code, _with_budget.__globals__, f"ckplan_{name}")
+
+
+def _budget_runner(compiled, budget: float):
+    """Run ``compiled`` with the min-cut partitioner's activation memory budget at ``budget``."""
+    import torch._functorch.config as functorch_config
+
+    def run(*args, **kwargs):
+        with functorch_config.patch(activation_memory_budget=budget):
+            return compiled(*args, **kwargs)
+    return run
+
+
 def _quiet_context_fn_warning() -> None:
     """Drop torch's one-time warning that a ``context_fn`` reached ``checkpoint`` under compile
     (its advice, no in-place ops in the region, is what functionalization and the gradient checks
@@ -121,8 +147,14 @@ class CompiledLayers:
         """The compiled ``checkpoint(forward, *args)`` of option ``name``, shared by the layers."""
         run = self._runners.get(name)
         if run is None:
-            _quiet_context_fn_warning()
-            run = self._runners[name] = torch.compile(_option_function(name), backend=self.backend)
+            from .sac import MINCUT, check_option
+            check_option(name)
+            if name in MINCUT:
+                fn = torch.compile(_budget_function(name), backend=self.backend)
+                run = self._runners[name] = _budget_runner(fn, MINCUT[name])
+            else:
+                _quiet_context_fn_warning()
+                run = self._runners[name] = torch.compile(_option_function(name), backend=self.backend)
         return run
 
     @property

@@ -70,7 +70,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
 from .planner.plan import STORE, Checkpoint, Item, Plan, Store
-from .sac import policy_fn, run_with_option
+from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
 
@@ -267,8 +267,11 @@ class PlanExecutor:
         _enclosing(plan.items, (), self._path)
         self._option = plan.options()
         for name in set(self._option) - {STORE}:
-            policy_fn(name)  # an unknown option fails here, before any layer is touched
+            check_option(name)  # an unknown option fails here, before any layer is touched
         self._init_transient()
+        for i, name in enumerate(self._option):
+            if name in MINCUT and not _compiled(self._orig[i]):
+                raise compiled_only(name)
         if not _CAN_SPAN and any(c.stop - c.start > 1 for c in self._checkpoints()):
             warnings.warn("this torch has no non-reentrant checkpoint frames to span several layers; "
                           "ckplan checkpoints each layer of a multi-layer segment on its own (same "

@@ -64,7 +64,7 @@ from .measure import (
     unique_storage_bytes,
 )
 from .records import CHAIN, POST, PRE, OptionRecord, SideInput, StageRecord
-from .sac import policy_fn, run_with_option
+from .sac import check_option, policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
 
@@ -351,7 +351,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         raise UsageError(f"compiled layers are measured on cpu or cuda (device {device.type!r})",
                          tip="profile on cpu or cuda to compile the layers")
     for name in options:
-        policy_fn(name)  # an unknown option fails before anything runs
+        check_option(name)  # an unknown option fails before anything runs
+        if not compile:
+            policy_fn(name)  # and one that needs compiled layers (mincut-*) without them
     compiled = _compiled_layers(layers, device) if compile else None
     params = list(dict.fromkeys(model.parameters()))
     step = _Step(model, args, kwargs, loss_fn, precision, device,

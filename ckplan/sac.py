@@ -21,6 +21,18 @@ time is the forward time of the other ops.
                  (A policy that saves every op but the core would cache tensors that attention's
                  decomposed math then changes in place, which SAC refuses.)
 
+Compiled layers (``--compile``, :mod:`ckplan.compiled`) have two more options, run by
+torch.compile's own partitioner instead of a SAC policy:
+
+``mincut-50``    the layer compiled with ``activation_memory_budget`` 0.5: AOTAutograd's min-cut
+                 partitioner keeps at most half of what the layer's compiled graph saves by default
+                 and recomputes the ops its knapsack finds cheapest (by FLOPs) inside the compiled
+                 backward, as ``torch.compile`` with that budget does for a whole model.
+``mincut-20``    the same at budget 0.2.
+
+So ckplan's plan space holds, layer by layer, what torch.compile's budget does for the whole model,
+beside checkpoints and SAC policies; on eager layers they are refused (SpecError).
+
 Two more ways to treat a layer need no policy: ``store`` (keep everything, no checkpoint) and
 ``full`` (recompute the whole layer: ``Checkpoint(i, i + 1)``). On a layer without the ops a
 policy names, the policy keeps (almost) nothing or everything; the profile measures each one
@@ -59,6 +71,27 @@ POLICY_DOC: dict[str, str] = {
     "sac-attn": "keep linear, norm and activation outputs; recompute the attention core",
 }
 POLICIES: tuple[str, ...] = tuple(POLICY_DOC)
+# Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
+MINCUT: dict[str, float] = {"mincut-50": 0.5, "mincut-20": 0.2}
+MINCUT_DOC: dict[str, str] = {
+    name: f"compiled only: torch.compile's min-cut partitioner at activation_memory_budget {b}"
+    for name, b in MINCUT.items()}
+OPTIONS: tuple[str, ...] = POLICIES + tuple(MINCUT)
+
+
+def check_option(name: str) -> None:
+    """Fail (SpecError) unless ``name`` is one of ckplan's selective options."""
+    if name not in OPTIONS:
+        raise SpecError(f"unknown selective option {name!r}",
+                        tip=f"use one of: {', '.join(OPTIONS)} (or 'store')")
+
+
+def compiled_only(name: str) -> SpecError:
+    """The error for a compiled-only option (``mincut-*``) asked of an eager layer."""
+    return SpecError(f"selective option {name!r} runs only in compiled chain layers (torch.compile's "
+                     "partitioner does the recompute)",
+                     tip="compile the chain layers (ckplan bench --compile, or ckplan.compiled_layers "
+                         "before apply_plan), or plan without --compile")
 
 
 def _save_if_in(ops: frozenset, ctx, op, *args, **kwargs):
@@ -74,6 +107,8 @@ _POLICY_FN = {
 
 def policy_fn(name: str):
     """The SAC policy function of option ``name``."""
+    if name in MINCUT:
+        raise compiled_only(name)
     try:
         return _POLICY_FN[name]
     except KeyError:

@@ -66,11 +66,16 @@ def test_selective_options_on_compiled_layers_keep_eager_gradients():
         ([(0, 1)], ["store", "sac-linear", "sac-linear", "sac-compute"]),
         ([(0, 4), (1, 3)], ["sac-linear", "store", "sac-attn", "sac-compute"]),  # nested, options inside
         ([(0, 2), (2, 4)], ["sac-compute", "sac-compute", "sac-linear", "store"]),
+        # torch.compile's own partitioner at a budget per layer (mincut-*), beside SAC and inside
+        # one- and multi-layer checkpoints
+        ([], ["mincut-50", "mincut-20", "sac-attn", "mincut-20"]),
+        ([(0, 4), (1, 3)], ["mincut-20", "mincut-50", "store", "mincut-50"]),
+        ([(2, 3)], ["mincut-50", "mincut-20", "store", "mincut-20"]),
     ]
     model, layers = _compiled_plans_match_eager(
         [((ranges, options), Plan("custom", 4, items_from_ranges(4, ranges), {}).with_options(options))
          for ranges, options in cases])
-    assert layers.graphs <= 4  # store and three options, each compiled once for the four blocks
+    assert layers.graphs <= 6  # store and five options, each compiled once for the four blocks
     assert all("forward" not in b.__dict__ for b in model.blocks)
 
 
@@ -106,12 +111,16 @@ def test_compiled_profile_measures_compiled_options():
     x = torch.randint(0, 97, (4, 64))
     prof = profile_model(model, (x,), {"labels": x}, name="t", chain="blocks", device="cpu",
                          repeats=1, warmup=0, options=True, compile=True)
-    assert prof.compiled and prof.option_names == ("sac-compute", "sac-linear", "sac-attn")
+    assert prof.compiled
+    assert prof.option_names == ("sac-compute", "sac-linear", "sac-attn", "mincut-50", "mincut-20")
     rows = prof.chain_layers
     for r in rows:
         assert [o.name for o in r.options] == list(prof.option_names)
         lin = r.option("sac-linear")
         assert r.output_bytes <= lin.saved_bytes < r.saved_bytes
+        # the partitioner's budget is a share of what the compiled layer saves by default
+        half, fifth = r.option("mincut-50"), r.option("mincut-20")
+        assert r.output_bytes <= fifth.saved_bytes < half.saved_bytes < r.saved_bytes
         for o in r.options:
             assert 0.0 <= o.recompute_ms <= r.fwd_ms + 1e-9 and o.recompute_flops == 0
     for name in prof.option_names:
@@ -188,3 +197,20 @@ def test_compiled_layers_refused_where_inductor_cannot_run(monkeypatch):
     model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
     with pytest.raises(UsageError, match="no C\\+\\+ compiler"):
         compiled_layers(model)
+
+
+def test_mincut_options_need_compiled_layers(tiny_gpt_spec, tmp_path):
+    """mincut-* options are torch.compile's partitioner: refused on eager layers with a message
+    that says so, in the API's option list and when a plan with one is applied."""
+    from ckplan.errors import SpecError
+    assert api.option_names(True) == ("sac-compute", "sac-linear", "sac-attn")
+    assert api.option_names(True, compile=True)[-2:] == ("mincut-50", "mincut-20")
+    with pytest.raises(UsageError, match="needs compiled chain layers"):
+        api.option_names(["sac-linear", "mincut-50"])
+    with pytest.raises(UsageError, match="unknown selective option 'mincut-30'"):
+        api.option_names(["mincut-30"], compile=True)
+    model = build_gpt(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    plan = Plan("custom", 2, items_from_ranges(2, []), {}).with_options(["mincut-50", "store"])
+    with pytest.raises(SpecError, match="runs only in compiled chain layers"):
+        apply_plan(model, plan, chain="blocks")
+    assert all("forward" not in b.__dict__ for b in model.blocks)  # nothing was touched
