@@ -79,6 +79,12 @@ MINCUT_DOC: dict[str, str] = {
 OPTIONS: tuple[str, ...] = POLICIES + tuple(MINCUT)
 
 
+def mincut_available() -> bool:
+    """Whether this torch's partitioner takes an activation memory budget (the mincut-* options)."""
+    import torch._functorch.config as functorch_config
+    return hasattr(functorch_config, "activation_memory_budget")
+
+
 def check_option(name: str) -> None:
     """Fail (SpecError) unless ``name`` is one of ckplan's selective options."""
     if name not in OPTIONS:
