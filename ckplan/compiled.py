@@ -20,8 +20,8 @@ In your own loop::
 Selective options (ckplan.sac) run compiled too. A ``mincut-*`` option runs the layer's forward
 compiled on its own (one function per option) under ``torch._functorch.config.activation_memory_budget``
 set to the option's budget, so AOTAutograd's min-cut partitioner chooses what the layer saves and
-recomputes, as ``torch.compile`` with a budget does for a whole model. A SAC option runs a layer stored with option P runs
-``torch.compile`` of ``checkpoint(forward, context_fn=P's SAC contexts)``, which Dynamo traces as
+recomputes, as ``torch.compile`` with a budget does for a whole model. A layer stored with SAC
+option P runs ``torch.compile`` of ``checkpoint(forward, context_fn=P's SAC contexts)``, which Dynamo traces as
 one region whose ops carry P's save/recompute tags; AOTAutograd's partitioner then saves the ops P
 keeps and recomputes the others inside the compiled backward. (Eager SAC around a compiled forward
 would not do: SAC runs the layer under a TorchDispatchMode, and ``torch.compile`` runs a frame
