@@ -214,3 +214,30 @@ def test_mincut_options_need_compiled_layers(tiny_gpt_spec, tmp_path):
     with pytest.raises(SpecError, match="runs only in compiled chain layers"):
         apply_plan(model, plan, chain="blocks")
     assert all("forward" not in b.__dict__ for b in model.blocks)  # nothing was touched
+
+
+@needs_inductor
+@pytest.mark.slow
+def test_mincut_options_on_compiled_hf_layers_keep_eager_gradients():
+    """A Hugging Face Qwen2 (alternating full / sliding-window attention, attention dropout on) with
+    its decoder layers compiled: plans with mincut-* and SAC options, at the top level and inside
+    one- and multi-layer checkpoints, give the eager model's loss and gradients without checkpoints."""
+    pytest.importorskip("transformers")
+    import ckmodels
+    model = ckmodels.hf_alternating("qwen2", 4, dropout=0.1)
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(3))
+    kwargs = {"input_ids": ids, "labels": ids}
+    ref_loss, ref = ckmodels.step_with_plan(model, (), kwargs, None)
+    scale = max(g.abs().max().item() for g in ref.values())
+    layers = CompiledLayers(list(model.model.layers))
+    cases = [([], ["mincut-50", "mincut-20", "sac-compute", "store"]),
+             ([(1, 3)], ["mincut-20", "mincut-50", "store", "mincut-50"]),
+             ([(0, 4), (2, 4)], ["mincut-50", "store", "mincut-20", "sac-linear"])]
+    for ranges, options in cases:
+        plan = Plan("custom", 4, items_from_ranges(4, ranges), {}).with_options(options)
+        with layers:
+            loss, got = ckmodels.step_with_plan(model, (), kwargs, plan)
+        assert loss == pytest.approx(ref_loss, rel=1e-6), (ranges, options)
+        diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
+        assert diff <= 1e-5 * scale, (ranges, options, diff)
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
