@@ -144,9 +144,9 @@ def option_names(options: bool | Sequence[str] | None, *, compile: bool = False)
     themselves (checked; min-cut ones only with ``compile``)."""
     if options is None or options is False:
         return ()
-    from .sac import MINCUT, OPTIONS, POLICIES, mincut_available
+    from .sac import MINCUT, OPTIONS, POLICIES
     if options is True:
-        return POLICIES + (tuple(MINCUT) if compile and mincut_available() else ())
+        return POLICIES + (tuple(MINCUT) if compile else ())
     if isinstance(options, str):
         options = [options]
     names = tuple(dict.fromkeys(str(o) for o in options))
@@ -157,9 +157,6 @@ def option_names(options: bool | Sequence[str] | None, *, compile: bool = False)
     if eager:
         raise UsageError(f"selective option {eager[0]!r} needs compiled chain layers",
                          tip="add --compile (compile=True), or choose from: " + ", ".join(POLICIES))
-    if any(o in MINCUT for o in names) and not mincut_available():
-        raise UsageError("the mincut-* options need torch._functorch.config.activation_memory_budget, "
-                         "which this torch does not have", tip="upgrade torch, or choose from: " + ", ".join(POLICIES))
     return names
 
 

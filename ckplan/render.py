@@ -46,7 +46,8 @@ def _width_limit(console: Console, wide: bool) -> int | None:
 
 
 def _cell_len(text: str) -> int:
-    return Text.from_markup(text).cell_len
+    """Width of a cell: its longest line."""
+    return max(Text.from_markup(line).cell_len for line in text.split("\n"))
 
 
 def _print_table(console: Console, cols: list[_Col], rows: list[list[str]], wide: bool, **table_kw) -> None:
@@ -155,16 +156,26 @@ def options_table(prof: Profile, *, wide: bool = False, console: Console | None 
     kept = _kept_options(prof)
     cols = [_Col("#"), _Col("layer", 2, left=True, fold=True), _Col("store"), _Col("full", 1)]
     cols += [_Col(n) for n in names]
-    rows = []
-    for r in prof.chain_layers:
-        row = [str(r.index), escape(r.name), format_bytes(max(r.saved_bytes, r.output_bytes)),
-               f"{format_bytes(r.output_bytes)} +{format_ms(r.fwd_ms if r.recompute_ms is None else r.recompute_ms)}"]
-        for n in names:
-            o = r.option(n)
-            row.append("-" if o is None else
-                       f"{format_bytes(max(o.saved_bytes, r.output_bytes))} +{format_ms(o.recompute_ms)}"
-                       + ("" if kept is None or n in kept[r.index] else "*"))
-        rows.append(row)
+    def table(sep: str) -> list[list[str]]:
+        rows = []
+        for r in prof.chain_layers:
+            row = [str(r.index), escape(r.name), format_bytes(max(r.saved_bytes, r.output_bytes)),
+                   f"{format_bytes(r.output_bytes)}{sep}+"
+                   f"{format_ms(r.fwd_ms if r.recompute_ms is None else r.recompute_ms)}"]
+            for n in names:
+                o = r.option(n)
+                row.append("-" if o is None else
+                           f"{format_bytes(max(o.saved_bytes, r.output_bytes))}{sep}+{format_ms(o.recompute_ms)}"
+                           + ("" if kept is None or n in kept[r.index] else "*"))
+            rows.append(row)
+        return rows
+
+    rows = table(" ")
+    limit = _width_limit(out, wide)
+    essential = [i for i, c in enumerate(cols) if c.rank == 0]
+    if limit is not None and 1 + sum(max(_cell_len(cols[i].header), *(_cell_len(r[i]) for r in rows)) + 3
+                                     for i in essential) > limit:
+        rows = table("\n")  # too wide for the terminal: bytes over the time in each cell
     _print_table(out, cols, rows, wide, title="selective options: kept for backward +forward redone")
     if kept is not None and any(o.name not in kept[r.index] for r in prof.chain_layers for o in r.options):
         from .planner.calibrate import TIE_BYTES, TIE_FWD

@@ -73,16 +73,7 @@ POLICY_DOC: dict[str, str] = {
 POLICIES: tuple[str, ...] = tuple(POLICY_DOC)
 # Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
 MINCUT: dict[str, float] = {"mincut-50": 0.5, "mincut-20": 0.2}
-MINCUT_DOC: dict[str, str] = {
-    name: f"compiled only: torch.compile's min-cut partitioner at activation_memory_budget {b}"
-    for name, b in MINCUT.items()}
 OPTIONS: tuple[str, ...] = POLICIES + tuple(MINCUT)
-
-
-def mincut_available() -> bool:
-    """Whether this torch's partitioner takes an activation memory budget (the mincut-* options)."""
-    import torch._functorch.config as functorch_config
-    return hasattr(functorch_config, "activation_memory_budget")
 
 
 def check_option(name: str) -> None:

@@ -241,6 +241,33 @@ def test_cli_profile_options_table_and_json(tiny_gpt_spec, tmp_path):
     assert max(len(line) for line in out.stdout.splitlines() if line.startswith(("┃", "│"))) <= 80
 
 
+def test_options_table_with_five_options_fits_80_columns(tiny_gpt_spec, tmp_path):
+    """Compiled profiles have five options: on an 80-column terminal each cell puts the bytes over
+    the time instead of running off the edge; every value is still there, and --wide keeps one line."""
+    from rich.console import Console
+
+    from ckplan.render import options_table
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path)), device="meta", options=True)
+    more = [dataclasses.replace(r, options=tuple(  # measured-looking times: "+12.3 ms" in each cell
+        dataclasses.replace(o, recompute_ms=12.345 + i) for i, o in enumerate(r.options + tuple(
+            dataclasses.replace(o, name=f"mincut-{k}") for k, o in zip((50, 20), r.options)))))
+        if r.role == "chain" else r for r in prof.layers]
+    prof = dataclasses.replace(prof, layers=tuple(more))
+    assert len(prof.option_names) == 5
+    narrow = Console(width=80, record=True, color_system=None)
+    options_table(prof, console=narrow)
+    text = narrow.export_text()
+    assert max(len(line) for line in text.splitlines() if line.startswith(("┃", "│", "┏", "└"))) <= 80
+    from ckplan.units import format_bytes
+    assert "…" not in text  # no value cut short
+    r = prof.chain_layers[0]
+    assert format_bytes(max(r.saved_bytes, r.output_bytes)) in text and "+16.3 ms" in text
+    wide = Console(width=80, record=True, color_system=None)
+    options_table(prof, console=wide, wide=True)
+    rows = [line for line in wide.export_text().splitlines() if line.startswith("│")]
+    assert len(rows) == len(prof.chain_layers) and max(len(line) for line in rows) > 80
+
+
 @pytest.mark.parametrize("bad", [["nope"], ["sac-compute", "store"]])
 def test_unknown_option_is_a_usage_error(bad):
     from ckplan.errors import UsageError
