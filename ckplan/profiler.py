@@ -204,7 +204,10 @@ class _Instrument:
     def _post_hook(self, i: int):
         def hook(module, args, kwargs, out):
             if self.attribute_on_pack and not self.paused:
-                self._not_made_here(out, i)  # saved later (by the next stage) is not made there
+                # made here: saved later (by the next stage), it is this layer's, as the eager
+                # pass counts a tensor in the window that allocated it
+                for st in storages_of(out):
+                    self._first_seen(st, ("F", i))
             if self.track_saved and not self.paused:
                 for st in storages_of(out):
                     self.chain_made.setdefault(id(st), i)

@@ -124,7 +124,11 @@ def test_compiled_profile_measures_compiled_options():
         for o in r.options:
             assert 0.0 <= o.recompute_ms <= r.fwd_ms + 1e-9 and o.recompute_flops == 0
     for name in prof.option_names:
-        assert len({r.option(name).saved_bytes for r in rows[1:]}) == 1, name
+        # blocks followed by a block are identical; the last one's output is saved by the final
+        # norm (post), and a tensor saved later is counted where it was made, as in the eager pass
+        assert len({r.option(name).saved_bytes for r in rows[:-1]}) == 1, name
+        extra = rows[-1].option(name).saved_bytes - rows[0].option(name).saved_bytes
+        assert extra in (0, rows[-1].output_bytes), (name, extra)
     chain = chain_from_profile(prof)
     assert chain.has_options
 
@@ -164,6 +168,11 @@ def test_bench_compile_rows_predicted_and_exact(tiny_gpt_spec, tmp_path):
             assert r.predicted_peak_bytes is None and "ran eagerly" in r.message, r
             continue
         assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= 0.05 * r.measured_peak_bytes, r
+    # What none holds for backward, predicted from the compiled layers' saved bytes: a layer's output
+    # saved by the next stage is counted (it was left out before, one output per layer low)
+    none = next(r for r in res.rows if r.strategy == "none")
+    held, predicted = none.measured_activation_bytes, none.predicted_activation_bytes
+    assert abs(held - predicted) <= 0.01 * held
     cross = next(n for n in res.notes if n.startswith("--compile: none with compiled layers against none eager"))
     diff = float(cross.split("max |grad difference| ")[1].split()[0])
     assert diff < 1e-5
