@@ -328,7 +328,8 @@ def profile_problem(data: Any) -> str | None:
         if not isinstance(row, dict):
             return f"layers[{i}] is not an object"
         # Older profiles have no options and no recompute_ms.
-        missing = [k for k in kinds if k not in row and k not in ("options", "recompute_ms")]
+        missing = [k for k in kinds if k not in row
+                   and k not in ("options", "recompute_ms", "output_kept")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -348,6 +349,8 @@ def profile_problem(data: Any) -> str | None:
                    or _options_problem(f"layers[{i}].options", row.get("options", [])))
         if problem:
             return problem
+        if row.get("output_kept") not in (None, True, False):
+            return f"layers[{i}].output_kept must be true, false or null, got {row['output_kept']!r}"
     if not isinstance(totals, dict):
         return "totals is not an object"
     for f in fields(Totals):

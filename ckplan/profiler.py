@@ -135,6 +135,10 @@ class _Instrument:
     side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
     chain_made: dict[int, int] = field(default_factory=dict)  # storage -> the chain layer it left
     side_inputs: tuple[SideInput, ...] = ()
+    # Each boundary's storage (stage -1: the chain input; i: layer i's output), in the measured
+    # pass, and whether the plain forward keeps it (``StageRecord.output_kept``).
+    out_storage: dict[int, weakref.ref] = field(default_factory=dict)
+    kept_at_end: dict[int, bool | None] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -193,6 +197,8 @@ class _Instrument:
                 self._note_side_inputs(i, args, kwargs)
             if i == 0:
                 x = first_tensor((args, kwargs))
+                if x is not None and self.track_saved and not self.paused:
+                    self.out_storage[-1] = weakref.ref(x.untyped_storage())
                 if x is not None:
                     self.x_in_bytes = unique_storage_bytes(x)
                     self.x_in_requires_grad = x.requires_grad
@@ -212,6 +218,8 @@ class _Instrument:
                 for st in storages_of(out):
                     self.chain_made.setdefault(id(st), i)
             y = first_tensor(out)
+            if y is not None and self.track_saved and not self.paused:
+                self.out_storage[i] = weakref.ref(y.untyped_storage())
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
                 if y.requires_grad:
@@ -258,6 +266,7 @@ class _Instrument:
         self.marks.clear()
         self.side_seen.clear()
         self.chain_made.clear()
+        self.out_storage.clear()
         self.mark("F", -1)
         if self.track_saved:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
@@ -269,6 +278,7 @@ class _Instrument:
             self.side_inputs = self._dead_side_inputs()
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
         self.live_at_end = self._live_by_stage() if self.track_saved else {}
+        self.kept_at_end = self._kept_boundaries() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
         return loss.detach()
@@ -281,6 +291,35 @@ class _Instrument:
             if st is None or window is None or window[0] != "F":
                 continue  # freed already, or not made during this forward (inputs, buffers)
             out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def _kept_boundaries(self) -> dict[int, bool | None]:
+        """Per boundary (-1: the chain input, i: layer i's output) whether the forward keeps it
+        for backward: some op saved its storage and it is alive. None where that does not say
+        what a plan keeps (the storage was made outside the stage that returned it: an in-place
+        or pass-through layer), or it is alive without being saved (referenced elsewhere). The
+        chain input made before the forward (the batch itself) is kept: persistent memory."""
+        out: dict[int, bool | None] = {}
+        for i, ref in self.out_storage.items():
+            st = ref()
+            if st is None:  # freed already: nothing kept it
+                out[i] = False
+                continue
+            k = id(st)
+            made = self.alloc_window.get(k)
+            if i == -1 and made is None:
+                out[i] = True  # the batch (or a buffer): alive for the whole step anyway
+                continue
+            if made != ("F", i):
+                out[i] = None
+                continue
+            ref_saved = self.saved.get(k)
+            if ref_saved is not None and ref_saved() is st:
+                out[i] = True
+            else:
+                tracker = self.meter.tracker if self.meter is not None else None
+                live = tracker.live_storages() if tracker is not None else {}
+                out[i] = None if k in live else False
         return out
 
     def _live_by_stage(self) -> dict[int, int]:
@@ -404,6 +443,13 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     rows = _with_options(rows, measured, option_passes, meta)
     notes: tuple[str, ...] = (step.sdpa_note,) if step.sdpa_note else ()
     notes += tuple(option_notes)
+    unkept = [r for r in rows if r.output_kept is False]
+    if unkept:
+        names = ", ".join("the chain input" if r.index < 0 else f"layer {r.index}" for r in unkept[:8])
+        more = f" and {len(unkept) - 8} more" if len(unkept) > 8 else ""
+        notes += (f"outputs no op saves (freed once the next stage has run; a checkpoint starting "
+                  f"there keeps them): {names}{more}; their saved bytes leave them out "
+                  "(README: memory model)",)
     if kept.active:
         notes += (KEPT_MEMORY_NOTE,)
     if compiled is not None:
@@ -525,6 +571,7 @@ class _MeasuredPass:
     # every storage a stage's forward made that is alive when the forward ends (saved or not)
     live_at_end: dict[int, int] = field(default_factory=dict)
     side_inputs: tuple[SideInput, ...] = ()
+    kept: dict[int, bool | None] = field(default_factory=dict)  # StageRecord.output_kept per stage
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -565,7 +612,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
-        live_at_end=inst.live_at_end, side_inputs=inst.side_inputs)
+        live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end))
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 
@@ -647,8 +694,10 @@ def _compiled_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], m
         w["flops"] = eager.windows.get(key, {}).get("flops", 0)
     for s in (-1, inst.n):
         saved[s] = eager.saved.get(s, 0)
+    # (what a compiled layer's graph saves of its input is not attributed here: boundaries are
+    # taken as kept, output_kept None)
     return replace(eager, windows=windows, peak=max(m.peak for m in inst.marks), saved=saved,
-                   live_at_end={})
+                   live_at_end={}, kept={})
 
 
 class _GlobalOnly:
@@ -935,6 +984,7 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             bwd_peak_bytes=bw["peak"] if bw else 0,
             cast_bytes=measured.cast_bytes.get(s, 0),
             recompute_ms=recompute.get(s),
+            output_kept=measured.kept.get(s) if role != POST else None,
         ))
     return tuple(rows)
 

@@ -100,6 +100,12 @@ class StageRecord:
     # forward windows times the factor a step with every layer checkpointed showed; see
     # ckplan.profiler); None on meta, for pre/post and in older profiles: fwd_ms is used.
     recompute_ms: float | None = None
+    # Whether the plain forward keeps ``output_bytes`` until the backward: some op saved it (this
+    # stage or the next; for pre, also when the chain input is the batch itself). False: nothing
+    # saved it (a Linear's output read only by a ReLU, which saves its own output), so
+    # ``saved_bytes`` leaves it out and only a checkpoint starting at the next layer keeps it.
+    # None: not measured (older profiles, compiled or meta passes' own rules): taken as kept.
+    output_kept: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -45,13 +45,14 @@ def chain_from_profile(profile: Profile) -> Chain:
         return 0 if accum else r.grad_bytes
 
     pre_r, post_r = profile.pre, profile.post
-    layers = tuple(Layer(r.name, fwd, bwd, r.output_bytes,
-                         max(r.saved_bytes, r.output_bytes), 0, 0, grad(r), r.fwd_flops, r.bwd_flops,
-                         r.cast_bytes, tail_ms=tail)
+    layers = tuple(Layer(r.name, fwd, bwd, r.output_bytes, _kept_bytes(r), 0, 0, grad(r),
+                         r.fwd_flops, r.bwd_flops, r.cast_bytes, tail_ms=tail,
+                         x_kept=r.output_kept is not False)
                    for r, (fwd, bwd, tail) in ((r, _layer_ms(r)) for r in rows))
     chain = Chain(
         layers=layers,
-        pre=Pre(max(pre_r.saved_bytes, pre_r.output_bytes), 0, 0, grad(pre_r), pre_r.fwd_ms, pre_r.bwd_ms),
+        pre=Pre(_kept_bytes(pre_r), 0, 0, grad(pre_r), pre_r.fwd_ms, pre_r.bwd_ms,
+                x_kept=pre_r.output_kept is not False),
         post=Post(max(post_r.saved_bytes, post_r.output_bytes), 0, 0, grad(post_r),
                   post_r.fwd_ms, post_r.bwd_ms),
         x_in_bytes=pre_r.output_bytes,
@@ -69,6 +70,16 @@ def chain_from_profile(profile: Profile) -> Chain:
         side_inputs=profile.side_inputs,
     )
     return on_time_grid(with_options(calibrate(chain, profile), profile))
+
+
+def _kept_bytes(r: StageRecord) -> int:
+    """What a stored stage keeps (``xbar``; pre's ``retained``): its saved bytes, which hold its
+    output when some op saved it (``output_kept``; for pre, a chain input that is the batch is in
+    the persistent bytes instead). Not measured (older profiles, compiled layers): taken as kept,
+    at least the output (rotor's model)."""
+    if r.output_kept is None:
+        return max(r.saved_bytes, r.output_bytes)
+    return r.saved_bytes
 
 
 def time_grid_ms(chain: Chain) -> float:

@@ -70,6 +70,11 @@ class Layer:
     # last layer's final ops (GPT-2's c_proj matmul: its input is saved before it runs) are
     # skipped. A checkpoint [s, j) recomputes fwd(s..j-1) - tail(j-1); 0 <= tail <= fwd.
     tail_ms: float = 0.0
+    # Whether the plain forward keeps the output for backward (this layer or the next one saves
+    # it). False: no op saves it (a Linear followed by a ReLU, which saves its own output; Cohere's
+    # LayerNorm, which saves x - mean), so ``xbar_bytes`` leaves it out, it is freed once the next
+    # stage has run, and only a checkpoint starting right after keeps it (as its input).
+    x_kept: bool = True
 
     def option(self, name: str) -> Layer:
         """This layer as the simulator sees it when stored with option ``name``."""
@@ -78,7 +83,7 @@ class Layer:
         for o in self.options:
             if o.name == name:
                 return replace(self, xbar_bytes=o.xbar_bytes, fwd_tmp_bytes=o.fwd_tmp_bytes,
-                               bwd_tmp_bytes=o.bwd_tmp_bytes, options=())
+                               bwd_tmp_bytes=o.bwd_tmp_bytes, options=(), x_kept=True)
         known = ", ".join([STORE, *(o.name for o in self.options)])
         raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
 
@@ -94,7 +99,9 @@ class Layer:
 
 @dataclass(frozen=True)
 class Pre:
-    """Everything before the chain; its ``retained_bytes`` include the chain input."""
+    """Everything before the chain; its ``retained_bytes`` include the chain input when
+    ``x_kept`` (it is saved for backward, or it is the batch itself, in ``persistent_bytes``);
+    otherwise, as for :attr:`Layer.x_kept`, only a checkpoint starting at layer 0 keeps it."""
 
     retained_bytes: int
     fwd_tmp_bytes: int = 0
@@ -102,6 +109,7 @@ class Pre:
     grad_bytes: int = 0
     fwd_ms: float = 0.0
     bwd_ms: float = 0.0
+    x_kept: bool = True
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,7 @@ class Chain:
                      ly.cast_bytes)
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
-            if ly.xbar_bytes < ly.x_bytes:
+            if ly.x_kept and ly.xbar_bytes < ly.x_bytes:
                 raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes}")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
@@ -196,6 +204,32 @@ class Chain:
     @property
     def side_bytes(self) -> int:
         return sum(si.bytes for si in self.side_inputs)
+
+    @property
+    def all_kept(self) -> bool:
+        """Whether every boundary tensor (the chain input and each layer's output) is kept by the
+        plain forward: the DP tables' model (rotor's: a stored layer keeps its output)."""
+        return self.pre.x_kept and all(ly.x_kept for ly in self.layers)
+
+    def input_hold(self, s: int) -> int:
+        """Bytes a checkpoint starting at layer ``s`` keeps beyond the plain forward when the item
+        before it is ``Store(s - 1)`` (pre for ``s = 0``): its input, when no op saves it."""
+        if s == 0:
+            return 0 if self.pre.x_kept else self.x_in_bytes
+        ly = self.layers[s - 1]
+        return 0 if ly.x_kept else ly.x_bytes
+
+    def conservative(self) -> Chain:
+        """The chain with every boundary kept (``xbar`` plus the output where it was not): its
+        plans peak no lower than on this chain, op by op, so a plan the DP fits to a budget on it
+        fits here too. What the DP plans on when :attr:`all_kept` is False (``dp.plan_dp``)."""
+        if self.all_kept:
+            return self
+        pre = self.pre if self.pre.x_kept else replace(
+            self.pre, retained_bytes=self.pre.retained_bytes + self.x_in_bytes, x_kept=True)
+        return replace(self, pre=pre, layers=tuple(
+            ly if ly.x_kept else replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True)
+            for ly in self.layers))
 
     def without_options(self) -> Chain:
         """The same chain with only ``store`` and ``full`` for every layer."""

@@ -103,7 +103,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -200,7 +200,11 @@ def cast_frontier(chain: Chain) -> CastFrontier:
 def min_peak(chain: Chain) -> int:
     """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit,
     selective options included; with autocast copies, the top-level frontiers of ``casts.py``,
-    without options)."""
+    without options). When some boundary is not kept by the plain forward (``Chain.all_kept``
+    False), the peak of the smallest-peak plan of ``chain.conservative()`` (see :func:`plan_dp`):
+    a peak a plan reaches, which the true smallest may undercut by at most those boundaries."""
+    if not chain.all_kept:
+        return min(simulate(chain, p).peak_bytes for p in _unkept_low_plans(chain))
     if chain.has_casts:
         lowest = cast_frontier(chain).min_peak()
         return simulate(chain, plan_none(chain.n_layers)).peak_bytes if lowest is None else lowest
@@ -213,6 +217,18 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     that), storing wherever the slack allows, with selective options where the chain has
     them (not with autocast copies); exact, but not least-recompute."""
     n = chain.n_layers
+    if not chain.all_kept:  # planned with every boundary kept: peaks no lower than here
+        scored = [(simulate(chain, p), p) for p in _unkept_low_plans(chain)]
+        cons = chain.conservative()
+        if budget_bytes is not None and budget_bytes >= min_peak(cons):
+            p = min_peak_plan(cons, budget_bytes)
+            scored.append((simulate(chain, p), p))
+        fit: list[tuple[float, float, int]] = [
+            (sc.recompute_ms, sc.peak_bytes, i) for i, (sc, _) in enumerate(scored)
+            if budget_bytes is not None and sc.peak_bytes <= budget_bytes]
+        if not fit:  # no budget (or below every candidate): the lowest peak
+            fit = [(sc.peak_bytes, sc.recompute_ms, i) for i, (sc, _) in enumerate(scored)]
+        return replace(scored[min(fit)[2]][1], params={"budget_bytes": budget_bytes, "min_peak": True})
     params = {"budget_bytes": budget_bytes, "min_peak": True}
     base = base_bytes(chain)
     if chain.has_casts:
@@ -547,6 +563,9 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items,
                     {"budget_bytes": budget_bytes})
         return DPResult(plan, 1, 0, True, chain.n_layers + 1, ("the plan without checkpointing fits",))
+    if not chain.all_kept:
+        return _plan_dp_unkept(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
+                               rounding=rounding)
     # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
     solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding,
                       top_bytes=max(budget_bytes, min(min_peak(chain), none_peak)),
@@ -574,6 +593,72 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
                      "exactly but may recompute slightly more than the optimum")
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
+
+
+# Budgets above the asked one (and above the bound's smallest peak) at which the tables of a
+# chain with unkept boundaries are read (``_plan_dp_unkept``, ``_unkept_low_plans``).
+UNKEPT_STEPS = 8
+
+
+def _unkept_extra(chain: Chain) -> int:
+    """The most ``chain.conservative()`` overstates a peak: every boundary no op keeps."""
+    return (0 if chain.pre.x_kept else chain.x_in_bytes) + sum(
+        ly.x_bytes for ly in chain.layers if not ly.x_kept)
+
+
+def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
+    """Plans of the tables on ``chain.conservative()`` at ``UNKEPT_STEPS + 1`` budgets from
+    ``start`` (at least the bound's smallest peak) up to ``start`` + the unkept boundaries."""
+    cons = chain.conservative()
+    n = chain.n_layers
+    lo_c, none_c = min_peak(cons), simulate(cons, plan_none(n)).peak_bytes
+    extra = _unkept_extra(chain)
+    first = max(start, lo_c)
+    budgets = sorted({min(none_c - 1, first + extra * j // UNKEPT_STEPS) for j in range(UNKEPT_STEPS + 1)})
+    budgets = [b for b in budgets if b >= lo_c]
+    plans = [min_peak_plan(cons, b) for b in budgets] if first == lo_c else []
+    if first + extra >= none_c:
+        plans.append(plan_none(n))
+    if budgets:
+        solver = DPSolver(cons, top_bytes=budgets[-1], lowest_bytes=budgets[0], **dp_options)
+        plans += [p for p in map(solver.solve, budgets) if p is not None]
+    return plans
+
+
+@lru_cache(maxsize=16)
+def _unkept_low_plans(chain: Chain) -> tuple[Plan, ...]:
+    """Candidates for the smallest peak of a chain with unkept boundaries: the bound's plans
+    from its smallest peak up to that plus the boundaries it overstates (``min_peak`` is the
+    lowest of their peaks on ``chain``)."""
+    return tuple(_unkept_plans(chain, 0))
+
+
+def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
+    """``plan_dp`` on a chain with boundaries the plain forward does not keep (``Layer.x_kept``).
+
+    The tables model rotor's chain, where a stored layer keeps its output. They plan on
+    ``chain.conservative()`` (every such output kept), whose plans peak no lower, op by op, than
+    on ``chain``, so each fits here too; since the bound overstates by at most the unkept
+    boundaries, its tables are read at ``UNKEPT_STEPS + 1`` budgets from the asked one up to that
+    much higher (and near its own smallest peak), and the cheapest of those plans whose peak on
+    ``chain`` fits is returned. Never over budget; not proven optimal."""
+    n = chain.n_layers
+    lowest = min_peak(chain)
+    if budget_bytes < lowest:
+        raise infeasible_error(chain, budget_bytes, lowest)
+    cands = list(_unkept_low_plans(chain)) + _unkept_plans(chain, budget_bytes, **dp_options)
+    scored = [(simulate(chain, p), p) for p in cands]
+    fit = [(sc.recompute_ms, sc.peak_bytes, i) for i, (sc, _) in enumerate(scored)
+           if sc.peak_bytes <= budget_bytes]
+    if not fit:  # pragma: no cover - the plan reaching min_peak is among them
+        raise RuntimeError(f"dp found no plan at budget {budget_bytes} above the smallest peak "
+                           f"{lowest}: planner bug")
+    plan = Plan("dp", n, scored[min(fit)[2]][1].items, {"budget_bytes": budget_bytes})
+    unkept = sum(not ly.x_kept for ly in chain.layers)
+    note = (f"{'the chain input and ' if not chain.pre.x_kept else ''}{unkept} layer output(s) are "
+            "not kept by the plain forward (no op saves them): planned on a bound that keeps them, "
+            f"the cheapest of {len(cands)} plans that fits the budget as measured")
+    return DPResult(plan, 1, 0, False, n + 1, (note,))
 
 
 # ---- Local improvement near the smallest peak ---------------------------------------------

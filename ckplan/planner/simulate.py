@@ -29,6 +29,14 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
+* boundaries no op keeps (``Layer.x_kept`` / ``Pre.x_kept`` False: a Linear's output that only a
+  ReLU reads, which saves its own output instead): ``xbar`` leaves the output out, so a stored
+  layer frees it once the next stage has run (inside the next forward's measured transient). A
+  checkpoint starting right after such a stored layer (or at layer 0 after such a pre), or a layer
+  stored there with a selective option (its own SAC checkpoint), keeps it as its input: ``hold``
+  adds it before that item's forward, ``unhold`` frees it after its backward. A checkpoint's own
+  boundary ``x[t-1]`` of that kind is freed once read (``release``) when a layer stored with
+  ``store`` (or post) comes next.
 * side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers, or a
   chain layer for layers after the next one): live from pre's forward; freed when the chain's
   forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
@@ -48,7 +56,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .chain import Chain
-from .plan import STORE, Item, Plan, Store
+from .plan import STORE, Checkpoint, Item, Plan, Store
 
 PRE, OPT = -1, None
 
@@ -123,6 +131,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
+    released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
     stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
@@ -133,7 +142,11 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
         if kind == "fwd":
             _, seq, ctx = task
             again = ctx is not None
-            for it in seq:
+            for idx, it in enumerate(seq):
+                hold = _input_hold(chain, seq, idx, ctx)
+                if hold:  # its input, which no op of the plain forward keeps
+                    mem += hold
+                    op("hold", _span(it)[0] - 1, _span(it), again, mem, 0, mem)
                 if isinstance(it, Store):
                     ly = L[it.layer] if it.option == STORE else L[it.layer].option(it.option)
                     live = mem + ly.xbar_bytes
@@ -152,6 +165,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         mem = after
                         if again:
                             recompute_ms += ly.fwd_ms
+                    if _boundary_released(chain, seq, idx, ctx):
+                        mem -= L[it.stop - 1].x_bytes  # read by the next stage, saved by none
+                        op("release", it.stop - 1, (it.start, it.stop), again, mem, 0, mem)
             if again and seq and isinstance(seq[-1], Store):
                 # the recompute stops once the last saved tensor is back: the last layer's tail
                 # is not redone (a sequence ending in a checkpoint does not get this)
@@ -159,9 +175,18 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
         elif kind == "bwd":
             _, seq, ctx = task
             for idx, it in enumerate(seq):
+                if isinstance(it, Checkpoint):
+                    released[id(it)] = _boundary_released(chain, seq, idx, ctx)
                 if ctx is None and side_held.get(idx):
                     stack.append(("side", idx))  # after this item's whole backward
+                hold = _input_hold(chain, seq, idx, ctx)
+                if hold:
+                    stack.append(("unhold", hold, it))  # after its backward: the input is done
                 stack.append(("bwd1", it, ctx))
+        elif kind == "unhold":
+            _, hold, it = task
+            mem -= hold
+            op("unhold", _span(it)[0] - 1, _span(it), False, mem, 0, mem)
         elif kind == "side":
             mem -= side_held[task[1]]
             op("side", None, None, False, mem, 0, mem)
@@ -179,8 +204,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 mem = after
             else:
                 inner_ctx = (it.start, it.stop)
-                mem -= L[it.stop - 1].x_bytes
-                op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
+                if not released.get(id(it)):
+                    mem -= L[it.stop - 1].x_bytes
+                    op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
                 stack.append(("bwd", it.inner, inner_ctx))
                 stack.append(("fwd", it.inner, inner_ctx))
         elif kind == "postF":
@@ -204,6 +230,44 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
         else:  # the optimizer step: its peak is absolute, measured by the profiler
             op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
     return _Replay(peak, where, recompute_ms)
+
+
+def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, int] | None) -> int:
+    """What checkpoint ``seq[idx]`` keeps beyond the plain forward: its input, when no op of the
+    plain forward saves it (``Layer.x_kept`` False) and the item before it stores the layer that
+    made it with ``store`` (pre at the top level). A checkpoint before it keeps its boundary
+    anyway; a selective option's ``xbar`` includes the output; the first item of an inner plan
+    gets its input from the checkpoint around it, which keeps it. A layer stored with a selective
+    option runs in a checkpoint of its own (SAC), which keeps its input the same way."""
+    it = seq[idx]
+    if isinstance(it, Store) and it.option == STORE:
+        return 0
+    start = it.layer if isinstance(it, Store) else it.start
+    if idx == 0:
+        return chain.input_hold(0) if ctx is None and start == 0 else 0
+    prev = seq[idx - 1]
+    if isinstance(prev, Store) and prev.option == STORE:
+        return chain.input_hold(start)
+    return 0
+
+
+def _boundary_released(chain: Chain, seq: tuple[Item, ...], idx: int,
+                       ctx: tuple[int, int] | None) -> bool:
+    """Whether checkpoint ``seq[idx]``'s boundary ``x[t-1]`` is freed once the next stage has
+    read it: no op of the plain forward saves it (``Layer.x_kept`` False, so neither does the
+    stage after it) and that stage is a layer stored with ``store`` (or post, at the top level);
+    a checkpoint or a selective option after it keeps it as its input."""
+    it = seq[idx]
+    if isinstance(it, Store) or chain.layers[it.stop - 1].x_kept:
+        return False
+    if idx + 1 < len(seq):
+        nxt = seq[idx + 1]
+        return isinstance(nxt, Store) and nxt.option == STORE
+    return ctx is None  # the last item of the whole chain: post reads it
+
+
+def _span(it: Item) -> tuple[int, int]:
+    return (it.layer, it.layer + 1) if isinstance(it, Store) else (it.start, it.stop)
 
 
 def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int, int]]:
@@ -239,6 +303,12 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
         return "side inputs (masks, position ids) freed"
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
+    if op == "release" and ctx is not None:
+        return f"boundary x[{stage}] of [{ctx[0]},{ctx[1]}) freed (no op saves it)"
+    if op in ("hold", "unhold") and ctx is not None:
+        what = "x_in" if stage == PRE else f"x[{stage}]"
+        return (f"[{ctx[0]},{ctx[1]}) keeps its input {what}" if op == "hold"
+                else f"input {what} of [{ctx[0]},{ctx[1]}) freed")
     if stage == PRE:
         return "pre forward" if op == "F" else "pre backward"
     if stage == n:

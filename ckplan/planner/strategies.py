@@ -298,6 +298,12 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     is evaluated exactly where it is compared; a plan that fits a lower budget (or a baseline
     plan that fits) is kept when the rounded tables find nothing better."""
     lo = dp.min_peak(chain)
+    if not chain.all_kept:  # the tables plan on a bound of this chain: plan_dp per budget
+        hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+        budgets = {lo + (hi - lo) * t // (n_points - 1) for t in range(n_points)}
+        budgets |= {p.peak_bytes for p in (baselines or []) if lo <= p.peak_bytes <= hi}
+        return [_point("dp", chain, plan_chain(chain, "dp", b, **dp_options).plan, budget=b)
+                for b in sorted(budgets)]
     solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
                          mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
     hi = solver.none_peak
