@@ -201,8 +201,9 @@ def min_peak(chain: Chain) -> int:
     """The smallest peak any plan reaches (exact: a min-max DP over bytes, every layer a unit,
     selective options included; with autocast copies, the top-level frontiers of ``casts.py``,
     without options). When some boundary is not kept by the plain forward (``Chain.all_kept``
-    False), the peak of the smallest-peak plan of ``chain.conservative()`` (see :func:`plan_dp`):
-    a peak a plan reaches, which the true smallest may undercut by at most those boundaries."""
+    False), the lowest peak on ``chain`` of the plans the tables of ``chain.conservative()``
+    give near their own smallest peak (``_unkept_low_plans``): a peak a plan reaches, which the
+    true smallest may undercut (by at most those boundaries)."""
     if not chain.all_kept:
         return min(simulate(chain, p).peak_bytes for p in _unkept_low_plans(chain))
     if chain.has_casts:
