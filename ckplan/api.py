@@ -329,7 +329,7 @@ def profile_problem(data: Any) -> str | None:
             return f"layers[{i}] is not an object"
         # Older profiles have no options and no recompute_ms.
         missing = [k for k in kinds if k not in row
-                   and k not in ("options", "recompute_ms", "output_kept")]
+                   and k not in ("options", "recompute_ms", "output_kept", "output_in_place")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -349,6 +349,8 @@ def profile_problem(data: Any) -> str | None:
                    or _options_problem(f"layers[{i}].options", row.get("options", [])))
         if problem:
             return problem
+        if row.get("output_in_place", False) not in (True, False):
+            return f"layers[{i}].output_in_place must be true or false, got {row['output_in_place']!r}"
         if row.get("output_kept") not in (None, True, False):
             return f"layers[{i}].output_kept must be true, false or null, got {row['output_kept']!r}"
     if not isinstance(totals, dict):

@@ -531,7 +531,14 @@ def _check_gradients(run: _Run, entries: list[_Entry], tick, notes: list[str]) -
                 continue
             e.loss, grads = got
         else:
-            e.loss, grads = _loss_and_grads(run, e, init)
+            try:
+                e.loss, grads = _loss_and_grads(run, e, init)
+            except (torch.cuda.OutOfMemoryError, TrackerLimitExceeded, ModelRunError):
+                raise
+            except RuntimeError as err:  # the row fails, the bench goes on (e.g. in-place inputs)
+                e.status, e.message = ERROR, _row_error(err)
+                run.model.zero_grad(set_to_none=True)
+                continue
         bad = _non_finite(e.loss, grads)
         if bad:
             e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
@@ -769,6 +776,20 @@ def _fwd_bwd_peak(chain, plan: Plan) -> int:
     return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
 
 
+INPLACE_TIP = ("a checkpoint starts at a layer that changes its input in place (ReLU(inplace=True) "
+               "and the like: PyTorch's checkpoint saves that input and cannot recompute from it); "
+               "build those layers with inplace=False, or bench a plan (--plan) whose checkpoints "
+               "start elsewhere")
+
+
+def _row_error(err: RuntimeError) -> str:
+    """One line for a row whose step raised: what PyTorch said, and the fix when it is known."""
+    first = str(err).splitlines()[0][:200]
+    if "modified by an inplace operation" in str(err):
+        return f"{INPLACE_TIP} ({type(err).__name__}: {first})"
+    return f"{type(err).__name__}: {first}"
+
+
 def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
     """Run ``fn(run, e, *args)``; an out-of-memory marks the strategy OOM and the bench goes on."""
     if e.status != OK:
@@ -784,7 +805,7 @@ def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
     except ModelRunError:
         raise
     except RuntimeError as err:
-        e.status, e.message = ERROR, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        e.status, e.message = ERROR, _row_error(err)
         run.opt.zero_grad(set_to_none=True)
 
 

@@ -40,6 +40,10 @@ Known limits:
 * A layer called with an intermediate activation that is not the previous layer's output (a
   skip connection over several layers) runs correctly, but the record keeps that tensor alive
   until backward, which the planner does not model.
+* A layer built to change its input in place (``inplace=True``: torchvision's ``ReLU``) gets a
+  copy of its hidden-state input when a checkpoint starts at it (its first forward and the start
+  of its recompute): changing the tensor a checkpoint saved would make PyTorch refuse the
+  backward. Elsewhere it runs in place, as measured (``Layer.in_place`` in the planner).
 * Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
   RNG states when a GPU is in use) until the segment's backward.
 * The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
@@ -210,6 +214,25 @@ def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]]
     return [], []
 
 
+def _in_place(layer: nn.Module) -> bool:
+    """A layer built to change its input in place (``nn.ReLU(inplace=True)`` and the like)."""
+    return getattr(layer, "inplace", False) is True
+
+
+def _with_copies(args: tuple, kwargs: dict, links: list[tuple[int | str, int]]) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with the hidden-state tensors (``links``' slots) copied: inside a
+    checkpoint, a layer that changes its input in place would change the tensor the checkpoint
+    saved (its input, or an enclosing one's), which PyTorch then refuses to recompute from. The
+    copy is what the layer changes and returns, a new output as the planner models one."""
+    a, k = list(args), dict(kwargs)
+    for slot, _ in links:
+        if isinstance(slot, int):
+            a[slot] = a[slot].clone()
+        else:
+            k[slot] = k[slot].clone()
+    return tuple(a), k
+
+
 def _compiled(forward) -> bool:
     """Whether ``forward`` is a compiled chain layer's (ckplan.compiled), its options compiled in."""
     return getattr(forward, "with_option", None) is not None
@@ -331,13 +354,16 @@ class PlanExecutor:
         # open the checkpoints that start here; a frame's input is saved to its parent frame.
         while seg.open and not (seg.open[-1].item.start <= i < seg.open[-1].item.stop):
             seg.open.pop().frame.forward_completed = True
-        for item in path[len(seg.open):]:
+        starting = path[len(seg.open):]
+        for item in starting:
             frame = _CheckpointFrame(functools.partial(self._recompute, seg.calls, item.inner),
                                      _early_stop(), None, _metadata_fn)
             with seg.open[-1].hook if seg.open else contextlib.nullcontext():
                 frame.save_inputs(*inputs)
             seg.open.append(_Frame(item, frame, _checkpoint_hook(frame)))
         seg.calls[i] = _Call(args, kwargs, links)
+        if starting and _in_place(self.layers[i]):
+            args, kwargs = _with_copies(args, kwargs, links)
         hook, own = seg.open[-1].hook, None
         if self._option[i] != STORE and not _compiled(orig):
             # Stored with a selective option inside a checkpoint: its own frame, as a nested
@@ -387,6 +413,7 @@ class PlanExecutor:
             j = next((j for j in range(lo, hi) if j in calls), None)
             if j is None:  # the model did not call these layers in the first forward
                 continue
+            at_start = first
             if not first:
                 leaves = tensor_leaves(out)
                 inputs = [leaves[li] for li in calls[j].leaves]
@@ -398,6 +425,8 @@ class PlanExecutor:
             elif isinstance(item, Store) and item.option != STORE:
                 out = self._option_fill(calls, j, item.option, inputs)
             elif isinstance(item, Store):
+                if at_start and _in_place(self.layers[j]):  # the recompute's saved input
+                    inputs = [t.clone() for t in inputs]
                 out = calls[j].replay(functools.partial(self._call_module, j), inputs)
             else:
                 out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,

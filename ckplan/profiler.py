@@ -139,6 +139,7 @@ class _Instrument:
     # pass, and whether the plain forward keeps it (``StageRecord.output_kept``).
     out_storage: dict[int, weakref.ref] = field(default_factory=dict)
     kept_at_end: dict[int, bool | None] = field(default_factory=dict)
+    aliased: set[int] = field(default_factory=set)  # layers returning their input's storage
 
     @property
     def n(self) -> int:
@@ -267,6 +268,7 @@ class _Instrument:
         self.side_seen.clear()
         self.chain_made.clear()
         self.out_storage.clear()
+        self.aliased.clear()
         self.mark("F", -1)
         if self.track_saved:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
@@ -311,7 +313,14 @@ class _Instrument:
                 out[i] = True  # the batch (or a buffer): alive for the whole step anyway
                 continue
             if made != ("F", i):
-                out[i] = None
+                # Returned in place (ReLU(inplace=True)) or passed through: the storage is the
+                # earlier boundary's, already in that stage's saved bytes when some op saved it.
+                prev = self.out_storage.get(i - 1)
+                same = i >= 0 and prev is not None and prev() is st
+                ref_saved = self.saved.get(k)
+                out[i] = True if same and ref_saved is not None and ref_saved() is st else None
+                if same:
+                    self.aliased.add(i)
                 continue
             ref_saved = self.saved.get(k)
             if ref_saved is not None and ref_saved() is st:
@@ -572,6 +581,7 @@ class _MeasuredPass:
     live_at_end: dict[int, int] = field(default_factory=dict)
     side_inputs: tuple[SideInput, ...] = ()
     kept: dict[int, bool | None] = field(default_factory=dict)  # StageRecord.output_kept per stage
+    in_place: frozenset[int] = frozenset()  # StageRecord.output_in_place
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -612,7 +622,8 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
-        live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end))
+        live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
+        in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)))
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 
@@ -697,7 +708,7 @@ def _compiled_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], m
     # (what a compiled layer's graph saves of its input is not attributed here: boundaries are
     # taken as kept, output_kept None)
     return replace(eager, windows=windows, peak=max(m.peak for m in inst.marks), saved=saved,
-                   live_at_end={}, kept={})
+                   live_at_end={}, kept={}, in_place=frozenset())
 
 
 class _GlobalOnly:
@@ -985,6 +996,7 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             cast_bytes=measured.cast_bytes.get(s, 0),
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
+            output_in_place=s in measured.in_place,
         ))
     return tuple(rows)
 

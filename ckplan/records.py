@@ -106,6 +106,9 @@ class StageRecord:
     # ``saved_bytes`` leaves it out and only a checkpoint starting at the next layer keeps it.
     # None: not measured (older profiles, compiled or meta passes' own rules): taken as kept.
     output_kept: bool | None = None
+    # The stage returned its input's storage changed in place (ReLU(inplace=True)): its output
+    # is counted where that storage was made, and a checkpoint starting at it gets a copy.
+    output_in_place: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -45,6 +45,20 @@ class SeqNet(nn.Module):
         return self.head(self.body(self.stem(x))).pow(2).mean()
 
 
+class InPlaceNet(nn.Module):
+    """torchvision's style: Linear, BatchNorm, ReLU(inplace=True), each a chain layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(D, D)
+        self.body = nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(D), nn.ReLU(inplace=True),
+                                  nn.Linear(D, D), nn.ReLU(inplace=True))
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        return self.head(self.body(self.stem(x))).pow(2).mean()
+
+
 class CenterNorm(nn.Module):
     """LayerNorm written out as Cohere writes it: saves ``x - mean`` and the scale, not ``x``."""
 
@@ -238,3 +252,30 @@ def test_old_profiles_without_the_flag_read_as_kept():
     assert all(r.output_kept is None for r in back.chain_layers)
     assert chain_from_profile(back).all_kept
     assert type(prof).from_dict(prof.to_dict()) == prof
+
+
+def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
+    # A checkpoint starting at ReLU(inplace=True) saves the tensor the ReLU then changes: PyTorch
+    # refused the backward ("modified by an inplace operation") and the bench stopped. The
+    # executor now gives such a layer a copy there; elsewhere it runs in place, and its output
+    # is counted once (it was counted twice: none predicted 28% high on a VGG-style chain).
+    torch.manual_seed(0)
+    model = InPlaceNet()
+    x, prof = _profiled(model, "body")
+    assert [r.output_in_place for r in prof.chain_layers] == [False, False, True, False, True]
+    chain = chain_from_profile(prof)
+    assert not chain.all_kept  # the DP plans on the bound (in-place outputs counted)
+    p, n = chain.persistent_bytes, chain.n_layers
+    ref = _grads(model, x)
+    for items in all_plans(n):
+        plan = Plan("custom", n, items)
+        got = _grads(model, x, plan)  # BatchNorm's running stats move: same batch, same grads
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(ref, got)), plan.describe()
+        measured = _measured_peak(model, x, plan)
+        predicted = simulate(chain, plan).peak_bytes - p
+        if _nested(items):
+            assert measured <= predicted <= measured + _depth(items) * B * D * 4, plan.describe()
+        else:
+            assert predicted == measured, plan.describe()
+    for budget in (min_peak(chain), simulate(chain, plan_chain(chain, "none").plan).peak_bytes - 1):
+        assert plan_chain(chain, "dp", budget).score.peak_bytes <= budget

@@ -57,7 +57,9 @@ class Layer:
     fwd_ms: float
     bwd_ms: float
     x_bytes: int  # output, what a checkpoint boundary keeps
-    xbar_bytes: int  # kept when the layer is stored; includes x_bytes
+    # kept when the layer is stored; includes x_bytes, unless no op keeps the output (x_kept) or
+    # the output is the input's storage returned in place (ReLU(inplace=True): counted where made)
+    xbar_bytes: int
     fwd_tmp_bytes: int  # forward peak above live bytes + xbar
     bwd_tmp_bytes: int  # backward peak above live bytes at its start
     grad_bytes: int  # parameter gradients allocated at the end of its backward
@@ -75,6 +77,10 @@ class Layer:
     # LayerNorm, which saves x - mean), so ``xbar_bytes`` leaves it out, it is freed once the next
     # stage has run, and only a checkpoint starting right after keeps it (as its input).
     x_kept: bool = True
+    # The layer returns its input's storage changed in place (ReLU(inplace=True)): ``xbar`` does
+    # not count the output (its maker's does). A checkpoint starting at it gives it a copy
+    # (ckplan.execute), which the recompute keeps as the layer's saved output: ``x`` more there.
+    in_place: bool = False
 
     def option(self, name: str) -> Layer:
         """This layer as the simulator sees it when stored with option ``name``."""
@@ -153,8 +159,6 @@ class Chain:
                      ly.cast_bytes)
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
-            if ly.x_kept and ly.xbar_bytes < ly.x_bytes:
-                raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes}")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
             if not 0 <= ly.tail_ms <= ly.fwd_ms:
@@ -209,7 +213,7 @@ class Chain:
     def all_kept(self) -> bool:
         """Whether every boundary tensor (the chain input and each layer's output) is kept by the
         plain forward: the DP tables' model (rotor's: a stored layer keeps its output)."""
-        return self.pre.x_kept and all(ly.x_kept for ly in self.layers)
+        return self.pre.x_kept and all(ly.x_kept and not ly.in_place for ly in self.layers)
 
     def input_hold(self, s: int) -> int:
         """Bytes a checkpoint starting at layer ``s`` keeps beyond the plain forward when the item
@@ -228,7 +232,8 @@ class Chain:
         pre = self.pre if self.pre.x_kept else replace(
             self.pre, retained_bytes=self.pre.retained_bytes + self.x_in_bytes, x_kept=True)
         return replace(self, pre=pre, layers=tuple(
-            ly if ly.x_kept else replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True)
+            ly if ly.x_kept and not ly.in_place else
+            replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True, in_place=False)
             for ly in self.layers))
 
     def without_options(self) -> Chain:

@@ -51,7 +51,7 @@ the CUDA context are outside the model; ``xbar >= x`` assumes a stored layer kee
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import SpecError
@@ -132,6 +132,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
+    copied: set[int] = set()  # in-place layers first in a recompute (Layer.in_place)
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
     stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
@@ -149,6 +150,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     op("hold", _span(it)[0] - 1, _span(it), again, mem, 0, mem)
                 if isinstance(it, Store):
                     ly = L[it.layer] if it.option == STORE else L[it.layer].option(it.option)
+                    if again and idx == 0 and it.option == STORE and ly.in_place:
+                        copied.add(id(it))  # a copy of the recompute's input: a new output
+                        ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
                     live = mem + ly.xbar_bytes
                     op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
                     mem = live
@@ -199,6 +203,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     recompute_ms += ly.option_ms(it.option)
                     ly = ly.option(it.option)
                 d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
+                if id(it) in copied:
+                    ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
                 after = mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
                 op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
                 mem = after
