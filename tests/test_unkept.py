@@ -279,3 +279,12 @@ def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
             assert predicted == measured, plan.describe()
     for budget in (min_peak(chain), simulate(chain, plan_chain(chain, "none").plan).peak_bytes - 1):
         assert plan_chain(chain, "dp", budget).score.peak_bytes <= budget
+
+
+def test_a_stored_layer_keeps_its_output_unless_flagged():
+    ch = random_chain(3, 1, max_size=1000)
+    low = replace(ch.layers[1], xbar_bytes=ch.layers[1].x_bytes - 1)
+    with pytest.raises(ValueError, match="xbar"):
+        replace(ch, layers=(ch.layers[0], low, ch.layers[2]))
+    for flagged in (replace(low, x_kept=False), replace(low, in_place=True)):
+        replace(ch, layers=(ch.layers[0], flagged, ch.layers[2]))  # accepted

@@ -159,6 +159,9 @@ class Chain:
                      ly.cast_bytes)
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
+            if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
+                raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes} (a stored "
+                                 "layer keeps its output unless x_kept is False or it is in_place)")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
             if not 0 <= ly.tail_ms <= ly.fwd_ms:

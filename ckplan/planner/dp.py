@@ -219,17 +219,14 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     them (not with autocast copies); exact, but not least-recompute."""
     n = chain.n_layers
     if not chain.all_kept:  # planned with every boundary kept: peaks no lower than here
-        scored = [(simulate(chain, p), p) for p in _unkept_low_plans(chain)]
+        cands = list(_unkept_low_plans(chain))
         cons = chain.conservative()
         if budget_bytes is not None and budget_bytes >= min_peak(cons):
-            p = min_peak_plan(cons, budget_bytes)
-            scored.append((simulate(chain, p), p))
-        fit: list[tuple[float, float, int]] = [
-            (sc.recompute_ms, sc.peak_bytes, i) for i, (sc, _) in enumerate(scored)
-            if budget_bytes is not None and sc.peak_bytes <= budget_bytes]
-        if not fit:  # no budget (or below every candidate): the lowest peak
-            fit = [(sc.peak_bytes, sc.recompute_ms, i) for i, (sc, _) in enumerate(scored)]
-        return replace(scored[min(fit)[2]][1], params={"budget_bytes": budget_bytes, "min_peak": True})
+            cands.append(min_peak_plan(cons, budget_bytes))
+        best = _cheapest_fitting(chain, cands, budget_bytes)
+        if best is None:  # no budget (or below every candidate): the lowest peak
+            best = min(cands, key=lambda p: peak_of(chain, p.items))
+        return replace(best, params={"budget_bytes": budget_bytes, "min_peak": True})
     params = {"budget_bytes": budget_bytes, "min_peak": True}
     base = base_bytes(chain)
     if chain.has_casts:
@@ -626,6 +623,16 @@ def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
     return plans
 
 
+def _cheapest_fitting(chain: Chain, plans: list[Plan], budget_bytes: int | None) -> Plan | None:
+    """The plan of least recompute (then lowest peak) whose simulated peak on ``chain`` fits
+    ``budget_bytes``; None when none does or there is no budget."""
+    if budget_bytes is None:
+        return None
+    scored = [(sc.recompute_ms, sc.peak_bytes, i) for i, sc in enumerate(simulate(chain, p) for p in plans)
+              if sc.peak_bytes <= budget_bytes]
+    return plans[min(scored)[2]] if scored else None
+
+
 @lru_cache(maxsize=16)
 def _unkept_low_plans(chain: Chain) -> tuple[Plan, ...]:
     """Candidates for the smallest peak of a chain with unkept boundaries: the bound's plans
@@ -648,13 +655,11 @@ def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
     if budget_bytes < lowest:
         raise infeasible_error(chain, budget_bytes, lowest)
     cands = list(_unkept_low_plans(chain)) + _unkept_plans(chain, budget_bytes, **dp_options)
-    scored = [(simulate(chain, p), p) for p in cands]
-    fit = [(sc.recompute_ms, sc.peak_bytes, i) for i, (sc, _) in enumerate(scored)
-           if sc.peak_bytes <= budget_bytes]
-    if not fit:  # pragma: no cover - the plan reaching min_peak is among them
+    best = _cheapest_fitting(chain, cands, budget_bytes)
+    if best is None:  # pragma: no cover - the plan reaching min_peak is among them
         raise RuntimeError(f"dp found no plan at budget {budget_bytes} above the smallest peak "
                            f"{lowest}: planner bug")
-    plan = Plan("dp", n, scored[min(fit)[2]][1].items, {"budget_bytes": budget_bytes})
+    plan = Plan("dp", n, best.items, {"budget_bytes": budget_bytes})
     unkept = sum(not ly.x_kept for ly in chain.layers)
     note = (f"{'the chain input and ' if not chain.pre.x_kept else ''}{unkept} layer output(s) are "
             "not kept by the plain forward (no op saves them): planned on a bound that keeps them, "
