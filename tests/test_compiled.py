@@ -102,6 +102,7 @@ def test_compile_is_refused_on_meta(tiny_gpt_spec, tmp_path):
 
 
 @needs_inductor
+@pytest.mark.slow  # about a minute on 2 cores: five options, each compiled
 def test_compiled_profile_measures_compiled_options():
     """Options on compiled layers: each keeps what its compiled forward saves. sac-linear keeps
     the linear outputs only, so less than the compiled layer stored whole, and identical blocks

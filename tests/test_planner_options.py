@@ -158,6 +158,7 @@ def test_exact_dp_with_tails_equals_brute_force(chain):
     check_against_brute(chain)
 
 
+@pytest.mark.slow  # 15-20 s each; the hypothesis test above covers up to 4 layers by default
 @pytest.mark.parametrize("seed", [1, 2])
 def test_dp_with_options_equals_brute_force_five_layers(seed):
     """394 plans x 3^5 option assignments per chain."""

@@ -65,6 +65,7 @@ class CastFrontier:
         self.cap = cap
         # What Store(s) needs in the backward once the rest has run (dp.py's store_req, 2nd term).
         self.bwd_store = u.bwd_req + pc.grads[np.arange(1, U + 1), U] - u.x_out[U - 1]
+        self.bwd_store[:U - 1] += u.bwd_extra  # beside the loss and its seed (the post's own has them)
         # fwd_none[s][j - s - 1]: peak of the no-saving forward of [s, j) with its own copies.
         self.fwd_none: list[list[int]] = []
         for s in range(n):

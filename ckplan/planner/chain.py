@@ -120,7 +120,12 @@ class Pre:
 
 @dataclass(frozen=True)
 class Post:
-    """Everything after the chain, ending in the scalar loss (its output counts as 0 bytes)."""
+    """Everything after the chain, ending in the scalar loss. ``xbar_bytes`` is what it saves
+    for backward; ``loss_bytes`` the loss tensor itself, which the training loop holds from the
+    post forward until the backward ends, beside its gradient seed (``loss.backward()`` makes
+    ``torch.ones_like(loss)`` and keeps it until the whole backward is done): both live during
+    every backward op and every forward redone there, which the forward's measured transients
+    do not include."""
 
     xbar_bytes: int
     fwd_tmp_bytes: int = 0
@@ -128,6 +133,12 @@ class Post:
     grad_bytes: int = 0
     fwd_ms: float = 0.0
     bwd_ms: float = 0.0
+    loss_bytes: int = 0
+
+    @property
+    def backward_hold_bytes(self) -> int:
+        """What the loss and its seed add to every op after the post backward has started."""
+        return 2 * self.loss_bytes
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ class Chain:
                     raise ValueError(f"layer {i} ({ly.name}) option {o.name}: negative time")
         fixed = (self.pre.retained_bytes, self.pre.fwd_tmp_bytes, self.pre.bwd_tmp_bytes,
                  self.pre.grad_bytes, self.post.xbar_bytes, self.post.fwd_tmp_bytes,
-                 self.post.bwd_tmp_bytes, self.post.grad_bytes, self.x_in_bytes,
+                 self.post.bwd_tmp_bytes, self.post.grad_bytes, self.post.loss_bytes, self.x_in_bytes,
                  self.delta_in_bytes, self.persistent_bytes, self.opt_step_peak_bytes)
         if any(not isinstance(v, int) or v < 0 for v in fixed):
             raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")

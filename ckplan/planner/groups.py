@@ -44,6 +44,10 @@ class Units:
     opt_ms: np.ndarray  # forward time option o redoes in the unit's backward (0 for store)
     opt_names: tuple[tuple[str, ...], ...]  # per unit, the names of its valid columns
     tail_ms: np.ndarray  # the last layer's tail_ms: not redone by a checkpoint ending at the unit
+    # Held beside every op once the post backward has started (the loss and its gradient seed,
+    # ``Post.backward_hold_bytes``): what a unit's backward at the top level and the inner plan
+    # of a top-level checkpoint need on top (``PairCosts``); the post's own columns include it.
+    bwd_extra: int = 0
 
     @property
     def size(self) -> int:
@@ -108,9 +112,10 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     post = chain.post
     post_btmp = max(post.bwd_tmp_bytes, L[-1].x_bytes + post.grad_bytes - post.xbar_bytes)
     bounds.append((n, n + 1))
-    hold.append(post.xbar_bytes)
-    fwd_req.append(post.xbar_bytes + post.fwd_tmp_bytes)
-    bwd_req.append(post.xbar_bytes + post_btmp)
+    # the loss is held from the post forward on, its seed from the post backward on
+    hold.append(post.xbar_bytes + post.loss_bytes)
+    fwd_req.append(post.xbar_bytes + post.loss_bytes + post.fwd_tmp_bytes)
+    bwd_req.append(post.xbar_bytes + post.backward_hold_bytes + post_btmp)
     x_out.append(0)
     fn_first.append(int(BIG))
     fn_next.append(int(BIG))
@@ -141,14 +146,15 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
                  i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
                  opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
-                 np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64))
+                 np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
+                 int(post.backward_hold_bytes))
 
 
 def size_gcd(chain: Chain) -> int:
     """The gcd of every size the DP adds up: slots of this size make it exact."""
     g = 0
     vals = [chain.delta_in_bytes, chain.post.xbar_bytes, chain.post.fwd_tmp_bytes,
-            chain.post.bwd_tmp_bytes, chain.post.grad_bytes]
+            chain.post.bwd_tmp_bytes, chain.post.grad_bytes, chain.post.loss_bytes]
     for ly in chain.layers:
         vals += [ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes]
         for o in ly.options:

@@ -19,8 +19,11 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   so they are freed right after the post forward, before any backward. A stored layer's copies
   are saved for backward and already in its ``xbar``; a recompute clears its cache when it ends,
   so there they are part of the layer's transient, as measured.
-* post forward: live ``mem + post.xbar``, transient ``post.fwd_tmp``; post backward: transient
-  ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain output's gradient.
+* post forward: live ``mem + post.xbar + post.loss``, transient ``post.fwd_tmp``; post
+  backward: the loss's gradient seed (``post.loss`` bytes, what ``loss.backward()`` makes) is
+  added, transient ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain
+  output's gradient. The loss and its seed stay live until the pre backward has run, so every
+  forward redone in the backward runs beside them (its transient was measured without them).
 * ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``
   (its input gradient and parameter gradients appear, its saved tensors and incoming gradient go).
 * ``Store(i)`` with a selective option (``chain.Option``): the same ops with the option's
@@ -42,7 +45,8 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
   layer stored with a selective option) and does not contain the layer that made them, after the
   backward of the first such item.
-* pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``;
+* pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``
+  and the loss and its seed are freed;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
 
 Known limitations: one tensor per boundary (rotor's model); allocator fragmentation, caching and
@@ -219,20 +223,21 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             if side_free:  # the chain's forward is over: nothing keeps them
                 mem -= side_free
                 op("side", None, None, False, mem, 0, mem)
-            live = mem + post.xbar_bytes
+            live = mem + post.xbar_bytes + post.loss_bytes  # the loss, held until the step ends
             op("F", n, None, False, live, post.fwd_tmp_bytes, live)
             mem = live
             if casts:  # the autocast region ends with the loss: its cache is cleared
                 mem -= casts
                 op("uncast", None, None, False, mem, 0, mem)
         elif kind == "postB":
+            mem += post.loss_bytes  # the loss's gradient seed, live until the backward ends
             after = mem + L[-1].x_bytes + post.grad_bytes - post.xbar_bytes
             op("B", n, None, False, mem, post.bwd_tmp_bytes, after)
             mem = after
         elif kind == "preB":
             after = mem + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
             op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
-            mem = after
+            mem = after - post.backward_hold_bytes  # the backward is over: loss and seed go
         else:  # the optimizer step: its peak is absolute, measured by the profiler
             op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
     return _Replay(peak, where, recompute_ms)

@@ -90,3 +90,10 @@ def with_casts(chain: Chain, seed: int | np.random.Generator = 0, *, share: floa
     layers = tuple(replace(ly, cast_bytes=int(rng.integers(0, ly.xbar_bytes - ly.x_bytes + 1))
                            if rng.random() < share else 0) for ly in chain.layers)
     return replace(chain, layers=layers)
+
+
+def with_loss(chain: Chain, seed: int | np.random.Generator = 0, *, most: int = 20) -> Chain:
+    """``chain`` with a loss tensor of up to ``most`` bytes (``Post.loss_bytes``): it and its
+    gradient seed are live through the whole backward, recomputes included."""
+    rng = np.random.default_rng(seed)
+    return replace(chain, post=replace(chain.post, loss_bytes=int(rng.integers(1, most + 1))))

@@ -55,7 +55,7 @@ def fixed_peak(chain: Chain) -> int:
     inputs counted as live throughout, as in ``base_bytes``)."""
     p, pre = chain.persistent_bytes + chain.side_bytes, chain.pre
     grads = sum(ly.grad_bytes for ly in chain.layers) + chain.post.grad_bytes
-    pre_b = p + pre.retained_bytes + chain.delta_in_bytes + grads
+    pre_b = p + pre.retained_bytes + chain.delta_in_bytes + grads + chain.post.backward_hold_bytes
     pre_after = pre_b + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
     return max(p + pre.retained_bytes + pre.fwd_tmp_bytes, pre_b + pre.bwd_tmp_bytes, pre_after,
                chain.opt_step_peak_bytes)
@@ -135,6 +135,17 @@ class PairCosts:
                                                           u.opt_bwd_req[:e, o] + later)
             j = np.arange(1, e)
             self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
+        # The top level's backward (sub-chains [s, U), the post last) runs beside the loss and
+        # its seed (Units.bwd_extra): a unit's backward there, and the inner plan of a checkpoint
+        # there (whose forwards were measured without them); inner plans inherit it.
+        c = int(u.bwd_extra)
+        if c:
+            for o in range(n_opt):
+                self.opt_store_req[o, :U - 1, U] = np.maximum(
+                    u.opt_fwd_req[:U - 1, o] if o else u.fwd_req[:U - 1],
+                    (u.opt_bwd_req[:U - 1, o] if o else u.bwd_req[:U - 1])
+                    + self.grads[np.arange(1, U), U] - xo[U - 1] + c)
+            self.inner_extra[1:U, U] += c
         # fnone[s, j]: forward-without-saving peak of units s..j-1 (j <= U-1).
         self.fnone = np.full((U, U + 1), BIG, dtype=np.int64)
         for s in range(U - 1):
