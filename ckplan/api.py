@@ -329,7 +329,8 @@ def profile_problem(data: Any) -> str | None:
             return f"layers[{i}] is not an object"
         # Older profiles have no options and no recompute_ms.
         missing = [k for k in kinds if k not in row
-                   and k not in ("options", "recompute_ms", "output_kept", "output_in_place")]
+                   and k not in ("options", "recompute_ms", "output_kept", "output_in_place",
+                                 "early_peak_bytes", "early_kept_bytes")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -351,6 +352,10 @@ def profile_problem(data: Any) -> str | None:
             return problem
         if row.get("output_in_place", False) not in (True, False):
             return f"layers[{i}].output_in_place must be true or false, got {row['output_in_place']!r}"
+        for k in ("early_peak_bytes", "early_kept_bytes"):
+            v = row.get(k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                return f"layers[{i}].{k} must be a non-negative integer or null, got {v!r}"
         if row.get("output_kept") not in (None, True, False):
             return f"layers[{i}].output_kept must be true, false or null, got {row['output_kept']!r}"
     if not isinstance(totals, dict):

@@ -106,6 +106,12 @@ class _Meter:
         self.tracker.reset_peak()
         return live, peak
 
+    def peak_now(self) -> int:
+        """The peak since the last ``read_and_reset``, without resetting it."""
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        return self.tracker.peak if self.tracker is not None else 0
+
 
 @dataclass
 class _Instrument:
@@ -140,6 +146,13 @@ class _Instrument:
     out_storage: dict[int, weakref.ref] = field(default_factory=dict)
     kept_at_end: dict[int, bool | None] = field(default_factory=dict)
     aliased: set[int] = field(default_factory=set)  # layers returning their input's storage
+    # Early stop (StageRecord.early_*), in the measured pass: the chain layer whose forward is
+    # running (between its hooks), the window's peak at its last pack, and per saved storage the
+    # layers whose own ops saved it.
+    _inside: int | None = None
+    early_peak: dict[int, int] = field(default_factory=dict)
+    packed_by: dict[int, set[int]] = field(default_factory=dict)
+    early_kept_at_end: dict[int, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -157,11 +170,18 @@ class _Instrument:
         self.alloc_window[key] = self._current
 
     def pack(self, t: torch.Tensor):
+        inside = (self._inside if self.track_saved and not self.paused and not self.attribute_on_pack
+                  else None)
+        if inside is not None and self.meter is not None:
+            # every pack counts for the early stop, parameters included
+            self.early_peak[inside] = self.meter.peak_now()
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return t
         k = id(st)
+        if inside is not None and k not in self.excluded:
+            self.packed_by.setdefault(k, set()).add(inside)
         if k not in self.excluded:
             ref = self.saved.get(k)
             if ref is None or ref() is None:
@@ -206,10 +226,12 @@ class _Instrument:
                     if x.requires_grad:
                         x.register_hook(lambda g: self.mark("B", -1))
             self.mark("F", i)
+            self._inside = i
         return hook
 
     def _post_hook(self, i: int):
         def hook(module, args, kwargs, out):
+            self._inside = None
             if self.attribute_on_pack and not self.paused:
                 # made here: saved later (by the next stage), it is this layer's, as the eager
                 # pass counts a tensor in the window that allocated it
@@ -269,6 +291,9 @@ class _Instrument:
         self.chain_made.clear()
         self.out_storage.clear()
         self.aliased.clear()
+        self.early_peak.clear()
+        self.packed_by.clear()
+        self._inside = None
         self.mark("F", -1)
         if self.track_saved:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
@@ -281,6 +306,7 @@ class _Instrument:
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
         self.live_at_end = self._live_by_stage() if self.track_saved else {}
         self.kept_at_end = self._kept_boundaries() if self.track_saved else {}
+        self.early_kept_at_end = self._early_kept_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
         return loss.detach()
@@ -292,6 +318,18 @@ class _Instrument:
             window = self.alloc_window.get(k)
             if st is None or window is None or window[0] != "F":
                 continue  # freed already, or not made during this forward (inputs, buffers)
+            out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def _early_kept_by_stage(self) -> dict[int, int]:
+        """Per chain layer: bytes of the storages its forward made and its own ops saved, alive
+        when the forward ends (what a recompute stopped at its last saved tensor leaves)."""
+        out: dict[int, int] = {}
+        for k, ref in self.saved.items():
+            st = ref()
+            window = self.alloc_window.get(k)
+            if st is None or window is None or window[0] != "F" or window[1] not in self.packed_by.get(k, ()):
+                continue
             out[window[1]] = out.get(window[1], 0) + st.nbytes()
         return out
 
@@ -582,6 +620,9 @@ class _MeasuredPass:
     side_inputs: tuple[SideInput, ...] = ()
     kept: dict[int, bool | None] = field(default_factory=dict)  # StageRecord.output_kept per stage
     in_place: frozenset[int] = frozenset()  # StageRecord.output_in_place
+    early_peak: dict[int, int] = field(default_factory=dict)  # StageRecord.early_peak_bytes
+    early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
+    early: bool = False  # the early_* fields were measured (not in compiled passes)
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -623,7 +664,8 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
-        in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)))
+        in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
+        early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 
@@ -708,7 +750,7 @@ def _compiled_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], m
     # (what a compiled layer's graph saves of its input is not attributed here: boundaries are
     # taken as kept, output_kept None)
     return replace(eager, windows=windows, peak=max(m.peak for m in inst.marks), saved=saved,
-                   live_at_end={}, kept={}, in_place=frozenset())
+                   live_at_end={}, kept={}, in_place=frozenset(), early=False)
 
 
 class _GlobalOnly:
@@ -997,6 +1039,9 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
             output_in_place=s in measured.in_place,
+            # a layer that saves nothing does not run in a recompute that ends with it
+            early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if role == CHAIN and measured.early else None,
+            early_kept_bytes=measured.early_kept.get(s, 0) if role == CHAIN and measured.early else None,
         ))
     return tuple(rows)
 

@@ -109,6 +109,14 @@ class StageRecord:
     # The stage returned its input's storage changed in place (ReLU(inplace=True)): its output
     # is counted where that storage was made, and a checkpoint starting at it gets a copy.
     output_in_place: bool = False
+    # PyTorch's non-reentrant checkpoint stops a recompute once the last tensor its first forward
+    # saved is back (early stop), so the last layer of a recompute runs only up to its last saved
+    # tensor: ``early_peak_bytes`` is the forward window's peak up to that op (relative to the
+    # step's start, as ``fwd_peak_bytes``), ``early_kept_bytes`` the storages this layer made and
+    # saved itself (what that recompute leaves; its output is not among them when only the next
+    # layer saves it). None: not measured (older profiles, compiled passes): the whole forward.
+    early_peak_bytes: int | None = None
+    early_kept_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

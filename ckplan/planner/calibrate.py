@@ -151,15 +151,28 @@ def calibrate(chain: Chain, profile: Profile) -> Chain:
     def tmp(op: str, stage: int, measured: int) -> int:
         return max(0, p + measured - live[(op, stage)])
 
+    def early(i: int, ly: Layer, r: StageRecord, fwd_tmp: int) -> tuple[int | None, int | None]:
+        """(early_xbar, early_fwd_tmp): what the layer keeps when a recompute stops at its last
+        saved tensor, and the peak up to there above it, on the simulator's scale (the forward
+        starts at live - xbar)."""
+        if r.early_peak_bytes is None or r.early_kept_bytes is None or ly.in_place:
+            return None, None
+        ex = min(r.early_kept_bytes, ly.xbar_bytes)
+        et = max(0, p + r.early_peak_bytes - (live[("F", i)] - ly.xbar_bytes) - ex)
+        return ex, min(et, ly.xbar_bytes + fwd_tmp - ex)
+
     rows = profile.chain_layers
-    layers = tuple(replace(ly, fwd_tmp_bytes=tmp("F", i, r.fwd_peak_bytes),
-                           bwd_tmp_bytes=tmp("B", i, r.bwd_peak_bytes))
-                   for i, (ly, r) in enumerate(zip(base.layers, rows)))
+    layers = []
+    for i, (ly, r) in enumerate(zip(base.layers, rows)):
+        ft = tmp("F", i, r.fwd_peak_bytes)
+        ex, et = early(i, ly, r, ft)
+        layers.append(replace(ly, fwd_tmp_bytes=ft, bwd_tmp_bytes=tmp("B", i, r.bwd_peak_bytes),
+                              early_xbar_bytes=ex, early_fwd_tmp_bytes=et))
     pre = replace(base.pre, fwd_tmp_bytes=tmp("F", -1, profile.pre.fwd_peak_bytes),
                   bwd_tmp_bytes=tmp("B", -1, profile.pre.bwd_peak_bytes))
     post = replace(base.post, fwd_tmp_bytes=tmp("F", n, profile.post.fwd_peak_bytes),
                    bwd_tmp_bytes=tmp("B", n, profile.post.bwd_peak_bytes))
-    return replace(base, layers=layers, pre=pre, post=post)
+    return replace(base, layers=tuple(layers), pre=pre, post=post)
 
 
 def predicted_peak_none(profile: Profile) -> int:

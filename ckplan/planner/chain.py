@@ -81,6 +81,23 @@ class Layer:
     # not count the output (its maker's does). A checkpoint starting at it gives it a copy
     # (ckplan.execute), which the recompute keeps as the layer's saved output: ``x`` more there.
     in_place: bool = False
+    # The last layer of a recompute that ends with it stored (PyTorch's early stop: the recompute
+    # stops once the last tensor saved in the first forward is back) runs only up to its last
+    # saved tensor: it then holds ``early_xbar_bytes`` (what its own ops saved; not its output
+    # when only the next layer saves that) with ``early_fwd_tmp_bytes`` on top at the peak.
+    # None: the whole forward (rotor's model). See :attr:`stop_xbar_bytes`.
+    early_xbar_bytes: int | None = None
+    early_fwd_tmp_bytes: int | None = None
+
+    @property
+    def stop_xbar_bytes(self) -> int:
+        """What the layer holds after a recompute that stops at its last saved tensor."""
+        return self.xbar_bytes if self.early_xbar_bytes is None else self.early_xbar_bytes
+
+    @property
+    def stop_fwd_tmp_bytes(self) -> int:
+        """The transient of that truncated forward, above :attr:`stop_xbar_bytes`."""
+        return self.fwd_tmp_bytes if self.early_fwd_tmp_bytes is None else self.early_fwd_tmp_bytes
 
     def option(self, name: str) -> Layer:
         """This layer as the simulator sees it when stored with option ``name``."""
@@ -89,7 +106,8 @@ class Layer:
         for o in self.options:
             if o.name == name:
                 return replace(self, xbar_bytes=o.xbar_bytes, fwd_tmp_bytes=o.fwd_tmp_bytes,
-                               bwd_tmp_bytes=o.bwd_tmp_bytes, options=(), x_kept=True)
+                               bwd_tmp_bytes=o.bwd_tmp_bytes, options=(), x_kept=True,
+                               early_xbar_bytes=None, early_fwd_tmp_bytes=None)
         known = ", ".join([STORE, *(o.name for o in self.options)])
         raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
 
@@ -173,6 +191,19 @@ class Chain:
             if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
                 raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes} (a stored "
                                  "layer keeps its output unless x_kept is False or it is in_place)")
+            if (ly.early_xbar_bytes is None) != (ly.early_fwd_tmp_bytes is None):
+                raise ValueError(f"layer {i} ({ly.name}): early_xbar_bytes and early_fwd_tmp_bytes "
+                                 "are given together or not at all")
+            if ly.early_xbar_bytes is not None and ly.in_place:
+                raise ValueError(f"layer {i} ({ly.name}): an in-place layer has no early-stop sizes "
+                                 "(a recompute starting at it runs on a copy)")
+            if ly.early_xbar_bytes is not None:
+                ex, et = ly.early_xbar_bytes, ly.early_fwd_tmp_bytes
+                if (not isinstance(ex, int) or not isinstance(et, int) or ex < 0 or et < 0
+                        or ex > ly.xbar_bytes or ex + et > ly.xbar_bytes + ly.fwd_tmp_bytes):
+                    raise ValueError(f"layer {i} ({ly.name}): early sizes ({ex}, {et}) must be "
+                                     "non-negative ints with early_xbar <= xbar and a peak no "
+                                     "higher than the whole forward's")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
                 raise ValueError(f"layer {i} ({ly.name}): negative time")
             if not 0 <= ly.tail_ms <= ly.fwd_ms:

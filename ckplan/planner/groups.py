@@ -48,6 +48,9 @@ class Units:
     # ``Post.backward_hold_bytes``): what a unit's backward at the top level and the inner plan
     # of a top-level checkpoint need on top (``PairCosts``); the post's own columns include it.
     bwd_extra: int = 0
+    # fwd_req when the unit ends a recompute stored (PyTorch's early stop: its last layer runs up
+    # to its last saved tensor, Layer.stop_*); None: fwd_req
+    fwd_req_stop: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -87,9 +90,12 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     bounds = [(a, b) for a, b in zip(starts, starts[1:] + [n])]
     btmp = effective_bwd_tmp(chain)
     hold, fwd_req, bwd_req, x_out, fn_first, fn_next, grad, fwd_ms = ([] for _ in range(8))
+    fwd_stop: list[int] = []
     for a, b in bounds:
         acc, fr = 0, 0
         for k in range(a, b):
+            if k == b - 1:
+                fwd_stop.append(max(fr, acc + L[k].stop_xbar_bytes + L[k].stop_fwd_tmp_bytes))
             acc += L[k].xbar_bytes
             fr = max(fr, acc + L[k].fwd_tmp_bytes)
         # Backward of a stored run: at B(k) the layers a..k are still held, the gradients of
@@ -115,6 +121,7 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     # the loss is held from the post forward on, its seed from the post backward on
     hold.append(post.xbar_bytes + post.loss_bytes)
     fwd_req.append(post.xbar_bytes + post.loss_bytes + post.fwd_tmp_bytes)
+    fwd_stop.append(fwd_req[-1])  # the post never ends a recompute
     bwd_req.append(post.xbar_bytes + post.backward_hold_bytes + post_btmp)
     x_out.append(0)
     fn_first.append(int(BIG))
@@ -147,7 +154,7 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
                  i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
                  opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
                  np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
-                 int(post.backward_hold_bytes))
+                 int(post.backward_hold_bytes), i64(fwd_stop))
 
 
 def size_gcd(chain: Chain) -> int:
@@ -159,6 +166,8 @@ def size_gcd(chain: Chain) -> int:
         vals += [ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes]
         for o in ly.options:
             vals += [o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes]
+        if ly.early_xbar_bytes is not None:
+            vals += [ly.early_xbar_bytes, ly.stop_fwd_tmp_bytes]
     for v in vals:
         g = gcd(g, int(v))
     return g or 1

@@ -32,6 +32,11 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
+  PyTorch stops a recompute once the last tensor saved in the first forward is back (early
+  stop): when ``inner`` ends with ``Store(t-1)`` (plain store), that layer's forward runs only up
+  to its last saved tensor, live ``mem + early_xbar[t-1]``, transient ``early_fwd_tmp[t-1]``
+  (``Layer.stop_*``; the whole forward when not measured); its backward then starts from
+  ``mem + xbar[t-1]``, the level its measured transient was calibrated on.
 * boundaries no op keeps (``Layer.x_kept`` / ``Pre.x_kept`` False: a Linear's output that only a
   ReLU reads, which saves its own output instead): ``xbar`` leaves the output out, so a stored
   layer frees it once the next stage has run (inside the next forward's measured transient). A
@@ -157,9 +162,18 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     if again and idx == 0 and it.option == STORE and ly.in_place:
                         copied.add(id(it))  # a copy of the recompute's input: a new output
                         ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
-                    live = mem + ly.xbar_bytes
-                    op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
-                    mem = live
+                    if (again and idx == len(seq) - 1 and it.option == STORE and id(it) not in copied
+                            and ly.early_xbar_bytes is not None):
+                        # the recompute stops at the layer's last saved tensor (early stop)
+                        live = mem + ly.stop_xbar_bytes
+                        op("F", it.layer, ctx, again, live, ly.stop_fwd_tmp_bytes, live)
+                        # its backward's transient was measured with everything the layer keeps
+                        # (its output included) counted as live: the backward starts from there
+                        mem += ly.xbar_bytes
+                    else:
+                        live = mem + ly.xbar_bytes
+                        op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
+                        mem = live
                     if again:
                         recompute_ms += ly.fwd_ms
                 else:

@@ -97,3 +97,18 @@ def with_loss(chain: Chain, seed: int | np.random.Generator = 0, *, most: int = 
     gradient seed are live through the whole backward, recomputes included."""
     rng = np.random.default_rng(seed)
     return replace(chain, post=replace(chain.post, loss_bytes=int(rng.integers(1, most + 1))))
+
+
+def with_early(chain: Chain, seed: int | np.random.Generator = 0, *, share: float = 0.8) -> Chain:
+    """``chain`` with early-stop sizes on about ``share`` of its layers (``Layer.early_*``): a
+    recompute ending with the layer stored stops at its last saved tensor, keeping between 0
+    and ``xbar`` with a peak up to the whole forward's."""
+    rng = np.random.default_rng(seed)
+
+    def early(ly):
+        if ly.in_place or rng.random() >= share:
+            return ly
+        ex = int(rng.integers(0, ly.xbar_bytes + 1))
+        et = int(rng.integers(0, ly.xbar_bytes + ly.fwd_tmp_bytes - ex + 1))
+        return replace(ly, early_xbar_bytes=ex, early_fwd_tmp_bytes=et)
+    return replace(chain, layers=tuple(early(ly) for ly in chain.layers))
