@@ -138,8 +138,9 @@ class PairCosts:
         # A sub-chain ending before the post ends a recompute (only inner plans reach it): a unit
         # stored last there runs as PyTorch's early stop leaves it (Units.fwd_req_stop).
         if u.fwd_req_stop is not None and U > 1:
-            e = np.arange(1, U)
-            self.store_req[e - 1, e] = np.maximum(u.fwd_req_stop[e - 1], u.bwd_req[e - 1] - xo[e - 1])
+            ends = np.arange(1, U)
+            self.store_req[ends - 1, ends] = np.maximum(u.fwd_req_stop[ends - 1],
+                                                        u.bwd_req[ends - 1] - xo[ends - 1])
         # The top level's backward (sub-chains [s, U), the post last) runs beside the loss and
         # its seed (Units.bwd_extra): a unit's backward there, and the inner plan of a checkpoint
         # there (whose forwards were measured without them); inner plans inherit it.
