@@ -16,7 +16,6 @@ trace, and brute force for the DP on random chains with early-stop sizes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_planner_dp import _check_against_brute, all_plans
+from test_planner_dp import _check_against_brute, all_plans, check_long_chain_fits, check_plan_chain_against_brute
 from test_planner_options import SIZE, check_against_brute
 
 from ckplan import api
@@ -35,15 +34,10 @@ from ckplan.planner import (
     Layer,
     Plan,
     chain_from_profile,
-    min_peak,
-    min_peak_plan,
-    plan_chain,
     plan_every_k,
-    plan_none,
     simulate,
     trace,
 )
-from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain, uniform_chain, with_casts, with_early, with_loss, with_tails
 from ckplan.records import Profile
 
@@ -173,13 +167,7 @@ early_chains = st.builds(lambda n, seed: with_early(with_loss(random_chain(n, se
 @given(early_chains)
 def test_dp_equals_brute_force_with_early_stops(chain):
     _check_against_brute(chain)  # slot tables in gcd slots
-    scores = [peak_of(chain, items) for items in all_plans(chain.n_layers)]
-    assert min_peak(chain) == min(p for p, _ in scores)
-    for b in sorted({p for p, _ in scores}):  # the exact-bytes tables, as the CLI plans
-        want = min(r for p, r in scores if p <= b)
-        res = plan_chain(chain, "dp", b)
-        assert res.score.peak_bytes <= b
-        assert res.score.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9)
+    check_plan_chain_against_brute(chain)  # the exact-bytes tables, as the CLI plans
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,20 +188,10 @@ def test_dp_with_options_and_early_stops_equals_brute_force(chain):
 @given(st.builds(lambda n, seed: with_early(with_casts(random_chain(n, seed), seed), seed),
                  st.integers(1, 5), st.integers(0, 2**32)))
 def test_dp_with_casts_and_early_stops_equals_brute_force(chain):
-    scores = [peak_of(chain, items) for items in all_plans(chain.n_layers)]
-    for b in sorted({p for p, _ in scores}):
-        want = min((r for p, r in scores if p <= b), default=math.inf)
-        res = plan_chain(chain, "dp", b)
-        assert res.score.peak_bytes <= b
-        assert res.score.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9)
+    check_plan_chain_against_brute(chain)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_long_chains_with_early_stops_never_go_over_budget(seed):
     chain = with_early(random_chain(150, seed, max_size=1000), seed)
-    lo = min_peak(chain)
-    assert simulate(chain, min_peak_plan(chain)).peak_bytes == lo
-    hi = simulate(chain, plan_none(150)).peak_bytes
-    for f in (0.0, 0.01, 0.3):
-        b = int(lo + f * (hi - lo))
-        assert plan_chain(chain, "dp", b).score.peak_bytes <= b
+    check_long_chain_fits(chain)

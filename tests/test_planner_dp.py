@@ -98,6 +98,30 @@ def _check_against_brute(chain: Chain, general: bool = False) -> None:
         assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (budget, plan.describe())
 
 
+def check_plan_chain_against_brute(chain: Chain) -> None:
+    """``plan_chain(chain, "dp", b)`` (the exact-bytes tables, as the CLI plans) at every
+    brute-force peak ``b``: never over budget, recompute equal to the brute-force optimum; and
+    ``min_peak`` equal to the least brute-force peak."""
+    scores = [peak_of(chain, items) for items in all_plans(chain.n_layers)]
+    assert min_peak(chain) == min(p for p, _ in scores)
+    for b in sorted({p for p, _ in scores}):
+        want = min(r for p, r in scores if p <= b)
+        res = plan_chain(chain, "dp", b)
+        assert res.score.peak_bytes <= b
+        assert res.score.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, res.plan.describe())
+
+
+def check_long_chain_fits(chain: Chain) -> None:
+    """A long chain (grouped tables): min_peak_plan reaches min_peak, and dp fits its budget near
+    the smallest peak and a third of the way up."""
+    lo = min_peak(chain)
+    assert simulate(chain, min_peak_plan(chain)).peak_bytes == lo
+    hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    for f in (0.0, 0.01, 0.3):
+        b = int(lo + f * (hi - lo))
+        assert plan_chain(chain, "dp", b).score.peak_bytes <= b
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chains)
 def test_dp_equals_brute_force(chain):
