@@ -329,7 +329,7 @@ def profile_problem(data: Any) -> str | None:
             return f"layers[{i}] is not an object"
         # Older profiles have no options and no recompute_ms.
         missing = [k for k in kinds if k not in row
-                   and k not in ("options", "recompute_ms", "output_kept", "output_in_place",
+                   and k not in ("options", "recompute_ms", "output_kept", "output_in_place", "output_saved_after",
                                  "early_peak_bytes", "early_kept_bytes")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
@@ -356,8 +356,9 @@ def profile_problem(data: Any) -> str | None:
             v = row.get(k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 return f"layers[{i}].{k} must be a non-negative integer or null, got {v!r}"
-        if row.get("output_kept") not in (None, True, False):
-            return f"layers[{i}].output_kept must be true, false or null, got {row['output_kept']!r}"
+        for key in ("output_kept", "output_saved_after"):
+            if row.get(key) not in (None, True, False):
+                return f"layers[{i}].{key} must be true, false or null, got {row[key]!r}"
     if not isinstance(totals, dict):
         return "totals is not an object"
     for f in fields(Totals):

@@ -68,6 +68,8 @@ from .sac import check_option, policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
 
+# packed_by's mark for a tensor saved outside every chain layer (pre, post, the model's own code)
+_OUTSIDE = -2
 ASSUMED_FLOPS_PER_S = 100e12  # meta-device time estimates: an accelerator at 100 TFLOP/s sustained
 
 
@@ -153,6 +155,9 @@ class _Instrument:
     early_peak: dict[int, int] = field(default_factory=dict)
     packed_by: dict[int, set[int]] = field(default_factory=dict)
     early_kept_at_end: dict[int, int] = field(default_factory=dict)
+    # Per chain layer whose output the forward keeps: whether an op after the layer (the next
+    # stage, or the model's code between them) saved it too (StageRecord.output_saved_after).
+    saved_after_at_end: dict[int, bool] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -180,8 +185,9 @@ class _Instrument:
         except (RuntimeError, NotImplementedError):
             return t
         k = id(st)
-        if inside is not None and k not in self.excluded:
-            self.packed_by.setdefault(k, set()).add(inside)
+        if self.track_saved and not self.paused and not self.attribute_on_pack and k not in self.excluded:
+            # who saved it: a chain layer's own ops, or code outside every chain layer
+            self.packed_by.setdefault(k, set()).add(_OUTSIDE if inside is None else inside)
         if k not in self.excluded:
             ref = self.saved.get(k)
             if ref is None or ref() is None:
@@ -306,6 +312,7 @@ class _Instrument:
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
         self.live_at_end = self._live_by_stage() if self.track_saved else {}
         self.kept_at_end = self._kept_boundaries() if self.track_saved else {}
+        self.saved_after_at_end = self._saved_after() if self.track_saved else {}
         self.early_kept_at_end = self._early_kept_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
@@ -331,6 +338,21 @@ class _Instrument:
             if st is None or window is None or window[0] != "F" or window[1] not in self.packed_by.get(k, ()):
                 continue
             out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def _saved_after(self) -> dict[int, bool]:
+        """Per chain layer whose output is kept and is its own (made in its window, not in
+        place): whether some op after the layer saved it too, or only the layer's own ops did
+        (a block ending with a ReLU, read next by a pooling that saves nothing: HF ResNet's last
+        stage). A checkpoint ending at such a layer saves nothing inside, so PyTorch frees the
+        output once the next stage has read it."""
+        out: dict[int, bool] = {}
+        for i, kept in self.kept_at_end.items():
+            ref = self.out_storage.get(i)
+            st = ref() if ref is not None else None
+            if i < 0 or not kept or st is None or self.alloc_window.get(id(st)) != ("F", i):
+                continue
+            out[i] = any(who != i for who in self.packed_by.get(id(st), ()))
         return out
 
     def _kept_boundaries(self) -> dict[int, bool | None]:
@@ -497,6 +519,12 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         notes += (f"outputs no op saves (freed once the next stage has run; a checkpoint starting "
                   f"there keeps them): {names}{more}; their saved bytes leave them out "
                   "(README: memory model)",)
+    own = [r.index for r in rows if r.output_saved_after is False]
+    if own:
+        names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
+        notes += (f"outputs saved only by their own layer's ops (nothing after them saves them, so a "
+                  f"checkpoint ending there frees them once the next stage has run): {names} "
+                  "(README: memory model)",)
     if kept.active:
         notes += (KEPT_MEMORY_NOTE,)
     if compiled is not None:
@@ -619,6 +647,7 @@ class _MeasuredPass:
     live_at_end: dict[int, int] = field(default_factory=dict)
     side_inputs: tuple[SideInput, ...] = ()
     kept: dict[int, bool | None] = field(default_factory=dict)  # StageRecord.output_kept per stage
+    saved_after: dict[int, bool] = field(default_factory=dict)  # StageRecord.output_saved_after
     in_place: frozenset[int] = frozenset()  # StageRecord.output_in_place
     early_peak: dict[int, int] = field(default_factory=dict)  # StageRecord.early_peak_bytes
     early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
@@ -664,6 +693,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
+        saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True)
     inst.track_saved, inst.flops, inst.meter = False, None, None
@@ -1039,6 +1069,8 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
             output_in_place=s in measured.in_place,
+            output_saved_after=(measured.saved_after.get(s) if role == CHAIN and s not in measured.in_place
+                                else None),
             # a layer that saves nothing does not run in a recompute that ends with it
             early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if role == CHAIN and measured.early else None,
             early_kept_bytes=measured.early_kept.get(s, 0) if role == CHAIN and measured.early else None,

@@ -109,6 +109,13 @@ class StageRecord:
     # The stage returned its input's storage changed in place (ReLU(inplace=True)): its output
     # is counted where that storage was made, and a checkpoint starting at it gets a copy.
     output_in_place: bool = False
+    # For a chain layer whose output is kept (``output_kept``) and is its own: whether an op after
+    # the layer (the next stage, or the model's code before it) saved it too. False: only the
+    # layer's own ops did (a block ending with a ReLU, read next by a pooling that saves nothing),
+    # so a checkpoint ending at the layer, which saves nothing inside, lets PyTorch free it once
+    # the next stage has read it. None: not measured (older profiles, compiled passes), not kept,
+    # or returned in place: taken as saved after.
+    output_saved_after: bool | None = None
     # PyTorch's non-reentrant checkpoint stops a recompute once the last tensor its first forward
     # saved is back (early stop), so the last layer of a recompute runs only up to its last saved
     # tensor: ``early_peak_bytes`` is the forward window's peak up to that op (relative to the

@@ -50,16 +50,17 @@ class Budget:
 
 def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
     """What ``plan`` holds for backward when the forward (loss included, autocast's weight copies
-    of checkpointed layers released) ends, persistent memory excluded, from the simulator's trace."""
+    of checkpointed layers and a last boundary nothing after it saves released) ends, persistent
+    memory excluded, from the simulator's trace."""
     n = chain.n_layers
     held = None
     for ev in trace(chain, plan):
         if ev.op == "F" and ev.stage == n:
             held = ev.mem_bytes
         elif held is not None:
-            if ev.op == "uncast":
-                held = ev.mem_bytes
-            break
+            if ev.op not in ("uncast", "release"):
+                break
+            held = ev.mem_bytes  # a boundary only the last layer's own ops saved, read by post
     assert held is not None  # every trace runs the post forward
     return held - chain.persistent_bytes
 

@@ -77,6 +77,11 @@ class Layer:
     # LayerNorm, which saves x - mean), so ``xbar_bytes`` leaves it out, it is freed once the next
     # stage has run, and only a checkpoint starting right after keeps it (as its input).
     x_kept: bool = True
+    # With ``x_kept``: whether an op after the layer saves the output too. False: only the layer's
+    # own ops do (a block ending with a ReLU, read next by a pooling that saves nothing: HF
+    # ResNet's last stage). Stored, the layer keeps it (in ``xbar``); a checkpoint ending at the
+    # layer saves nothing inside, so its boundary is freed once a stored next stage has run.
+    x_kept_next: bool = True
     # The layer returns its input's storage changed in place (ReLU(inplace=True)): ``xbar`` does
     # not count the output (its maker's does). A checkpoint starting at it gives it a copy
     # (ckplan.execute), which the recompute keeps as the layer's saved output: ``x`` more there.
@@ -258,7 +263,8 @@ class Chain:
     def all_kept(self) -> bool:
         """Whether every boundary tensor (the chain input and each layer's output) is kept by the
         plain forward: the DP tables' model (rotor's: a stored layer keeps its output)."""
-        return self.pre.x_kept and all(ly.x_kept and not ly.in_place for ly in self.layers)
+        return self.pre.x_kept and all(ly.x_kept and ly.x_kept_next and not ly.in_place
+                                       for ly in self.layers)
 
     def input_hold(self, s: int) -> int:
         """Bytes a checkpoint starting at layer ``s`` keeps beyond the plain forward when the item
@@ -277,7 +283,8 @@ class Chain:
         pre = self.pre if self.pre.x_kept else replace(
             self.pre, retained_bytes=self.pre.retained_bytes + self.x_in_bytes, x_kept=True)
         return replace(self, pre=pre, layers=tuple(
-            ly if ly.x_kept and not ly.in_place else
+            ly if ly.x_kept and ly.x_kept_next and not ly.in_place else
+            replace(ly, x_kept_next=True) if ly.x_kept and not ly.in_place else
             replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True, in_place=False)
             for ly in self.layers))
 

@@ -601,7 +601,7 @@ UNKEPT_STEPS = 8
 def _unkept_extra(chain: Chain) -> int:
     """The most ``chain.conservative()`` overstates a peak: every boundary no op keeps."""
     return (0 if chain.pre.x_kept else chain.x_in_bytes) + sum(
-        ly.x_bytes for ly in chain.layers if not ly.x_kept)
+        ly.x_bytes for ly in chain.layers if not (ly.x_kept and ly.x_kept_next))
 
 
 def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
@@ -661,8 +661,13 @@ def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
                            f"{lowest}: planner bug")
     plan = Plan("dp", n, best.items, {"budget_bytes": budget_bytes})
     unkept = sum(not ly.x_kept for ly in chain.layers)
-    note = (f"{'the chain input and ' if not chain.pre.x_kept else ''}{unkept} layer output(s) are "
-            "not kept by the plain forward (no op saves them): planned on a bound that keeps them, "
+    own = sum(ly.x_kept and not ly.x_kept_next for ly in chain.layers)
+    what = [f"{'the chain input and ' if not chain.pre.x_kept else ''}{unkept} layer output(s) are "
+            "not kept by the plain forward (no op saves them)"] if unkept or not chain.pre.x_kept else []
+    if own:
+        what.append(f"{own} layer output(s) are saved only by the layer's own ops (a checkpoint "
+                    "ending there frees them once read)")
+    note = (f"{'; '.join(what)}: planned on a bound that keeps them, "
             f"the cheapest of {len(cands)} plans that fits the budget as measured")
     return DPResult(plan, 1, 0, False, n + 1, (note,))
 

@@ -44,7 +44,9 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   stored there with a selective option (its own SAC checkpoint), keeps it as its input: ``hold``
   adds it before that item's forward, ``unhold`` frees it after its backward. A checkpoint's own
   boundary ``x[t-1]`` of that kind is freed once read (``release``) when a layer stored with
-  ``store`` (or post) comes next.
+  ``store`` (or post) comes next; so is one that only layer ``t-1``'s own ops save
+  (``Layer.x_kept_next`` False: nothing inside a checkpoint saves), after that next stage's
+  forward (which was measured with it live).
 * side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers, or a
   chain layer for layers after the next one): live from pre's forward; freed when the chain's
   forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
@@ -141,6 +143,17 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
+    # a released boundary the next stage's forward still reads: (bytes, layer, span, again)
+    pending: tuple[int, int, tuple[int, int], bool] | None = None
+
+    def release_pending(mem: int) -> int:
+        nonlocal pending
+        assert pending is not None
+        nbytes, layer, span, again = pending
+        pending = None
+        mem -= nbytes
+        op("release", layer, span, again, mem, 0, mem)
+        return mem
     copied: set[int] = set()  # in-place layers first in a recompute (Layer.in_place)
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
@@ -174,6 +187,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         live = mem + ly.xbar_bytes
                         op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
                         mem = live
+                    if pending is not None:
+                        mem = release_pending(mem)
                     if again:
                         recompute_ms += ly.fwd_ms
                 else:
@@ -188,8 +203,13 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         if again:
                             recompute_ms += ly.fwd_ms
                     if _boundary_released(chain, seq, idx, ctx):
-                        mem -= L[it.stop - 1].x_bytes  # read by the next stage, saved by none
-                        op("release", it.stop - 1, (it.start, it.stop), again, mem, 0, mem)
+                        if L[it.stop - 1].x_kept:
+                            # only the layer's own ops save it in the plain forward, where the
+                            # next stage's measured forward ran with it live: freed after that
+                            pending = (L[it.stop - 1].x_bytes, it.stop - 1, (it.start, it.stop), again)
+                        else:
+                            mem -= L[it.stop - 1].x_bytes  # read by the next stage, saved by none
+                            op("release", it.stop - 1, (it.start, it.stop), again, mem, 0, mem)
             if again and seq and isinstance(seq[-1], Store):
                 # the recompute stops once the last saved tensor is back: the last layer's tail
                 # is not redone (a sequence ending in a checkpoint does not get this)
@@ -240,6 +260,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             live = mem + post.xbar_bytes + post.loss_bytes  # the loss, held until the step ends
             op("F", n, None, False, live, post.fwd_tmp_bytes, live)
             mem = live
+            if pending is not None:
+                mem = release_pending(mem)
             if casts:  # the autocast region ends with the loss: its cache is cleared
                 mem -= casts
                 op("uncast", None, None, False, mem, 0, mem)
@@ -279,11 +301,15 @@ def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, i
 def _boundary_released(chain: Chain, seq: tuple[Item, ...], idx: int,
                        ctx: tuple[int, int] | None) -> bool:
     """Whether checkpoint ``seq[idx]``'s boundary ``x[t-1]`` is freed once the next stage has
-    read it: no op of the plain forward saves it (``Layer.x_kept`` False, so neither does the
-    stage after it) and that stage is a layer stored with ``store`` (or post, at the top level);
-    a checkpoint or a selective option after it keeps it as its input."""
+    read it: no op after layer ``t-1`` saves it (``Layer.x_kept`` False, or only the layer's own
+    ops do: ``Layer.x_kept_next`` False; inside the checkpoint they save nothing) and that stage
+    is a layer stored with ``store`` (or post, at the top level); a checkpoint or a selective
+    option after it keeps it as its input."""
     it = seq[idx]
-    if isinstance(it, Store) or chain.layers[it.stop - 1].x_kept:
+    if isinstance(it, Store):
+        return False
+    ly = chain.layers[it.stop - 1]
+    if ly.x_kept and ly.x_kept_next:
         return False
     if idx + 1 < len(seq):
         nxt = seq[idx + 1]
@@ -329,7 +355,7 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
     if op == "release" and ctx is not None:
-        return f"boundary x[{stage}] of [{ctx[0]},{ctx[1]}) freed (no op saves it)"
+        return f"boundary x[{stage}] of [{ctx[0]},{ctx[1]}) freed (nothing after it saves it)"
     if op in ("hold", "unhold") and ctx is not None:
         what = "x_in" if stage == PRE else f"x[{stage}]"
         return (f"[{ctx[0]},{ctx[1]}) keeps its input {what}" if op == "hold"
