@@ -135,28 +135,28 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
     p = chain.persistent_bytes
     n = chain.n_layers
     ref = _grads(model, x)
-    bound_wrong = exact_nested = 0
+    bound_wrong = exact_nested = nested = 0
     for items in all_plans(n):
         plan = Plan("custom", n, items)
         measured = _measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
         if _nested(items):
-            # a nested checkpoint's input inside a recompute: never under, at most one boundary
-            # per nesting level over (README: known limits)
-            assert measured <= predicted <= measured + _depth(items) * B * D * 4, plan.describe()
+            # a nested checkpoint's backward inside a recompute: never under, at most one
+            # boundary over (README: known limits)
+            assert measured <= predicted <= measured + B * D * 4, plan.describe()
             exact_nested += predicted == measured
+            nested += 1
         else:
             assert predicted == measured, plan.describe()
             bound_wrong += simulate(chain.conservative(), plan).peak_bytes - p != measured
     assert bound_wrong > 0  # the oracle can fail: rotor's model misses some of these plans
-    assert exact_nested > 0
+    # the forward without saving counts an output no op keeps once (it was counted twice, in
+    # the transient measured without it and as live: 20 of the 56 nested plans of the
+    # sequential chain over, 10 now)
+    assert exact_nested * 5 >= nested * 4, (exact_nested, nested)
     for r in ("dp", "chen", "sqrtn"):
         got = _grads(model, x, plan_chain(chain, r, min_peak(chain)).plan)
         assert all(torch.equal(a, b) for a, b in zip(ref, got)), r
-
-
-def _depth(items) -> int:
-    return max((1 + _depth(it.inner) for it in items if isinstance(it, Checkpoint)), default=0)
 
 
 def _nested(items) -> bool:
@@ -277,7 +277,7 @@ def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
         measured = _measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
         if _nested(items):
-            assert measured <= predicted <= measured + _depth(items) * B * D * 4, plan.describe()
+            assert measured <= predicted <= measured + B * D * 4, plan.describe()
         else:
             assert predicted == measured, plan.describe()
     for budget in (min_peak(chain), simulate(chain, plan_chain(chain, "none").plan).peak_bytes - 1):

@@ -42,7 +42,10 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   layer frees it once the next stage has run (inside the next forward's measured transient). A
   checkpoint starting right after such a stored layer (or at layer 0 after such a pre), or a layer
   stored there with a selective option (its own SAC checkpoint), keeps it as its input: ``hold``
-  adds it before that item's forward, ``unhold`` frees it after its backward. A checkpoint's own
+  adds it before that item's forward, ``unhold`` frees it after its backward. The measured forward
+  transient of such a layer, and of the layer after it, holds that output (``xbar`` leaves it
+  out): a forward that saves nothing (``Fn``) and the first layer of a recompute, where it is
+  live already, take the transient without it. A checkpoint's own
   boundary ``x[t-1]`` of that kind is freed once read (``release``) when a layer stored with
   ``store`` (or post) comes next; so is one that only layer ``t-1``'s own ops save
   (``Layer.x_kept_next`` False: nothing inside a checkpoint saves), after that next stage's
@@ -175,17 +178,20 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     if again and idx == 0 and it.option == STORE and ly.in_place:
                         copied.add(id(it))  # a copy of the recompute's input: a new output
                         ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
+                    # first in an inner plan, its input is the checkpoint's, counted in mem: when
+                    # no op keeps it, the measured transient (xbar leaves it out) holds it too
+                    dup = chain.input_hold(it.layer) if again and idx == 0 and it.option == STORE else 0
                     if (again and idx == len(seq) - 1 and it.option == STORE and id(it) not in copied
                             and ly.early_xbar_bytes is not None):
                         # the recompute stops at the layer's last saved tensor (early stop)
                         live = mem + ly.stop_xbar_bytes
-                        op("F", it.layer, ctx, again, live, ly.stop_fwd_tmp_bytes, live)
+                        op("F", it.layer, ctx, again, live, max(0, ly.stop_fwd_tmp_bytes - dup), live)
                         # its backward's transient was measured with everything the layer keeps
                         # (its output included) counted as live: the backward starts from there
                         mem += ly.xbar_bytes
                     else:
                         live = mem + ly.xbar_bytes
-                        op("F", it.layer, ctx, again, live, ly.fwd_tmp_bytes, live)
+                        op("F", it.layer, ctx, again, live, max(0, ly.fwd_tmp_bytes - dup), live)
                         mem = live
                     if pending is not None:
                         mem = release_pending(mem)
@@ -198,7 +204,11 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         casts += cast
                         live = mem + ly.x_bytes + cast
                         after = live - L[k - 1].x_bytes if k > it.start else live
-                        op("Fn", k, ctx, again, live, ly.fwd_tmp_bytes, after)
+                        # outputs no op keeps (its own, the input's): the measured transient
+                        # holds them (xbar leaves them out), and here live counts them already
+                        own = 0 if ly.x_kept or ly.in_place else ly.x_bytes
+                        tmp = max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k))
+                        op("Fn", k, ctx, again, live, tmp, after)
                         mem = after
                         if again:
                             recompute_ms += ly.fwd_ms
