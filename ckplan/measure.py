@@ -62,14 +62,17 @@ class LiveTensorTracker(TorchDispatchMode):
     ``on_alloc(storage_id, nbytes)`` lets the profiler attribute each new storage to a stage;
     ``on_op(func, input_storage_ids, new_storages)`` sees every op after it ran, with the
     ``(storage_id, nbytes)`` of each storage it created (the profiler finds parameter uses and
-    autocast's weight copies with it).
+    autocast's weight copies with it). ``on_free(storage_id)`` is called when a counted storage
+    dies: its id may then be reused by another Python object.
     """
 
     def __init__(self, limit_bytes: int | None = None,
                  on_alloc: Callable[[int, int], None] | None = None,
-                 on_op: Callable[[object, set[int], list[tuple[int, int]]], None] | None = None):
+                 on_op: Callable[[object, set[int], list[tuple[int, int]]], None] | None = None,
+                 on_free: Callable[[int], None] | None = None):
         super().__init__()
         self.on_op = on_op
+        self.on_free = on_free
         self.live = 0
         self.peak = 0
         self.limit_bytes = limit_bytes
@@ -86,6 +89,8 @@ class LiveTensorTracker(TorchDispatchMode):
     def _free(self, key: int, nbytes: int) -> None:
         if self._known.pop(key, None) is not None:
             self.live -= nbytes
+            if self.on_free is not None:
+                self.on_free(key)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -174,6 +174,11 @@ class _Instrument:
     def on_alloc(self, key: int, nbytes: int) -> None:
         self.alloc_window[key] = self._current
 
+    def on_free(self, key: int) -> None:
+        # The id of a dead storage may be reused (by the wrapper of a storage made before the
+        # step, such as the labels, first asked for when an op saves them): forget its window.
+        self.alloc_window.pop(key, None)
+
     def pack(self, t: torch.Tensor):
         inside = (self._inside if self.track_saved and not self.paused and not self.attribute_on_pack
                   else None)
@@ -681,7 +686,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         if autocast_on and used and new and func is torch.ops.aten._to_copy.default:
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
 
-    tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op)
+    tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op, on_free=inst.on_free)
     inst.flops = _flop_counter()
     with inst.flops, tracker:
         inst.meter = _Meter(step.device, tracker)

@@ -366,3 +366,46 @@ def test_profiles_without_options_or_recompute_times_are_valid_and_bad_ones_are_
     assert "layers[1].recompute_ms" in api.profile_problem(d)
     d["layers"][1]["recompute_ms"] = float("nan")
     assert "not a finite number" in api.profile_problem(d)
+
+
+class _ScaledByConstant(nn.Module):
+    """A Linear whose output is scaled by a plain tensor attribute (neither parameter nor buffer,
+    made before the step); a temporary made and freed first. ``mul`` saves only the constant
+    (the Linear's output needs no saving: the constant does not require grad)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.const = torch.randn(64, d)
+
+    def forward(self, x):
+        tmp = x * 2.0
+        del tmp
+        return self.lin(x) * self.const
+
+
+def test_a_dead_storage_id_reused_by_a_constant_is_not_billed_to_a_layer():
+    # Analytic: each layer saves only its output (the next Linear's input, or pow's for the
+    # last); the constant existed before the step and the weights are parameters. Python may
+    # give the constant's storage object, first made when ``mul`` saves it, the id of the
+    # temporary that just died; the profile billed the constant's 8192 bytes to the layer
+    # whose window made that temporary (seen on HF ResNet's and BERT's labels: 16 B, now and
+    # then). Three profiles in one process, every one analytic.
+    torch.manual_seed(0)
+    d, b = 32, 64
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(_ScaledByConstant(d) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x.pow(2).mean()
+
+    model, x = Net(), torch.randn(b, d)
+    for _ in range(3):
+        prof = api.profile_model(model, (x,), {}, name="const", chain="layers", device="cpu",
+                                 optimizer="sgd", repeats=1, warmup=0)
+        assert [r.saved_bytes for r in prof.chain_layers] == [b * d * 4] * 3
