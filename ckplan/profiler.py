@@ -346,8 +346,8 @@ class _Instrument:
         return out
 
     def _saved_after(self) -> dict[int, bool]:
-        """Per chain layer whose output is kept and is its own (made in its window, not in
-        place): whether some op after the layer saved it too, or only the layer's own ops did
+        """Per chain layer whose output is kept: whether some op after the layer saved it too,
+        or only the layer's own ops did
         (a block ending with a ReLU, read next by a pooling that saves nothing: HF ResNet's last
         stage). A checkpoint ending at such a layer saves nothing inside, so PyTorch frees the
         output once the next stage has read it."""
@@ -355,9 +355,11 @@ class _Instrument:
         for i, kept in self.kept_at_end.items():
             ref = self.out_storage.get(i)
             st = ref() if ref is not None else None
-            if i < 0 or not kept or st is None or self.alloc_window.get(id(st)) != ("F", i):
+            if i < 0 or not kept or st is None:
                 continue
-            out[i] = any(who != i for who in self.packed_by.get(id(st), ()))
+            # made here, or an earlier layer's storage returned in place (the layers before
+            # cannot have saved it on the layer's behalf: they ran before it changed it)
+            out[i] = any(who == _OUTSIDE or who > i for who in self.packed_by.get(id(st), ()))
         return out
 
     def _kept_boundaries(self) -> dict[int, bool | None]:
@@ -1074,8 +1076,7 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
             output_in_place=s in measured.in_place,
-            output_saved_after=(measured.saved_after.get(s) if role == CHAIN and s not in measured.in_place
-                                else None),
+            output_saved_after=measured.saved_after.get(s) if role == CHAIN else None,
             # a layer that saves nothing does not run in a recompute that ends with it
             early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if role == CHAIN and measured.early else None,
             early_kept_bytes=measured.early_kept.get(s, 0) if role == CHAIN and measured.early else None,

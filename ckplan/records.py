@@ -113,8 +113,8 @@ class StageRecord:
     # the layer (the next stage, or the model's code before it) saved it too. False: only the
     # layer's own ops did (a block ending with a ReLU, read next by a pooling that saves nothing),
     # so a checkpoint ending at the layer, which saves nothing inside, lets PyTorch free it once
-    # the next stage has read it. None: not measured (older profiles, compiled passes), not kept,
-    # or returned in place: taken as saved after.
+    # the next stage has read it. None: not measured (older profiles, compiled passes) or not
+    # kept: taken as saved after.
     output_saved_after: bool | None = None
     # PyTorch's non-reentrant checkpoint stops a recompute once the last tensor its first forward
     # saved is back (early stop), so the last layer of a recompute runs only up to its last saved

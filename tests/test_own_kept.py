@@ -58,6 +58,25 @@ class OwnNet(nn.Module):
         return self.head(z).pow(2).mean()
 
 
+class InPlaceOwnNet(nn.Module):
+    """torchvision's style, Linear, BatchNorm, ReLU(inplace=True), Linear, ReLU(inplace=True)
+    each a chain layer, then the head of ``OwnNet``: the last in-place ReLU's output (the second
+    Linear's storage) is saved by that ReLU only."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(D, D)
+        self.layers = nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(D), nn.ReLU(inplace=True),
+                                    nn.Linear(D, D), nn.ReLU(inplace=True))
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, x):
+        h = self.layers(self.stem(x))
+        z = (h * 3.0).exp()
+        del h
+        return self.head(z).pow(2).mean()
+
+
 def _held(model, x, plan) -> int:
     """Live bytes when the forward (loss included) ends, above those before the step."""
     model.zero_grad(set_to_none=True)
@@ -76,6 +95,14 @@ def own():
     return model, x, prof, chain_from_profile(prof)
 
 
+@pytest.fixture(scope="module")
+def in_place():
+    torch.manual_seed(0)
+    model = InPlaceOwnNet()
+    x, prof = _profiled(model, "layers")
+    return model, x, prof, chain_from_profile(prof)
+
+
 def test_profile_flags_outputs_only_their_own_ops_save(own):
     _, _, prof, chain = own
     assert [r.output_kept for r in prof.chain_layers] == [True] * 4
@@ -89,12 +116,25 @@ def test_profile_flags_outputs_only_their_own_ops_save(own):
     assert flags == [(False, None), (True, True), (False, None), (True, True)]
 
 
-def test_every_plan_peaks_and_holds_as_measured(own):
-    model, x, _, chain = own
+def test_an_in_place_output_only_its_layer_saves_is_flagged(in_place):
+    _, _, prof, chain = in_place
+    assert [r.output_in_place for r in prof.chain_layers] == [False, False, True, False, True]
+    # Linear's output: BatchNorm saves it; BatchNorm's and the second Linear's: the in-place
+    # ReLU after them saves the storage it returns; the first ReLU's: the Linear after it; the
+    # last ReLU's: nothing after it
+    assert [r.output_saved_after for r in prof.chain_layers] == [True, True, True, True, False]
+    assert [ly.x_kept_next for ly in chain.layers] == [True, True, True, True, False]
+    assert chain.conservative().all_kept
+
+
+@pytest.mark.parametrize("which", ["own", "in_place"])
+def test_every_plan_peaks_and_holds_as_measured(which, request):
+    model, x, _, chain = request.getfixturevalue(which)
     p = chain.persistent_bytes
     n = chain.n_layers
     boundary = B * D * 4
     exact_nested = released = 0
+    ref = _grads(model, x)
     for items in all_plans(n):
         plan = Plan("custom", n, items)
         measured = _measured_peak(model, x, plan)
@@ -105,6 +145,9 @@ def test_every_plan_peaks_and_holds_as_measured(own):
             continue
         assert predicted == measured, plan.describe()
         assert held_for_backward_bytes(chain, plan) == _held(model, x, plan), plan.describe()
+        if which == "in_place":  # BatchNorm's running statistics move: same batch, same grads
+            got = _grads(model, x, plan)
+            assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(ref, got)), plan.describe()
         released += held_for_backward_bytes(chain.conservative(), plan) != held_for_backward_bytes(chain, plan)
     assert released > 0  # the oracle can fail: the model keeping every boundary misses these
     assert exact_nested > 0

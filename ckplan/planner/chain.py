@@ -285,7 +285,8 @@ class Chain:
         return replace(self, pre=pre, layers=tuple(
             ly if ly.x_kept and ly.x_kept_next and not ly.in_place else
             replace(ly, x_kept_next=True) if ly.x_kept and not ly.in_place else
-            replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True, in_place=False)
+            replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True, in_place=False,
+                    x_kept_next=True)
             for ly in self.layers))
 
     def without_options(self) -> Chain:
