@@ -139,8 +139,8 @@ def test_every_plan_peaks_and_holds_as_measured(which, request):
         plan = Plan("custom", n, items)
         measured = _measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
-        if _nested(items):  # README known limits: at most one boundary over
-            assert measured <= predicted <= measured + boundary, plan.describe()
+        if _nested(items):  # README known limits: a bias gradient over; in place, a boundary
+            assert measured <= predicted <= measured + (D * 4 if which == "own" else boundary), plan.describe()
             exact_nested += predicted == measured
             continue
         assert predicted == measured, plan.describe()

@@ -141,9 +141,9 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
         measured = _measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
         if _nested(items):
-            # a nested checkpoint's backward inside a recompute: never under, at most one
-            # boundary over (README: known limits)
-            assert measured <= predicted <= measured + B * D * 4, plan.describe()
+            # never under; over by at most the bias gradient a nested checkpoint's next layer
+            # allocates after the boundary is last read, inside a recompute (README: known limits)
+            assert measured <= predicted <= measured + D * 4, plan.describe()
             exact_nested += predicted == measured
             nested += 1
         else:
@@ -151,8 +151,9 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
             bound_wrong += simulate(chain.conservative(), plan).peak_bytes - p != measured
     assert bound_wrong > 0  # the oracle can fail: rotor's model misses some of these plans
     # the forward without saving counts an output no op keeps once (it was counted twice, in
-    # the transient measured without it and as live: 20 of the 56 nested plans of the
-    # sequential chain over, 10 now)
+    # the transient measured without it and as live), and a nested checkpoint's input inside a
+    # recompute goes once read: 20 of the 56 nested plans of the sequential chain were over by
+    # up to a boundary, 8 now, by 128 B
     assert exact_nested * 5 >= nested * 4, (exact_nested, nested)
     for r in ("dp", "chen", "sqrtn"):
         got = _grads(model, x, plan_chain(chain, r, min_peak(chain)).plan)
@@ -277,6 +278,8 @@ def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
         measured = _measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
         if _nested(items):
+            # a nested checkpoint inside a recompute starting at an in-place layer gets a copy,
+            # and its input goes once copied: held longer in the prediction (README: known limits)
             assert measured <= predicted <= measured + B * D * 4, plan.describe()
         else:
             assert predicted == measured, plan.describe()

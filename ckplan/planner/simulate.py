@@ -146,6 +146,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
+    # id(checkpoint inside a recompute) -> bytes of its input freed once its own recompute is over
+    first_read: dict[int, int] = {}
     # a released boundary the next stage's forward still reads: (bytes, layer, span, again)
     pending: tuple[int, int, tuple[int, int], bool] | None = None
 
@@ -232,9 +234,27 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 if ctx is None and side_held.get(idx):
                     stack.append(("side", idx))  # after this item's whole backward
                 hold = _input_hold(chain, seq, idx, ctx)
-                if hold:
+                if (hold and ctx is not None and isinstance(it, Checkpoint)
+                        and isinstance(it.inner[0], Store) and it.inner[0].option == STORE):
+                    # a checkpoint inside a recompute: its input is one of the enclosing
+                    # recompute's tensors, handed over once, so it goes as soon as its own
+                    # recompute (whose first layer does not save it) is over
+                    first_read[id(it)] = hold
+                elif hold:
                     stack.append(("unhold", hold, it))  # after its backward: the input is done
+                elif (ctx is not None and idx > 0 and isinstance(it, Checkpoint)
+                      and isinstance(seq[idx - 1], Checkpoint) and isinstance(it.inner[0], Store)
+                      and it.inner[0].option == STORE
+                      and not (L[it.start - 1].x_kept and L[it.start - 1].x_kept_next)):
+                    # the same inside a recompute when the input is the boundary of the checkpoint
+                    # before, which nothing after it saves: that checkpoint's backward finds it gone
+                    first_read[id(it)] = L[it.start - 1].x_bytes
+                    released[id(seq[idx - 1])] = True
                 stack.append(("bwd1", it, ctx))
+        elif kind == "read":  # a nested checkpoint's recompute is over: its input goes
+            _, it = task
+            mem -= first_read.pop(id(it))
+            op("unhold", it.start - 1, _span(it), True, mem, 0, mem)
         elif kind == "unhold":
             _, hold, it = task
             mem -= hold
@@ -262,6 +282,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     mem -= L[it.stop - 1].x_bytes
                     op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
                 stack.append(("bwd", it.inner, inner_ctx))
+                if id(it) in first_read:
+                    stack.append(("read", it))
                 stack.append(("fwd", it.inner, inner_ctx))
         elif kind == "postF":
             if side_free:  # the chain's forward is over: nothing keeps them
