@@ -176,8 +176,10 @@ class _Instrument:
 
     def on_free(self, key: int) -> None:
         # The id of a dead storage may be reused (by the wrapper of a storage made before the
-        # step, such as the labels, first asked for when an op saves them): forget its window.
+        # step, such as the labels, first asked for when an op saves them): forget its window,
+        # and which chain layer returned it.
         self.alloc_window.pop(key, None)
+        self.chain_made.pop(key, None)
 
     def pack(self, t: torch.Tensor):
         inside = (self._inside if self.track_saved and not self.paused and not self.attribute_on_pack
