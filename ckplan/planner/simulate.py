@@ -45,7 +45,10 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   adds it before that item's forward, ``unhold`` frees it after its backward. The measured forward
   transient of such a layer, and of the layer after it, holds that output (``xbar`` leaves it
   out): a forward that saves nothing (``Fn``) and the first layer of a recompute, where it is
-  live already, take the transient without it. A checkpoint's own
+  live already, take the transient without it. A checkpoint nested inside a recompute gets such
+  an input (or the boundary of a checkpoint before it that nothing after saves) from the
+  enclosing recompute, which hands it over once: it is freed when the nested checkpoint's own
+  recompute is over (``unhold`` there), not after its backward. A checkpoint's own
   boundary ``x[t-1]`` of that kind is freed once read (``release``) when a layer stored with
   ``store`` (or post) comes next; so is one that only layer ``t-1``'s own ops save
   (``Layer.x_kept_next`` False: nothing inside a checkpoint saves), after that next stage's
@@ -147,7 +150,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
     # id(checkpoint inside a recompute) -> bytes of its input freed once its own recompute is over
-    first_read: dict[int, int] = {}
+    handed_over: dict[int, int] = {}
     # a released boundary the next stage's forward still reads: (bytes, layer, span, again)
     pending: tuple[int, int, tuple[int, int], bool] | None = None
 
@@ -239,7 +242,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     # a checkpoint inside a recompute: its input is one of the enclosing
                     # recompute's tensors, handed over once, so it goes as soon as its own
                     # recompute (whose first layer does not save it) is over
-                    first_read[id(it)] = hold
+                    handed_over[id(it)] = hold
                 elif hold:
                     stack.append(("unhold", hold, it))  # after its backward: the input is done
                 elif (ctx is not None and idx > 0 and isinstance(it, Checkpoint)
@@ -248,12 +251,12 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                       and not (L[it.start - 1].x_kept and L[it.start - 1].x_kept_next)):
                     # the same inside a recompute when the input is the boundary of the checkpoint
                     # before, which nothing after it saves: that checkpoint's backward finds it gone
-                    first_read[id(it)] = L[it.start - 1].x_bytes
+                    handed_over[id(it)] = L[it.start - 1].x_bytes
                     released[id(seq[idx - 1])] = True
                 stack.append(("bwd1", it, ctx))
         elif kind == "read":  # a nested checkpoint's recompute is over: its input goes
             _, it = task
-            mem -= first_read.pop(id(it))
+            mem -= handed_over.pop(id(it))
             op("unhold", it.start - 1, _span(it), True, mem, 0, mem)
         elif kind == "unhold":
             _, hold, it = task
@@ -282,7 +285,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     mem -= L[it.stop - 1].x_bytes
                     op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
                 stack.append(("bwd", it.inner, inner_ctx))
-                if id(it) in first_read:
+                if id(it) in handed_over:
                     stack.append(("read", it))
                 stack.append(("fwd", it.inner, inner_ctx))
         elif kind == "postF":
