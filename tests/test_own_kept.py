@@ -192,3 +192,19 @@ def test_simulator_frees_such_a_boundary_after_the_next_forward():
     with_kept = replace(ch, layers=tuple(replace(ly, x_kept_next=True) for ly in ch.layers))
     assert (simulate(ch, Plan("c", 5, items_from_ranges(5, [(1, 3)]))).peak_bytes
             <= simulate(with_kept, Plan("c", 5, items_from_ranges(5, [(1, 3)]))).peak_bytes)
+
+
+@pytest.mark.parametrize("n", [60, 150])
+def test_long_chains_with_such_outputs_never_go_over_budget(n):
+    # the DP plans on the bound that keeps them (exact tables up to 120 layers, grouped above),
+    # then checks its candidates on the chain as it is: every plan fits, min_peak is reached
+    from dataclasses import replace
+
+    from test_planner_dp import check_long_chain_fits
+
+    from ckplan.planner.synthetic import random_chain
+    ch = random_chain(n, n, max_size=1_000_003)
+    ch = replace(ch, layers=tuple(replace(ly, x_kept_next=(i % 7 != 3 and i != n - 1))
+                                  for i, ly in enumerate(ch.layers)))
+    assert not ch.all_kept and ch.conservative().all_kept
+    check_long_chain_fits(ch)
