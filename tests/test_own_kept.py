@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from test_planner_dp import all_plans
-from test_unkept import SeqNet, _grads, _measured_peak, _nested, _profiled
+from test_unkept import InPlaceNet, SeqNet, _grads, _measured_peak, _nested, _profiled
 
 from ckplan.execute import apply_plan
 from ckplan.measure import LiveTensorTracker
@@ -53,28 +53,21 @@ class OwnNet(nn.Module):
         h = self.stem(x)
         for layer in self.layers:
             h = layer(h)
-        z = (h * 3.0).exp()
-        del h
-        return self.head(z).pow(2).mean()
+        return _exp_head(self.head, h)
 
 
-class InPlaceOwnNet(nn.Module):
-    """torchvision's style, Linear, BatchNorm, ReLU(inplace=True), Linear, ReLU(inplace=True)
-    each a chain layer, then the head of ``OwnNet``: the last in-place ReLU's output (the second
-    Linear's storage) is saved by that ReLU only."""
+def _exp_head(head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """``exp(3 h)`` (saves its output, not ``h``), then a Linear and the loss."""
+    return head((h * 3.0).exp()).pow(2).mean()
 
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Linear(D, D)
-        self.layers = nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(D), nn.ReLU(inplace=True),
-                                    nn.Linear(D, D), nn.ReLU(inplace=True))
-        self.head = nn.Linear(D, 3)
+
+class InPlaceOwnNet(InPlaceNet):
+    """``tests/test_unkept.py``'s torchvision-style chain (Linear, BatchNorm, ReLU(inplace=True),
+    Linear, ReLU(inplace=True), each a chain layer) with ``OwnNet``'s head: the last in-place
+    ReLU's output (the second Linear's storage) is saved by that ReLU only."""
 
     def forward(self, x):
-        h = self.layers(self.stem(x))
-        z = (h * 3.0).exp()
-        del h
-        return self.head(z).pow(2).mean()
+        return _exp_head(self.head, self.body(self.stem(x)))
 
 
 def _held(model, x, plan) -> int:
@@ -99,7 +92,7 @@ def own():
 def in_place():
     torch.manual_seed(0)
     model = InPlaceOwnNet()
-    x, prof = _profiled(model, "layers")
+    x, prof = _profiled(model, "body")
     return model, x, prof, chain_from_profile(prof)
 
 
