@@ -114,6 +114,12 @@ class _Meter:
             return torch.cuda.max_memory_allocated(self.device) - self.base
         return self.tracker.peak if self.tracker is not None else 0
 
+    def live_now(self) -> int:
+        """Live bytes now, on the scale of the marks."""
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.device) - self.base
+        return self.tracker.live if self.tracker is not None else 0
+
 
 @dataclass
 class _Instrument:
@@ -158,6 +164,13 @@ class _Instrument:
     # Per chain layer whose output the forward keeps: whether an op after the layer (the next
     # stage, or the model's code between them) saved it too (StageRecord.output_saved_after).
     saved_after_at_end: dict[int, bool] = field(default_factory=dict)
+    # StageRecord.backward_lead_bytes: per packed tensor (id of what pack returned) the chain
+    # layer whose own op saved it (None: outside every chain layer), the live bytes at each
+    # stage's backward mark, and per chain layer the live bytes above that mark when its backward
+    # first unpacked one of its own saved tensors.
+    packed_in: dict[int, int | None] = field(default_factory=dict)
+    b_live: dict[int, int] = field(default_factory=dict)
+    lead: dict[int, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -169,6 +182,8 @@ class _Instrument:
         live, peak = self.meter.read_and_reset() if self.meter else (0, 0)
         f = self.flops.get_total_flops() if self.flops is not None else 0
         self.marks.append(_Mark(phase, stage, self.clock.now_ms(), live, peak, f))
+        if phase == "B":
+            self.b_live[stage] = live
         self._current = (phase, stage)
 
     def on_alloc(self, key: int, nbytes: int) -> None:
@@ -201,6 +216,20 @@ class _Instrument:
                 self.saved[k] = weakref.ref(st)
                 if self.attribute_on_pack:
                     self._first_seen(st, self._current)
+        # Detached: the same storage, without the grad_fn. An op's output saved by that op and
+        # returned as itself would hold its own node (tensor -> grad_fn -> packed tensor), a
+        # cycle only the garbage collector frees: a branch the loss does not use (BigBird's
+        # pooler under a masked-LM head: its tanh output) then stayed alive in the profiled step
+        # and was billed as held for backward, where the plain step frees it at once.
+        d = t.detach()
+        if self.track_saved and not self.paused:
+            self.packed_in[id(d)] = inside  # every pack: ids of dead entries may be reused
+        return d
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        i = self.packed_in.get(id(t)) if self.track_saved and not self.paused else None
+        if i is not None and i not in self.lead and i in self.b_live and self.meter is not None:
+            self.lead[i] = max(0, self.meter.live_now() - self.b_live[i])
         return t
 
     def _first_seen(self, st: torch.UntypedStorage, window: tuple[str, int]) -> None:
@@ -307,9 +336,12 @@ class _Instrument:
         self.early_peak.clear()
         self.packed_by.clear()
         self._inside = None
+        self.packed_in.clear()
+        self.b_live.clear()
+        self.lead.clear()
         self.mark("F", -1)
         if self.track_saved:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
                 loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
         else:
             loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
@@ -323,6 +355,7 @@ class _Instrument:
         self.early_kept_at_end = self._early_kept_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
+        self.packed_in.clear()
         return loss.detach()
 
     def _saved_by_stage(self) -> dict[int, int]:
@@ -661,6 +694,7 @@ class _MeasuredPass:
     early_peak: dict[int, int] = field(default_factory=dict)  # StageRecord.early_peak_bytes
     early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
     early: bool = False  # the early_* fields were measured (not in compiled passes)
+    lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
@@ -704,7 +738,8 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
-        early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True)
+        early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,
+        lead=dict(inst.lead))
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 
@@ -1082,6 +1117,7 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             # a layer that saves nothing does not run in a recompute that ends with it
             early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if role == CHAIN and measured.early else None,
             early_kept_bytes=measured.early_kept.get(s, 0) if role == CHAIN and measured.early else None,
+            backward_lead_bytes=measured.lead.get(s, 0) if role == CHAIN and measured.early else None,
         ))
     return tuple(rows)
 

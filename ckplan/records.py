@@ -124,6 +124,13 @@ class StageRecord:
     # layer saves it). None: not measured (older profiles, compiled passes): the whole forward.
     early_peak_bytes: int | None = None
     early_kept_bytes: int | None = None
+    # A chain layer's backward runs the backward of its last ops that saved nothing (a residual
+    # add, a mixture of experts' sum over its top-k copies) before it first needs a saved tensor,
+    # which is when a checkpoint ending at the layer recomputes: the bytes that backward holds
+    # then above its start (the output's gradient made; GPT-OSS's expanded top-k gradient, twice
+    # the hidden state) stay live through that recompute. None: not measured (older profiles,
+    # compiled or meta passes): 0.
+    backward_lead_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -93,6 +93,11 @@ class Layer:
     # None: the whole forward (rotor's model). See :attr:`stop_xbar_bytes`.
     early_xbar_bytes: int | None = None
     early_fwd_tmp_bytes: int | None = None
+    # What the layer's backward holds above its start when it first needs a saved tensor (the
+    # backward of its last ops, which saved nothing, has run): a recompute of a checkpoint ending
+    # at the layer runs beside it, until the layer's own backward (whose measured transient
+    # includes it) goes on. See ``StageRecord.backward_lead_bytes``.
+    lead_bytes: int = 0
 
     @property
     def stop_xbar_bytes(self) -> int:

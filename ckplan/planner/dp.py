@@ -579,6 +579,11 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         which = "grouped" if solver.grouped else "slot"
         notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
                      + how)
+    if exact and any(ly.lead_bytes for ly in chain.layers):
+        exact = False
+        notes.append("some layers' backward holds gradients before the recompute it starts "
+                     "(lead bytes): the tables count them through the whole recompute, on the "
+                     "safe side, so the plan fits but may recompute more than the optimum")
     if solver.options_ignored:
         notes.append(OPTIONS_IGNORED)
     if solver.grouped:

@@ -51,6 +51,10 @@ class Units:
     # fwd_req when the unit ends a recompute stored (PyTorch's early stop: its last layer runs up
     # to its last saved tensor, Layer.stop_*); None: fwd_req
     fwd_req_stop: np.ndarray | None = None
+    # The last layer's Layer.lead_bytes (0 for the post): live beside the recompute of a
+    # checkpoint ending at the unit, until that layer's backward goes on. The tables count it for
+    # the checkpoint's whole inner plan (``PairCosts.inner_extra``), on the safe side.
+    lead: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -154,7 +158,8 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
                  i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
                  opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
                  np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
-                 int(post.backward_hold_bytes), i64(fwd_stop))
+                 int(post.backward_hold_bytes), i64(fwd_stop),
+                 i64([L[b - 1].lead_bytes for a, b in bounds[:-1]] + [0]))
 
 
 def size_gcd(chain: Chain) -> int:
@@ -168,6 +173,7 @@ def size_gcd(chain: Chain) -> int:
             vals += [o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes]
         if ly.early_xbar_bytes is not None:
             vals += [ly.early_xbar_bytes, ly.stop_fwd_tmp_bytes]
+        vals.append(ly.lead_bytes)
     for v in vals:
         g = gcd(g, int(v))
     return g or 1

@@ -163,6 +163,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
         op("release", layer, span, again, mem, 0, mem)
         return mem
     copied: set[int] = set()  # in-place layers first in a recompute (Layer.in_place)
+    # layers whose backward has begun and holds its lead (Layer.lead_bytes) beside a recompute
+    leading: set[int] = set()
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
     stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
@@ -270,6 +272,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             if isinstance(it, Store):
                 i = it.layer
                 ly = L[i]
+                if i in leading:  # its measured backward transient holds the lead already
+                    leading.discard(i)
+                    mem -= ly.lead_bytes
                 if it.option != STORE:  # a selective option redoes part of its forward first
                     recompute_ms += ly.option_ms(it.option)
                     ly = ly.option(it.option)
@@ -284,6 +289,13 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 if not released.get(id(it)):
                     mem -= L[it.stop - 1].x_bytes
                     op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
+                last = it.stop - 1
+                if L[last].lead_bytes and last not in leading:
+                    # the last layer's backward runs up to its first saved tensor, which
+                    # starts the recompute: what it made by then stays live through it
+                    leading.add(last)
+                    mem += L[last].lead_bytes
+                    op("lead", last, inner_ctx, False, mem, 0, mem)
                 stack.append(("bwd", it.inner, inner_ctx))
                 if id(it) in handed_over:
                     stack.append(("read", it))
@@ -389,6 +401,8 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
         return "side inputs (masks, position ids) freed"
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
+    if op == "lead" and ctx is not None:
+        return f"B(layer {stage}) up to its first saved tensor: recompute of [{ctx[0]},{ctx[1]}) starts"
     if op == "release" and ctx is not None:
         return f"boundary x[{stage}] of [{ctx[0]},{ctx[1]}) freed (nothing after it saves it)"
     if op in ("hold", "unhold") and ctx is not None:

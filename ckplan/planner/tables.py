@@ -135,6 +135,8 @@ class PairCosts:
                                                           u.opt_bwd_req[:e, o] + later)
             j = np.arange(1, e)
             self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
+            if u.lead is not None:  # beside the recompute (Units.lead): its forwards need it
+                self.inner_extra[1:e, e] += u.lead[j - 1]
         # A sub-chain ending before the post ends a recompute (only inner plans reach it): a unit
         # stored last there runs as PyTorch's early stop leaves it (Units.fwd_req_stop).
         if u.fwd_req_stop is not None and U > 1:
