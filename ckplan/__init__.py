@@ -59,8 +59,23 @@ def _as_batch(batch):
 
 def apply_plan(model, plan, *, chain: str | None = None):
     """Checkpoint ``model``'s chain by ``plan`` (a Plan, a PlanResult, its dict, or a plan.json path)."""
+    import os
+
     from .execute import apply_plan as _apply
     plan = getattr(plan, "plan", plan)  # a PlanResult
+    doc, where = None, "the plan"
+    if isinstance(plan, (str, os.PathLike)):  # a plan.json: checked as `ckplan bench --plan` checks it
+        from .api import read_plan
+        where = str(plan)
+        plan, doc = read_plan(plan)
+    elif isinstance(plan, dict) and isinstance(plan.get("plan"), dict):  # a loaded `ckplan plan` document
+        doc = plan
+    if doc:
+        from .api import check_plan_chain
+        from .chainfind import resolve_chain
+        check_plan_chain(doc, resolve_chain(model, chain)[0], where,
+                         tip=f"make the plan for this model, or pass chain={doc.get('chain')!r} if that is "
+                             "this model's layer container")
     return _apply(model, plan, chain=chain)
 
 
@@ -86,8 +101,9 @@ def remove_plan(model) -> None:
 
 
 def load_plan(path):
-    from .execute import load_plan as _load
-    return _load(path)
+    """The plan in a ``ckplan plan -o plan.json`` file (raises ``SpecError`` naming what is wrong)."""
+    from .api import read_plan
+    return read_plan(path)[0]
 
 
 def profile_model(model, sample_batch, *, chain: str | None = None, optimizer: str = "adamw",

@@ -254,17 +254,108 @@ def _batch_size(args, kwargs) -> int:
     return 1
 
 
+# ---- saved files: profiles and plans ---------------------------------------------------------
+
+PLAN_TIP = "make one with `ckplan plan SPEC --budget 12GB -o plan.json` (or `--profile profile.json`)"
+
+# What each ckplan JSON document is, by its "command" field (ckplan.report.envelope).
+_DOCUMENTS = {
+    "profile": "a ckplan profile (command: profile)",
+    "plan": "a ckplan plan (command: plan)",
+    "plan-world-sizes": "a ckplan per-rank table (command: plan-world-sizes, from `plan --world-size N,M`)",
+    "plan-sweep": "a ckplan sweep (command: plan-sweep)",
+    "bench": "a ckplan bench report (command: bench)",
+    "bench-distributed": "a ckplan bench report (command: bench-distributed)",
+}
+
+
+def _other_document(data: Any, want: str) -> str | None:
+    """What ``data`` is when it is a ckplan document of another kind than ``want``, else None."""
+    command = data.get("command") if isinstance(data, dict) else None
+    if command is None or command == want:
+        return None
+    return _DOCUMENTS.get(str(command), f"a ckplan {str(command)!r} document (command: {command})")
+
+
+def _check_input_file(p: Path, what: str, tip: str) -> None:
+    """A file to read exists and is a regular file (a folder is said to be one)."""
+    if p.is_dir():
+        raise SpecError(f"{what} {str(p)!r} is a folder, not a file", tip=tip)
+    if not p.exists():
+        raise SpecError(f"{what} {str(p)!r} does not exist", tip=tip)
+    if not p.is_file():
+        raise SpecError(f"{what} {str(p)!r} is not a regular file", tip=tip)
+
+
+def read_plan(path: str | Path):
+    """The plan in a file written by ``ckplan plan -o plan.json`` (or a bare ``Plan.to_dict()``),
+    and the document around it (``{}`` for a bare plan): ``(Plan, doc)``.
+
+    Raises :class:`SpecError` naming the file for anything else: a folder, not UTF-8 JSON, another
+    ckplan document (a profile, a per-rank table), or a broken plan.
+    """
+    import json
+
+    from .planner import Plan
+    p = Path(path)
+    _check_input_file(p, "plan file", PLAN_TIP)
+    try:
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a UTF-8 text file, so not a plan JSON", tip=PLAN_TIP) from None
+    except ValueError as e:
+        raise SpecError(f"{p}: not JSON ({e})", tip=PLAN_TIP) from None
+    except OSError as e:
+        raise SpecError(f"plan file {str(p)!r} cannot be read ({e.strerror})", tip=PLAN_TIP) from None
+    other = _other_document(data, "plan")
+    if other is not None:
+        how = ("make a plan from it with `ckplan plan --profile {p} --budget 12GB -o plan.json`"
+               if data.get("command") == "profile" else
+               "make a plan for one world size with `ckplan plan SPEC --world-size N -o plan.json`"
+               if data.get("command") == "plan-world-sizes" else
+               "make a plan with `ckplan plan SPEC --budget 12GB -o plan.json`")
+        raise SpecError(f"{p}: this file is {other}, not a plan", tip=how.format(p=p))
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: a plan must be a JSON object, not {type(data).__name__}", tip=PLAN_TIP)
+    body = data.get("plan", data)
+    if not isinstance(body, dict):
+        raise SpecError(f"{p}: the plan must be a JSON object, not {type(body).__name__}", tip=PLAN_TIP)
+    try:
+        plan = Plan.from_dict(body)
+    except SpecError as e:
+        raise SpecError(f"{p}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
+    return plan, (data if body is not data else {})
+
+
+def check_plan_chain(doc: dict, chain: str | None, where: str, *, tip: str | None = None) -> None:
+    """Refuse a plan document whose recorded chain is not ``chain`` (the model's chain path):
+    its layer indices would checkpoint another model's layers."""
+    recorded = doc.get("chain")
+    if chain is None or not isinstance(recorded, str) or recorded == chain:
+        return
+    model = doc.get("model")
+    made_for = f" for model {model!r}" if isinstance(model, str) else ""
+    raise SpecError(f"{where}: the plan was made{made_for} with chain {recorded!r}, but this model's chain is "
+                    f"{chain!r}", tip=tip or "make the plan for this model (the same spec, the same chain): "
+                                             "`ckplan plan SPEC --budget ... -o plan.json`")
+
+
 def load_profile(path: str | Path) -> Profile:
     import json
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"profile file {str(p)!r} does not exist",
-                        tip="save one with: ckplan profile SPEC --format json -o profile.json")
     tip = "save one with: ckplan profile SPEC --format json -o profile.json"
+    _check_input_file(p, "profile file", tip)
     try:
-        data = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a UTF-8 text file, so not a profile JSON", tip=tip) from None
+    except ValueError as e:
         raise SpecError(f"{p}: not JSON ({e})", tip=tip) from None
+    except OSError as e:
+        raise SpecError(f"profile file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
+    other = _other_document(data, "profile")
+    if other is not None:
+        raise SpecError(f"{p}: this file is {other}, not a profile", tip=tip)
     problem = profile_problem(data)
     if problem is not None:
         raise SpecError(f"{p}: not a valid ckplan profile: {problem}", tip=tip)
@@ -274,12 +365,25 @@ def load_profile(path: str | Path) -> Profile:
         raise SpecError(f"{p}: not a ckplan profile ({type(e).__name__}: {e})", tip=tip) from None
 
 
+# The planner adds and compares profile integers as int64; 2**62 (4 EiB, 4.6e18 FLOPs) leaves it
+# room for sums. A larger value is no machine's memory (it would overflow, exit 1, if accepted).
+MAX_PROFILE_INT = 2**62
+
+
+def _too_large(where: str, value: int) -> str:
+    text = str(value) if len(str(value)) <= 24 else f"about 1e{len(str(value)) - 1}"
+    what = "larger than any machine's memory" if "bytes" in where else "too large to plan with"
+    return f"{where} is {text}, above the limit 2**62 = {MAX_PROFILE_INT} ({what})"
+
+
 def _number_problem(where: str, value: Any, kind: str, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             return f"{where} is {value!r}, not a whole number"
+        if value > MAX_PROFILE_INT:
+            return _too_large(where, value)
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return f"{where} is {value!r}, not a finite number"
     if value < 0:
@@ -330,7 +434,8 @@ def profile_problem(data: Any) -> str | None:
         # Older profiles have no options and no recompute_ms.
         missing = [k for k in kinds if k not in row
                    and k not in ("options", "recompute_ms", "output_kept", "output_in_place", "output_saved_after",
-                                 "early_peak_bytes", "early_kept_bytes", "backward_lead_bytes")]
+                                 "early_peak_bytes", "early_kept_bytes", "backward_lead_bytes",
+                                 "nosave_peak_bytes")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -352,10 +457,12 @@ def profile_problem(data: Any) -> str | None:
             return problem
         if row.get("output_in_place", False) not in (True, False):
             return f"layers[{i}].output_in_place must be true or false, got {row['output_in_place']!r}"
-        for k in ("early_peak_bytes", "early_kept_bytes", "backward_lead_bytes"):
+        for k in ("early_peak_bytes", "early_kept_bytes", "backward_lead_bytes", "nosave_peak_bytes"):
             v = row.get(k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 return f"layers[{i}].{k} must be a non-negative integer or null, got {v!r}"
+            if v is not None and v > MAX_PROFILE_INT:
+                return _too_large(f"layers[{i}].{k}", v)
         for key in ("output_kept", "output_saved_after"):
             if row.get(key) not in (None, True, False):
                 return f"layers[{i}].{key} must be true, false or null, got {row[key]!r}"
@@ -407,7 +514,29 @@ def profile_problem(data: Any) -> str | None:
         if isinstance(by, bool) or not isinstance(by, int) or not -1 <= by < min(ls):
             return (f"side_inputs[{j}].made_by is {by!r}, not -1 (before the chain) or a chain layer "
                     f"before every layer that receives them ({min(ls)})")
-    return None
+    return _bytes_total_problem(data)
+
+
+def _bytes_total_problem(data: dict) -> str | None:
+    """Each size is at most 2**62, but the planner adds them up: so must their sum be."""
+    sizes: list[tuple[int, str]] = []
+
+    def add(where: str, obj: dict) -> None:
+        sizes.extend((v, f"{where}.{k}") for k, v in obj.items()
+                     if k.endswith("_bytes") and isinstance(v, int) and not isinstance(v, bool))
+
+    for i, row in enumerate(data["layers"]):
+        add(f"layers[{i}]", row)
+        for j, o in enumerate(row.get("options", [])):
+            add(f"layers[{i}].options[{j}]", o)
+    add("totals", data["totals"])
+    sizes += [(si["bytes"], f"side_inputs[{j}].bytes") for j, si in enumerate(data.get("side_inputs", []))]
+    total = sum(v for v, _ in sizes)
+    if total <= MAX_PROFILE_INT:
+        return None
+    value, where = max(sizes)
+    return (f"{where} ({value}) and the other sizes add up to about {total:.3g} bytes, above the limit "
+            f"2**62 = {MAX_PROFILE_INT} (larger than any machine's memory)")
 
 
 def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
@@ -425,15 +554,17 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     step fits (:func:`preflight`; ``force=True`` runs anyway).
     """
     from .bench import run_bench
-    from .execute import load_plan
     from .options import PEERS
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     names = compile_options(option_names(options, compile=compile), compile, dev.type)
     extra = {}
+    plan_doc: dict = {}
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
-        p = load_plan(plan_path)
+        p, plan_doc = read_plan(plan_path)
+        where = f"--plan {plan_path}"
+        check_plan_chain(plan_doc, spec.chain, where)
         extra[f"plan:{p.strategy}"] = p
     preflight(spec, dev.type, force=force, note=note)  # no progress ticks: the caller's bar counts steps
     model = build_model(spec, str(dev))
@@ -442,6 +573,17 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"),
                          options=names, compile=compile)
+    if plan_path is not None:  # the chain found in the model (the spec may not name one)
+        check_plan_chain(plan_doc, prof.chain, where)
+        n = len(prof.chain_layers)
+        if p.n_layers != n:
+            raise SpecError(f"{where}: the plan is for {p.n_layers} layers but chain {prof.chain!r} has {n}",
+                            tip="make the plan for this model (the same spec, the same chain): "
+                                "`ckplan plan SPEC --budget ... -o plan.json`")
+        made_for = plan_doc.get("model")
+        if isinstance(made_for, str) and made_for != prof.model:
+            _note(note, f"{where} was made for model {made_for!r}, this spec is {prof.model!r}: it is applied "
+                        "because its chain and layer count match; check that it is the same model")
     budget_bytes = resolve_budget(budget, prof).bytes if budget is not None else None
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
@@ -670,9 +812,12 @@ def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:
 
 # ---- output files, checked before the run ----------------------------------------------------
 
-def check_output_file(path: str | Path) -> None:
-    """Refuse, before a long run, an output file ckplan could not write (or must not replace)."""
+def check_output_file(path: str | Path, *, csv: bool = True) -> None:
+    """Refuse, before a long run, an output file ckplan could not write (or must not replace);
+    ``csv=False``: a command that writes only JSON refuses a ``.csv`` name too."""
     from .report import check_output_file as _check
+    if not csv and Path(path).suffix.lower() == ".csv":
+        raise UsageError(f"-o {path}: this command writes JSON, not CSV", tip="use a .json file name")
     _check(path, "-o")
 
 

@@ -93,6 +93,11 @@ def guarded(fn):
 def _working(text: str):
     """A spinner on stderr while a long step runs; yields (progress, note) callbacks for the api."""
     from . import render
+    if not render.stderr.is_terminal:
+        # Logs and pipes get no spinner: each step as a line of its own instead.
+        render.info(text)
+        yield render.info, render.info
+        return
     with render.stderr.status(text) as status:
         def progress(msg: str) -> None:
             status.update(msg)
@@ -112,6 +117,8 @@ def _write_out(path: Path, doc: dict, frame=None) -> None:
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Model spec (YAML), e.g. configs/gpt2-small.yaml. A spec is code: "
                           "`target:` imports and calls any callable; run only specs you trust.")
 DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: nothing allocated).")
+BENCH_DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu or cuda (bench runs real training steps; "
+                                "meta cannot run them).")
 FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout: table, json or csv.")
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
@@ -245,7 +252,7 @@ def plan(
     sizes = _world_sizes(world_size)
     parallel = str(parallel or "fsdp")
     if output is not None:
-        api.check_output_file(output)
+        api.check_output_file(output, csv=False)  # plan writes JSON only: refused now, not after the run
     if len(sizes) > 1:
         if strategy == StrategyOrAll.all:
             raise UsageError("--strategy all with several --world-size values",
@@ -259,6 +266,13 @@ def plan(
             _write_out(output, doc)
             render.info(f"wrote {output}")
         _emit(fmt, doc, report.records_frame(rows), lambda: render.world_size_table(prof, rows, wide=wide))
+        if budget is not None and rows and all(r.plan_peak_bytes is None for r in rows):
+            from .units import format_bytes
+            lows = ", ".join(f"{r.world_size} ranks: {format_bytes(r.min_peak_bytes)}" for r in rows)
+            raise InfeasibleBudgetError(f"--budget {budget}: no world size fits; the budget is below the smallest "
+                                        f"feasible peak per rank at every world size ({lows})",
+                                        tip="raise --budget to at least one of these peaks, or add larger world "
+                                            "sizes (fsdp shards the fixed memory)")
         return
     with _working("planning") as (progress, note):
         rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
@@ -319,7 +333,7 @@ def bench(
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="CPU only: treat a step whose "
                                                "live tensors pass this size as out of memory."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
-    device: Device = DEVICE_OPT,
+    device: Device = BENCH_DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Run this many ranks (torchrun's "
                                         "launcher; gloo on CPU, NCCL on CUDA) under --parallel and report "
@@ -382,6 +396,21 @@ def bench(
                                    "recomputed: make it deterministic or leave it out of the chain")
     if write_failed:
         raise typer.Exit(write_failed)
+    _exit_if_infeasible(res.rows, budget)
+
+
+def _exit_if_infeasible(rows, budget) -> None:
+    """Exit 3 (as ``plan`` does) when a strategy could not be planned at the --budget asked for;
+    bench's table and files are written first. Without --budget bench picks a feasible one."""
+    bad = {r.strategy: r.message for r in rows if r.status == "infeasible"}
+    if budget is None or not bad:
+        return
+    first, why = next(iter(bad.items()))
+    raise InfeasibleBudgetError(f"--budget {budget}: {', '.join(bad)} could not be planned (the other rows ran, "
+                                f"the files are written): {first}: {why}",
+                                tip="raise --budget to at least the smallest feasible peak, or drop --budget "
+                                    "(bench then plans halfway between the smallest feasible and the "
+                                    "no-checkpoint peak)")
 
 
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
@@ -399,6 +428,7 @@ def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup,
         from .errors import WrongResultError
         raise WrongResultError(f"gradients differ from one process for {', '.join(sorted({r.strategy for r in bad}))}",
                                tip="do not train with these plans; the table shows the largest difference")
+    _exit_if_infeasible(res.rows, budget)
 
 
 def _emit(fmt: Fmt, doc: dict, frame, table) -> None:

@@ -526,6 +526,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
             step.run(inst)
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
+        nosave = _nosave_pass(inst, step)
         if compiled is not None:
             with _compile_errors(), compiled:
                 for _ in range(max(1, warmup)):
@@ -551,6 +552,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                     option_notes.append(f"option {name!r} left out: the chain layers cannot run under it "
                                         f"({type(e).__name__}: {first})")
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
+    if compiled is None:
+        rows = tuple(replace(r, nosave_peak_bytes=nosave.get(r.index)) if r.role == CHAIN else r
+                     for r in rows)
     rows = _with_options(rows, measured, option_passes, meta)
     notes: tuple[str, ...] = (step.sdpa_note,) if step.sdpa_note else ()
     notes += tuple(option_notes)
@@ -695,6 +699,41 @@ class _MeasuredPass:
     early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
     early: bool = False  # the early_* fields were measured (not in compiled passes)
     lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
+
+
+def _nosave_pass(inst: _Instrument, step: _Step) -> dict[int, int]:
+    """Per chain layer: its forward window's peak above the window's start when no op saves
+    anything (``StageRecord.nosave_peak_bytes``): a checkpoint's first forward, measured. The
+    forward runs once more under saved-tensor hooks that keep nothing; there is no backward."""
+    tracker = LiveTensorTracker()
+    inst.track_saved = False
+    try:
+        with tracker:
+            inst.meter = _Meter(step.device, tracker)
+            inst.marks.clear()
+            inst.mark("F", -1)
+            with torch.autograd.graph.saved_tensors_hooks(_keep_nothing, _nothing_kept):
+                if step.meta_target is None:
+                    loss = forward_loss(step.model, step.args, step.kwargs, step.loss_fn,
+                                        step.precision, step.device.type)
+                else:
+                    with SdpaOnMeta(step.meta_target):
+                        loss = forward_loss(step.model, step.args, step.kwargs, step.loss_fn,
+                                            step.precision, step.device.type)
+            inst.mark("B", inst.n)
+            del loss
+            windows = inst.windows()
+    finally:
+        inst.meter = None
+    return {i: max(0, windows[("F", i)]["peak"] - windows[("F", i)]["live_start"]) for i in range(inst.n)}
+
+
+def _keep_nothing(t: torch.Tensor) -> None:
+    return None
+
+
+def _nothing_kept(_: None) -> torch.Tensor:  # pragma: no cover - this graph is never backwarded
+    raise RuntimeError("the no-save pass has no backward")
 
 
 def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],

@@ -131,6 +131,12 @@ class StageRecord:
     # the hidden state) stay live through that recompute. None: not measured (older profiles,
     # compiled or meta passes): 0.
     backward_lead_bytes: int | None = None
+    # A chain layer's forward window's peak above its start when no op saves anything (its
+    # output included): a checkpoint's first forward, measured. Rotor's model takes it as the
+    # output plus the plain forward's transient, which is short where the layer's code holds
+    # tensors it also saved (GPT-OSS's experts: 1.1 MB more). None: not measured (older
+    # profiles, compiled passes): rotor's.
+    nosave_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -177,11 +177,24 @@ def validate(data: Any, *, source: str = "spec") -> Spec:
 
 def load_spec(path: str | Path) -> Spec:
     p = Path(path)
+    tip = "pass a YAML spec such as configs/gpt2-small.yaml"
+    if p.is_dir():
+        raise SpecError(f"spec file {str(p)!r} is a folder, not a spec file", tip=tip)
+    if not p.exists():
+        raise SpecError(f"spec file {str(p)!r} does not exist", tip=tip)
     if not p.is_file():
-        raise SpecError(f"spec file {str(p)!r} does not exist",
-                        tip="pass a YAML spec such as configs/gpt2-small.yaml")
+        raise SpecError(f"spec file {str(p)!r} is not a regular file", tip=tip)
     try:
-        data = yaml.safe_load(p.read_text())
+        raw = p.read_bytes()
+    except OSError as e:
+        raise SpecError(f"spec file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: not a UTF-8 text file (byte 0x{raw[e.start]:02x} at offset {e.start} is not "
+                        "UTF-8), so not a YAML spec", tip=f"save the spec as UTF-8 text; {tip}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

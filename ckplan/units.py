@@ -36,7 +36,14 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         if exp > 40:  # beyond MAX_SIZE whatever the unit; checked before building a 10**exp number
             raise UsageError(f"{what} {str(text)!r} is larger than any machine's memory",
                              tip=f"use {ACCEPTED_SIZES}")
-        value = int((Decimal(m.group(1)).scaleb(exp) * _UNITS[unit]).to_integral_value())
+        exact = Decimal(m.group(1)).scaleb(exp) * _UNITS[unit]
+        if 0 < exact < 1 or (unit in ("", "b") and exact != exact.to_integral_value()):
+            # Bytes are whole: 0.5 is not rounded to 0 ("more than 0 bytes" would read oddly), nor 1.5 to 2.
+            why = "under one byte" if exact < 1 else "not a whole number of bytes"
+            num = m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")
+            hint = f" (a number without a unit is bytes: did you mean {num}GB or {num}GiB?)" if not unit else ""
+            raise UsageError(f"{what} {str(text)!r} is {why}{hint}", tip=f"use {ACCEPTED_SIZES}")
+        value = int(exact.to_integral_value())
     if value > MAX_SIZE:
         raise UsageError(f"{what} {str(text)!r} is larger than any machine's memory (over 8 EiB)",
                          tip=f"use {ACCEPTED_SIZES}")

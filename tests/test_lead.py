@@ -30,7 +30,7 @@ from test_planner_dp import all_plans
 from ckplan import api
 from ckplan.execute import apply_plan
 from ckplan.measure import LiveTensorTracker
-from ckplan.planner import Plan, chain_from_profile, plan_chain, simulate
+from ckplan.planner import Plan, chain_from_profile, plan_chain, simulate, trace
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain
 from ckplan.spec import to_loss
@@ -170,3 +170,57 @@ def test_a_branch_the_loss_does_not_use_is_not_held():
     # two ReLU outputs (B x D floats); the loss is not an activation; the pooled tanh output
     # (B x D floats more) is freed with the output object
     assert prof.totals.activation_bytes == held - 4 == 2 * B * D * 4
+
+
+class Branches(nn.Module):
+    """Three tanh branches summed at the end: while the third is computed the first two are held
+    by the layer's own locals, saved for backward or not (rotor's model of a forward that saves
+    nothing counts only the output and the plain forward's transient above what it saved)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (nn.Linear(D, 4 * D) for _ in range(3))
+        self.out = nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        h1, h2, h3 = torch.tanh(self.a(x)), torch.tanh(self.b(x)), torch.tanh(self.c(x))
+        return x + self.out(h1 + h2 + h3)
+
+
+class BranchNet(nn.Module):
+    def __init__(self, n: int = 3):
+        super().__init__()
+        self.layers = nn.ModuleList(Branches() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.pow(2).mean()
+
+
+def test_a_forward_that_saves_nothing_is_measured():
+    torch.manual_seed(0)
+    model = BranchNet()
+    x = torch.randn(B, D)
+    prof = api.profile_model(model, (x,), {}, name="branches", chain="layers", device="cpu",
+                             optimizer="sgd", repeats=1, warmup=0)
+    w = B * 4 * D * 4  # one branch's (B, 4D) floats
+    for r in prof.chain_layers:
+        # h1, h2, the third Linear's output and its tanh, then h1 + h2 beside them (freed after
+        # the sum, which the output projection reads): at least four branch tensors at once
+        assert r.nosave_peak_bytes >= 4 * w
+    chain = chain_from_profile(prof)
+    rotor = replace(chain, layers=tuple(replace(ly, nosave_peak_bytes=None) for ly in chain.layers))
+    for k in (1, 2, 3):
+        plan = plan_chain(chain, "every-k", None, k).plan
+        model.zero_grad(set_to_none=True)
+        with apply_plan(model, plan), LiveTensorTracker() as tr:
+            loss = model(x)
+            forward_peak = tr.peak  # the first forwards, nothing saved inside the checkpoints
+            loss.backward()
+        events = [e for e in trace(chain, plan)]
+        upto = next(i for i, e in enumerate(events) if e.label.startswith("post forward"))
+        predicted = max(e.peak_bytes for e in events[:upto]) - chain.persistent_bytes
+        assert forward_peak == predicted, plan.describe()
+        old = max(e.peak_bytes for e in trace(rotor, plan)[:upto]) - chain.persistent_bytes
+        assert old < forward_peak  # rotor's estimate is short here: the oracle reaches the case

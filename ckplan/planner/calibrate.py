@@ -169,7 +169,8 @@ def calibrate(chain: Chain, profile: Profile) -> Chain:
         ex, et = early(i, ly, r, ft)
         layers.append(replace(ly, fwd_tmp_bytes=ft, bwd_tmp_bytes=tmp("B", i, r.bwd_peak_bytes),
                               early_xbar_bytes=ex, early_fwd_tmp_bytes=et,
-                              lead_bytes=r.backward_lead_bytes or 0))
+                              lead_bytes=r.backward_lead_bytes or 0,
+                              nosave_peak_bytes=r.nosave_peak_bytes))
     pre = replace(base.pre, fwd_tmp_bytes=tmp("F", -1, profile.pre.fwd_peak_bytes),
                   bwd_tmp_bytes=tmp("B", -1, profile.pre.bwd_peak_bytes))
     post = replace(base.post, fwd_tmp_bytes=tmp("F", n, profile.post.fwd_peak_bytes),

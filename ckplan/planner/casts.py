@@ -71,7 +71,8 @@ class CastFrontier:
         for s in range(n):
             run, row = 0, []
             for k in range(s, n):
-                need = (x[k - 1] if k > s else 0) + x[k] + L[k].fwd_tmp_bytes + int(self.cum[k + 1] - self.cum[s])
+                need = ((x[k - 1] if k > s else 0) + x[k] + L[k].fn_tmp(L[k].fwd_tmp_bytes)
+                        + int(self.cum[k + 1] - self.cum[s]))
                 run = max(run, need)
                 row.append(run)
             self.fwd_none.append(row)

@@ -98,6 +98,16 @@ class Layer:
     # at the layer runs beside it, until the layer's own backward (whose measured transient
     # includes it) goes on. See ``StageRecord.backward_lead_bytes``.
     lead_bytes: int = 0
+    # The forward's peak above its start when it saves nothing (a checkpoint's first forward),
+    # its output included; None: rotor's ``x_bytes + fwd_tmp_bytes``. See :meth:`fn_tmp`.
+    nosave_peak_bytes: int | None = None
+
+    def fn_tmp(self, rotor: int) -> int:
+        """The transient of a forward that keeps only the output, above ``live + x_bytes``: rotor's
+        estimate ``rotor``, or more where the measured no-save forward peaked higher."""
+        if self.nosave_peak_bytes is None:
+            return rotor
+        return max(rotor, self.nosave_peak_bytes - self.x_bytes)
 
     @property
     def stop_xbar_bytes(self) -> int:

@@ -109,14 +109,16 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
             br = max(br, prefix + later + L[k].x_bytes + btmp[k])
             prefix -= L[k].xbar_bytes
             later += L[k].grad_bytes
-        pairs = [L[k - 1].x_bytes + L[k].x_bytes + L[k].fwd_tmp_bytes for k in range(max(a, 1), b)]
+        pairs = [L[k - 1].x_bytes + L[k].x_bytes + L[k].fn_tmp(L[k].fwd_tmp_bytes)
+                 for k in range(max(a, 1), b)]
         first_inside = [p for k, p in zip(range(max(a, 1), b), pairs) if k > a]
         hold.append(acc)
         fwd_req.append(fr)
         bwd_req.append(br)
         x_out.append(L[b - 1].x_bytes)
-        fn_first.append(max([L[a].x_bytes + L[a].fwd_tmp_bytes] + first_inside))
-        fn_next.append(max(pairs) if a > 0 else max([L[a].x_bytes + L[a].fwd_tmp_bytes] + pairs))
+        own_first = L[a].x_bytes + L[a].fn_tmp(L[a].fwd_tmp_bytes)
+        fn_first.append(max([own_first] + first_inside))
+        fn_next.append(max(pairs) if a > 0 else max([own_first] + pairs))
         grad.append(sum(L[k].grad_bytes for k in range(a, b)))
         fwd_ms.append(sum(L[k].fwd_ms for k in range(a, b)))
     post = chain.post
@@ -174,6 +176,8 @@ def size_gcd(chain: Chain) -> int:
         if ly.early_xbar_bytes is not None:
             vals += [ly.early_xbar_bytes, ly.stop_fwd_tmp_bytes]
         vals.append(ly.lead_bytes)
+        if ly.nosave_peak_bytes is not None:
+            vals.append(ly.nosave_peak_bytes)
     for v in vals:
         g = gcd(g, int(v))
     return g or 1

@@ -132,9 +132,12 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
                   gathered_before + P[i] - ly.xbar_bytes)
         bwd = ly.bwd_tmp_bytes + P[i] + prefetch + retained
         # (the early stop's shorter recompute is not modelled per rank: the whole forward)
+        # a checkpoint's first forward: the measured no-save peak, with the same buffers on top
+        nosave = None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + max(0, fwd) - ly.fwd_tmp_bytes
         layers.append(replace(ly, fwd_tmp_bytes=max(0, fwd), bwd_tmp_bytes=max(0, bwd),
                               grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
-                              early_xbar_bytes=None, early_fwd_tmp_bytes=None))
+                              early_xbar_bytes=None, early_fwd_tmp_bytes=None,
+                              nosave_peak_bytes=nosave))
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
                   # the last reduce-scatter input (layer 0's) is held until the root's own

@@ -197,7 +197,7 @@ class Plan:
     def from_dict(cls, d: Any) -> Plan:
         if not isinstance(d, dict):
             raise SpecError(f"a plan must be a JSON object, not {type(d).__name__}",
-                            tip="write it with `ckplan plan --out plan.json`")
+                            tip="write it with `ckplan plan SPEC --budget 12GB -o plan.json`")
         n = d.get("n_layers")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise SpecError(f"plan n_layers must be a positive integer, got {n!r}")

@@ -214,7 +214,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         # outputs no op keeps (its own, the input's): the measured transient
                         # holds them (xbar leaves them out), and here live counts them already
                         own = 0 if ly.x_kept or ly.in_place else ly.x_bytes
-                        tmp = max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k))
+                        tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)))
                         op("Fn", k, ctx, again, live, tmp, after)
                         mem = after
                         if again:
