@@ -565,6 +565,18 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         notes += (f"outputs no op saves (freed once the next stage has run; a checkpoint starting "
                   f"there keeps them): {names}{more}; their saved bytes leave them out "
                   "(README: memory model)",)
+    if compiled is None:
+        # Alive when the forward ends but saved by no op (a custom autograd Function keeping a
+        # tensor as a ctx attribute, a cache on the module): the saved-tensor hooks do not see
+        # it, so a checkpoint does not drop it and the prediction leaves it out.
+        loose = {i: measured.live_at_end.get(i, 0) - measured.saved.get(i, 0) for i in range(len(layers))}
+        loose = {i: b for i, b in loose.items() if b > 0}
+        if loose:
+            names = ", ".join(f"layer {i} ({b} B)" for i, b in list(loose.items())[:8])
+            notes += (f"tensors alive after the forward that no op saved for backward: {names}"
+                      f"{' and more' if len(loose) > 8 else ''} (a custom autograd Function keeping "
+                      "them on ctx, or a cache): checkpointing cannot drop them and the predictions "
+                      "leave them out, so measured peaks may be that much higher (README: known limits)",)
     own = [r.index for r in rows if r.output_saved_after is False]
     if own:
         names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
