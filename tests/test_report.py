@@ -149,6 +149,16 @@ def test_failure_while_writing_the_second_file_keeps_the_previous_set(tmp_path, 
 
 
 def test_ctrl_c_during_the_renames_completes_the_new_set(tmp_path, monkeypatch):
+    # Python's own Ctrl-C handler, as in a terminal (a shell's background job starts with SIGINT
+    # ignored, and Python then installs none)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_during_the_renames(tmp_path, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_during_the_renames(tmp_path, monkeypatch):
     report.write_files(_set(tmp_path, [_write("old")] * 3))
     real_replace = os.replace
     calls = []
