@@ -30,6 +30,19 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data):
+        # YAML's true/false would pass as 1/0 where a count is asked (batch_size: true -> 1)
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                v = data.get(name)
+                ann = str(field.annotation)
+                if "int" in ann and "bool" not in ann and (
+                        isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v))):
+                    raise ValueError(f"{name} must be a number, not {v!r}")
+        return data
+
 
 class ModelSpec(_Strict):
     builtin: Optional[str] = None
@@ -175,6 +188,21 @@ def validate(data: Any, *, source: str = "spec") -> Spec:
         raise SpecError(f"{source}: " + "; ".join(lines), tip="see README, section 'Spec format'") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (plain YAML keeps the
+    last one silently: an edit to the first ``input:`` block would do nothing)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_spec(path: str | Path) -> Spec:
     p = Path(path)
     tip = "pass a YAML spec such as configs/gpt2-small.yaml"
@@ -194,7 +222,7 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{p}: not a UTF-8 text file (byte 0x{raw[e.start]:02x} at offset {e.start} is not "
                         "UTF-8), so not a YAML spec", tip=f"save the spec as UTF-8 text; {tip}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

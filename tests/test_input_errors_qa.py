@@ -188,3 +188,21 @@ def test_budget_under_one_byte(mlp_spec):
     assert r.exit_code == 2, r.output
     text = one_line(r)
     assert "under one byte" in text and "0.5GB" in text and "more than 0 bytes" not in text
+
+
+def test_duplicate_yaml_key_is_refused(write_spec, tmp_path):
+    # plain YAML keeps the last `input:` silently: an edit to the first one would do nothing
+    spec = write_spec(tmp_path, MLP + "input: {batch_size: 2, shape: [8], dtype: float32}\n", "dup.yaml")
+    r = run("profile", spec, "--device", "meta")
+    assert r.exit_code == 2
+    assert "key 'input' is given twice" in one_line(r)
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", "true"), ("shape", "[true]")])
+def test_a_bool_is_not_a_count(write_spec, tmp_path, field, value):
+    text = MLP.replace("batch_size: 4", f"batch_size: {value}") if field == "batch_size" \
+        else MLP.replace("shape: [8]", f"shape: {value}")
+    spec = write_spec(tmp_path, text, "boolean.yaml")
+    r = run("profile", spec, "--device", "meta")
+    assert r.exit_code == 2
+    assert f"{field} must be a number" in one_line(r)
