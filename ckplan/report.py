@@ -109,10 +109,11 @@ def profile_frame(prof: Profile):
                     d[f"{n}_{k}"] = v
         rows.append(d)
     frame = pd.DataFrame(rows)
-    for n in names:  # pre and post have no options: keep the sizes whole numbers beside the blanks
-        for col in (f"{n}_saved_bytes", f"{n}_recompute_flops", f"{n}_fwd_peak_bytes", f"{n}_bwd_peak_bytes"):
-            if col in frame:
-                frame[col] = frame[col].astype("Int64")
+    # Columns blank on some rows (options and early-stop sizes: not for pre and post) would turn
+    # to floats: keep byte and FLOP counts whole numbers beside the blanks, as in the JSON.
+    for col in frame.columns:
+        if (col.endswith("_bytes") or col.endswith("_flops")) and frame[col].dtype.kind == "f":
+            frame[col] = frame[col].astype("Int64")
     return frame
 
 

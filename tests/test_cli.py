@@ -50,6 +50,13 @@ def test_csv_output(tiny_gpt_spec, tmp_path):
     assert r.exit_code == 0
     lines = r.stdout.strip().splitlines()
     assert lines[0].startswith("index,name,type") and len(lines) == 1 + 5  # pre, 3 layers, post
+    # byte and FLOP counts stay whole numbers in the CSV, as in the JSON, even in columns that are
+    # blank for pre and post (early-stop sizes, options)
+    header = lines[0].split(",")
+    for line in lines[1:]:
+        for col, value in zip(header, line.split(",")):
+            if (col.endswith("_bytes") or col.endswith("_flops")) and value:
+                assert value.isdigit(), (col, value)
 
 
 @pytest.mark.parametrize("budget", ["12 parsecs", "-5GB", "0", "abc%", "0%"])
