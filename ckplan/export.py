@@ -53,8 +53,9 @@ Closest expressible plan (when ``exact`` is False)
 * ``fsdp``, ``lightning``, ``hf``: every layer the plan recomputes (inside any checkpoint) is
   checkpointed alone, the others stored. Same recomputed layers, each recomputed once (a nested
   plan recomputes some several times), but a multi-layer segment ``[s, t)`` keeps only its input
-  and last output while per-layer checkpoints keep the inputs of layers ``s+1..t-1`` as well, so the
-  peak is higher than planned.
+  and last output while per-layer checkpoints keep the inputs of layers ``s+1..t-1`` as well (more
+  held for backward; the peak can still be lower, each recompute being one layer: the CLI prints
+  both predicted peaks).
 * ``torchtitan``: with ``c`` layers recomputed by the plan, the every-N pattern with the fewest
   checkpointed layers that is still at least ``c`` (the largest N with ``n // N >= c``; N = 1 is
   ``mode = "full"``, c = 0 is ``mode = "none"``). For similar layers that does not raise the peak
@@ -123,8 +124,10 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     used = ", ".join(f"{i}: {o}" for i, o in opts.items())
     line = (f"# Not exact: the plan stores layers with selective options ({used}); {key} "
             "stores them whole here, which keeps more memory than planned.")
+    # the plain export's message speaks of the plan without its options
+    rest = plain.message.replace("applies this plan exactly", "applies the plan without its options exactly")
     msg = (f"{key} cannot express selective options (layer: option {used}); the closest it applies "
-           "stores those layers whole, so the peak is higher than planned. " + plain.message)
+           "stores those layers whole, which keeps more for backward than planned. " + rest)
     text = plain.text.split("\n")
     text[0:1] = [*_header(plan, ctx), line]
     return Export(plain.target, "\n".join(text), False, plain.closest_plan, msg)
@@ -216,8 +219,8 @@ def _per_layer_difference(plan: Plan) -> str:
     if multi:
         out += f", each once where the plan recomputes layers {_span_text(multi)} more than once"
     if extra:
-        out += (f", but the inputs of layers {_span_text(extra)} are kept too, so the peak is higher than "
-                "planned")
+        out += (f", but the inputs of layers {_span_text(extra)} are kept too (more held for backward; the "
+                "peak can go either way: compare the predicted peaks)")
     return out
 
 
