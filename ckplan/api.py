@@ -287,6 +287,21 @@ def _check_input_file(p: Path, what: str, tip: str) -> None:
         raise SpecError(f"{what} {str(p)!r} is not a regular file", tip=tip)
 
 
+def _read_json(p: Path, what: str, tip: str) -> Any:
+    """The JSON document in ``p``, a ckplan ``what`` ("plan", "profile") file, or one
+    :class:`SpecError` naming the file and what is wrong with it."""
+    import json
+    _check_input_file(p, f"{what} file", tip)
+    try:
+        return json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a UTF-8 text file, so not a {what} JSON", tip=tip) from None
+    except ValueError as e:
+        raise SpecError(f"{p}: not JSON ({e})", tip=tip) from None
+    except OSError as e:
+        raise SpecError(f"{what} file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
+
+
 def read_plan(path: str | Path):
     """The plan in a file written by ``ckplan plan -o plan.json`` (or a bare ``Plan.to_dict()``),
     and the document around it (``{}`` for a bare plan): ``(Plan, doc)``.
@@ -294,19 +309,9 @@ def read_plan(path: str | Path):
     Raises :class:`SpecError` naming the file for anything else: a folder, not UTF-8 JSON, another
     ckplan document (a profile, a per-rank table), or a broken plan.
     """
-    import json
-
     from .planner import Plan
     p = Path(path)
-    _check_input_file(p, "plan file", PLAN_TIP)
-    try:
-        data = json.loads(p.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a UTF-8 text file, so not a plan JSON", tip=PLAN_TIP) from None
-    except ValueError as e:
-        raise SpecError(f"{p}: not JSON ({e})", tip=PLAN_TIP) from None
-    except OSError as e:
-        raise SpecError(f"plan file {str(p)!r} cannot be read ({e.strerror})", tip=PLAN_TIP) from None
+    data = _read_json(p, "plan", PLAN_TIP)
     other = _other_document(data, "plan")
     if other is not None:
         how = ("make a plan from it with `ckplan plan --profile {p} --budget 12GB -o plan.json`"
@@ -341,18 +346,9 @@ def check_plan_chain(doc: dict, chain: str | None, where: str, *, tip: str | Non
 
 
 def load_profile(path: str | Path) -> Profile:
-    import json
     p = Path(path)
     tip = "save one with: ckplan profile SPEC --format json -o profile.json"
-    _check_input_file(p, "profile file", tip)
-    try:
-        data = json.loads(p.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a UTF-8 text file, so not a profile JSON", tip=tip) from None
-    except ValueError as e:
-        raise SpecError(f"{p}: not JSON ({e})", tip=tip) from None
-    except OSError as e:
-        raise SpecError(f"profile file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
+    data = _read_json(p, "profile", tip)
     other = _other_document(data, "profile")
     if other is not None:
         raise SpecError(f"{p}: this file is {other}, not a profile", tip=tip)

@@ -62,10 +62,12 @@ class Logged(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, n: int = 3):
+    """A stem, ``n`` chain layers of class ``block`` (``layers``), a head and a loss."""
+
+    def __init__(self, n: int = 3, block: type[nn.Module] = Logged):
         super().__init__()
         self.stem = nn.Linear(D, D)
-        self.layers = nn.ModuleList(Logged() for _ in range(n))
+        self.layers = nn.ModuleList(block() for _ in range(n))
         self.head = nn.Linear(D, 4)
 
     def forward(self, x):

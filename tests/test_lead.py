@@ -25,6 +25,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn as nn
+from test_early_stop import B, D, K, Net, _measured
 from test_planner_dp import all_plans
 
 from ckplan import api
@@ -35,7 +36,6 @@ from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain
 from ckplan.spec import to_loss
 
-B, D, K = 32, 16, 24
 
 
 class TopK(nn.Module):
@@ -57,36 +57,14 @@ class TopK(nn.Module):
         return x + h.view(x.shape[0], 2, D).sum(1)
 
 
-class Net(nn.Module):
-    def __init__(self, n: int = 3):
-        super().__init__()
-        self.stem = nn.Linear(D, D)
-        self.layers = nn.ModuleList(TopK() for _ in range(n))
-        self.head = nn.Linear(D, 4)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).pow(2).mean()
-
-
 @pytest.fixture(scope="module")
 def profiled():
     torch.manual_seed(0)
-    model = Net()
+    model = Net(block=TopK)
     x = torch.randn(B, D)
     prof = api.profile_model(model, (x,), {}, name="lead", chain="layers", device="cpu",
                              optimizer="sgd", repeats=1, warmup=0)
     return model, x, prof
-
-
-def _measured(model, x, plan: Plan) -> int:
-    model.zero_grad(set_to_none=True)
-    with apply_plan(model, plan), LiveTensorTracker() as tr:
-        loss = model(x)
-        loss.backward()
-    return tr.peak
 
 
 def test_profile_measures_the_gradient_copy(profiled):
@@ -187,20 +165,9 @@ class Branches(nn.Module):
         return x + self.out(h1 + h2 + h3)
 
 
-class BranchNet(nn.Module):
-    def __init__(self, n: int = 3):
-        super().__init__()
-        self.layers = nn.ModuleList(Branches() for _ in range(n))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return x.pow(2).mean()
-
-
 def test_a_forward_that_saves_nothing_is_measured():
     torch.manual_seed(0)
-    model = BranchNet()
+    model = Net(block=Branches)
     x = torch.randn(B, D)
     prof = api.profile_model(model, (x,), {}, name="branches", chain="layers", device="cpu",
                              optimizer="sgd", repeats=1, warmup=0)
