@@ -37,7 +37,6 @@ from ckplan.planner.synthetic import random_chain
 from ckplan.spec import to_loss
 
 
-
 class TopK(nn.Module):
     """Ends with a sum over two copies (a top-2 mixture's combine): in backward the sum expands
     the gradient and the view before it copies it, before tanh's saved output is first needed.
