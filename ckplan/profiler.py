@@ -67,6 +67,7 @@ from .records import CHAIN, POST, PRE, OptionRecord, SideInput, StageRecord
 from .sac import check_option, policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
 from .training import forward_loss
+from .units import format_bytes
 
 # packed_by's mark for a tensor saved outside every chain layer (pre, post, the model's own code)
 _OUTSIDE = -2
@@ -572,7 +573,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         loose = {i: measured.live_at_end.get(i, 0) - measured.saved.get(i, 0) for i in range(len(layers))}
         loose = {i: b for i, b in loose.items() if b > 0}
         if loose:
-            names = ", ".join(f"layer {i} ({b} B)" for i, b in list(loose.items())[:8])
+            names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(loose.items())[:8])
             notes += (f"tensors alive after the forward that no op saved for backward: {names}"
                       f"{' and more' if len(loose) > 8 else ''} (a custom autograd Function keeping "
                       "them on ctx, or a cache): checkpointing cannot drop them and the predictions "
