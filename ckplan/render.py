@@ -373,13 +373,26 @@ class progress_bar:
         self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True)
         self.task = self.p.add_task(label, total=total)
+        # Logs and pipes get no bar (rich draws none there): each new step as a line instead.
+        self.lines = not stderr.is_terminal
+        self.total, self.done, self.last = total, 0, label
 
     def __enter__(self):
-        self.p.start()
+        if self.lines:
+            info(f"[0/{self.total}] {self.last}")
+        else:
+            self.p.start()
         return self
 
     def __exit__(self, *exc):
-        self.p.stop()
+        if not self.lines:
+            self.p.stop()
 
     def __call__(self, description: str) -> None:
+        self.done += 1
+        if self.lines:
+            if description != self.last:
+                info(f"[{self.done}/{self.total}] {description}")
+                self.last = description
+            return
         self.p.update(self.task, advance=1, description=description)
