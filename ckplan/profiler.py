@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .chainfind import first_tensor, resolve_chain
+from .chainfind import first_tensor, resolve_chain, tensor_leaves
 from .errors import ModelRunError, UsageError
 from .measure import (
     KEPT_MEMORY_NOTE,
@@ -148,6 +148,10 @@ class _Instrument:
     # when the backward starts.
     # (ref, bytes, layers that received it, the chain layer that made it or -1 for before the chain)
     side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
+    # storage -> bytes of the gradient its tensors received in the backward (a side input that
+    # requires grad: T5's position bias, from a parameter), from a hook on each such tensor
+    side_grad: dict[int, int] = field(default_factory=dict)
+    _side_kept: list[tuple[tuple[int, ...], int, int, int]] = field(default_factory=list)
     chain_made: dict[int, int] = field(default_factory=dict)  # storage -> the chain layer it left
     side_inputs: tuple[SideInput, ...] = ()
     # Each boundary's storage (stage -1: the chain input; i: layer i's output), in the measured
@@ -313,24 +317,47 @@ class _Instrument:
             seen = self.side_seen.get(k)
             if seen is None or seen[0]() is not st:
                 self.side_seen[k] = (weakref.ref(st), st.nbytes(), {i}, by)
+                for t in tensor_leaves((args, kwargs)):
+                    if t.requires_grad and storages_of(t) and id(storages_of(t)[0]) == k:
+                        t.register_hook(functools.partial(self._side_grad, k))
             else:
                 seen[2].add(i)
 
-    def _dead_side_inputs(self) -> tuple[SideInput, ...]:
-        """The side inputs no longer alive (nothing saved them), bytes summed per set of layers."""
-        by_layers: dict[tuple[tuple[int, ...], int], int] = {}
-        for ref, nbytes, layers, by in self.side_seen.values():
+    def _side_grad(self, key: int, g: torch.Tensor) -> None:
+        """A side input's gradient, complete (summed over the layers that read it): the engine
+        held it from the backward of the last of them to here, the backward of what made it."""
+        self.side_grad[key] = self.side_grad.get(key, 0) + unique_storage_bytes(g)
+
+    def _note_side_kept(self) -> None:
+        """At the end of the forward: the side inputs, as (layers, made by, bytes, storage id).
+        Bytes only for those no longer alive (nothing saved them: a saved one is in its saver's
+        ``saved_bytes``); the living ones are listed for their gradients (``_side_inputs``)."""
+        self._side_kept = []
+        for k, (ref, nbytes, layers, by) in self.side_seen.items():
             # One made by a chain layer counts when it skips a layer (given to layers after the
             # next one, as T5's position bias is to every later block); a tensor carried from
             # one layer to the next only is chain state, not a side input.
-            if ref() is None and nbytes and (by < 0 or max(layers) > by + 1):
-                key = (tuple(sorted(layers)), by)
-                by_layers[key] = by_layers.get(key, 0) + nbytes
-        return tuple(SideInput(b, ls, by) for (ls, by), b in sorted(by_layers.items()))
+            if nbytes and (by < 0 or max(layers) > by + 1):
+                self._side_kept.append((tuple(sorted(layers)), by, nbytes if ref() is None else 0, k))
+        self.side_seen.clear()
+
+    def _side_inputs(self) -> tuple[SideInput, ...]:
+        """After the backward: the side inputs, bytes and gradient bytes summed per set of layers
+        and maker."""
+        by_layers: dict[tuple[tuple[int, ...], int], tuple[int, int]] = {}
+        for layers, by, nbytes, k in self._side_kept:
+            g = self.side_grad.get(k, 0)
+            if nbytes or g:
+                b0, g0 = by_layers.get((layers, by), (0, 0))
+                by_layers[(layers, by)] = (b0 + nbytes, g0 + g)
+        self._side_kept = []
+        self.side_grad.clear()
+        return tuple(SideInput(b, ls, by, g) for (ls, by), (b, g) in sorted(by_layers.items()))
 
     def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
         self.marks.clear()
         self.side_seen.clear()
+        self.side_grad.clear()
         self.chain_made.clear()
         self.out_storage.clear()
         self.aliased.clear()
@@ -348,7 +375,7 @@ class _Instrument:
             loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
         self.mark("B", self.n)
         if self.track_saved:
-            self.side_inputs = self._dead_side_inputs()
+            self._note_side_kept()
         self.saved_at_end = self._saved_by_stage() if self.track_saved else {}
         self.live_at_end = self._live_by_stage() if self.track_saved else {}
         self.kept_at_end = self._kept_boundaries() if self.track_saved else {}
@@ -356,6 +383,8 @@ class _Instrument:
         self.early_kept_at_end = self._early_kept_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
+        if self.track_saved:
+            self.side_inputs = self._side_inputs()
         self.packed_in.clear()
         return loss.detach()
 

@@ -53,11 +53,19 @@ class SideInput:
     # next one (T5's position bias, from its first block); -1: made before the chain. A
     # checkpoint over that layer makes them again in its recompute: it does not keep them.
     made_by: int = -1
+    # Their gradient, when they require grad (T5's position bias comes from a parameter): the
+    # autograd engine sums what the layers reading them send back, from the backward of the last
+    # of them until the backward of their maker (layer ``made_by``, or pre) consumes it, so it is
+    # live through every recompute in between. ``bytes`` may then be 0: one that an op saved
+    # (counted in that stage's saved bytes) is listed for its gradient only. 0 in older profiles.
+    grad_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"bytes": self.bytes, "layers": list(self.layers)}
         if self.made_by >= 0:
             d["made_by"] = self.made_by
+        if self.grad_bytes:
+            d["grad_bytes"] = self.grad_bytes
         return d
 
 
@@ -237,7 +245,7 @@ class Profile:
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
         d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]),
-                                           int(si.get("made_by", -1)))
+                                           int(si.get("made_by", -1)), int(si.get("grad_bytes", 0)))
                                  for si in d.get("side_inputs", ()))
         return cls(**d)
 

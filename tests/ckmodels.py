@@ -136,6 +136,40 @@ class MaskedBlock(nn.Module):
         return h + self.down(torch.tanh(self.up(h) + bias))
 
 
+class BiasBlock(nn.Module):
+    """A block of :class:`BiasedChain`: the first makes a (B, 4d) bias from its own parameter and
+    hands it on with the hidden state; every block adds it (addition saves neither input)."""
+
+    def __init__(self, d: int, first: bool):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.rel = nn.Parameter(torch.randn(4 * d) * 0.1) if first else None
+
+    def forward(self, h, bias=None):
+        if bias is None:
+            assert self.rel is not None
+            bias = self.rel.expand(h.shape[0], -1).clone()  # requires grad; nothing saves it
+        return h + self.down(torch.tanh(self.up(h) + bias)), bias
+
+
+class BiasedChain(nn.Module):
+    """T5's position bias in small: the first block makes a learned bias and every later block
+    gets it, so its gradient (the sum of what blocks 1..n-1 send back) lives from the last
+    block's backward to the first's, recomputes included."""
+
+    def __init__(self, d: int = 32, n_layers: int = 6):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList(BiasBlock(d, i == 0) for i in range(n_layers))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        h, bias = self.inp(x), None
+        for layer in self.layers:
+            h, bias = layer(h, bias)
+        return self.head(h).pow(2).mean()
+
+
 class MaskedChain(nn.Module):
     """Side inputs: even layers get one (B, 4d) bias and odd layers another, both made before the
     chain from the input (as Hugging Face models build masks), with ``position_ids`` for all.

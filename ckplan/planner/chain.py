@@ -22,6 +22,9 @@ saves, so without checkpoints they are freed when the chain's forward ends. A ch
 arguments of its layers until its backward: the simulator keeps them until the backward of the
 first top-level item that holds one of their layers. The DP tables count them as live for the
 whole step (``tables.base_bytes``): an upper bound on every op, so a plan they fit fits.
+Their gradients (``SideInput.grad_bytes``, when they require grad) live from the backward of the
+last layer reading them to the backward of their maker, recomputes in between included; the
+tables count them as live for the whole step too.
 """
 from __future__ import annotations
 
@@ -249,7 +252,8 @@ class Chain:
             raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
         object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
         for si in self.side_inputs:
-            if (not isinstance(si.bytes, int) or si.bytes < 0 or not si.layers
+            if (not isinstance(si.bytes, int) or si.bytes < 0 or not isinstance(si.grad_bytes, int)
+                    or si.grad_bytes < 0 or not si.layers
                     or any(not 0 <= i < len(self.layers) for i in si.layers)
                     or not -1 <= si.made_by < min(si.layers)):
                 raise ValueError(f"side input {si}: bytes must be a non-negative int, layers "
@@ -273,6 +277,23 @@ class Chain:
     @property
     def side_bytes(self) -> int:
         return sum(si.bytes for si in self.side_inputs)
+
+    @property
+    def side_grad_bytes(self) -> int:
+        """The side inputs' gradients (``SideInput.grad_bytes``), all of them."""
+        return sum(si.grad_bytes for si in self.side_inputs)
+
+    def side_grads_at(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Where the side inputs' gradients appear and go, per stage backward: (after B(i) they
+        appear: the last layer reading them; after B(i) they go: their maker, -1 for pre)."""
+        made: dict[int, int] = {}
+        gone: dict[int, int] = {}
+        for si in self.side_inputs:
+            if si.grad_bytes:
+                last = max(si.layers)
+                made[last] = made.get(last, 0) + si.grad_bytes
+                gone[si.made_by] = gone.get(si.made_by, 0) + si.grad_bytes
+        return made, gone
 
     @property
     def all_kept(self) -> bool:

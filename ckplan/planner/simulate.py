@@ -58,6 +58,12 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
   layer stored with a selective option) and does not contain the layer that made them, after the
   backward of the first such item.
+* side-input gradients (``SideInput.grad_bytes``: T5's position bias comes from a parameter):
+  the autograd engine sums what the layers reading them send back, so they appear after the
+  backward of the last such layer and go after the backward of their maker (a chain layer or
+  pre); every recompute in between runs beside them. A recompute over the layer that makes a
+  side input makes it again; the recompute's frame holds it until the recompute is over (from
+  the maker's forward on: the first forward's measured transients count it as live there).
 * pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``
   and the loss and its seed are freed;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
@@ -144,6 +150,11 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
 
     pre, post = chain.pre, chain.post
     side_free, side_held = _side_releases(chain, items)
+    grad_made, grad_gone = chain.side_grads_at()
+    side_made: dict[int, int] = {}  # chain layer -> bytes of the side inputs it makes
+    for si in chain.side_inputs:
+        if si.made_by >= 0:
+            side_made[si.made_by] = side_made.get(si.made_by, 0) + si.bytes
     live = mem + pre.retained_bytes + chain.side_bytes
     op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
     mem = live
@@ -175,7 +186,14 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
         if kind == "fwd":
             _, seq, ctx = task
             again = ctx is not None
+            remade = 0  # side inputs this recompute makes again: its frame holds them to its end
             for idx, it in enumerate(seq):
+                if again:
+                    for k in range(*_span(it)):
+                        if side_made.get(k):
+                            remade += side_made[k]
+                            mem += side_made[k]
+                            op("remade", k, ctx, True, mem, 0, mem)
                 hold = _input_hold(chain, seq, idx, ctx)
                 if hold:  # its input, which no op of the plain forward keeps
                     mem += hold
@@ -227,6 +245,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         else:
                             mem -= L[it.stop - 1].x_bytes  # read by the next stage, saved by none
                             op("release", it.stop - 1, (it.start, it.stop), again, mem, 0, mem)
+            if remade:
+                mem -= remade
+                op("remade", None, ctx, True, mem, 0, mem)
             if again and seq and isinstance(seq[-1], Store):
                 # the recompute stops once the last saved tensor is back: the last layer's tail
                 # is not redone (a sequence ending in a checkpoint does not get this)
@@ -281,7 +302,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
                 if id(it) in copied:
                     ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
-                after = mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
+                after = (mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
+                         + grad_made.get(i, 0) - grad_gone.get(i, 0))
                 op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
                 mem = after
             else:
@@ -318,7 +340,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             op("B", n, None, False, mem, post.bwd_tmp_bytes, after)
             mem = after
         elif kind == "preB":
-            after = mem + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
+            after = (mem + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
+                     - grad_gone.get(PRE, 0))
             op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
             mem = after - post.backward_hold_bytes  # the backward is over: loss and seed go
         else:  # the optimizer step: its peak is absolute, measured by the profiler
@@ -397,6 +420,9 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
 def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> str:
     if op == "opt":
         return "optimizer step"
+    if op == "remade" and ctx is not None:
+        return (f"side inputs made again by layer {stage} in the recompute of [{ctx[0]},{ctx[1]})"
+                if stage is not None else f"recompute of [{ctx[0]},{ctx[1]}) over: its side inputs freed")
     if op == "side":
         return "side inputs (masks, position ids) freed"
     if op == "uncast":
