@@ -58,13 +58,14 @@ def _tick(progress: Progress | None, message: str) -> None:
 
 
 def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool = False,
-              progress: Progress | None = None, note: Note | None = None):
+              progress: Progress | None = None, note: Note | None = None, hold: list[str] | None = None):
     """Predict the step's peak with a meta pass and refuse a real-device run that cannot fit.
 
     Returns the :class:`ckplan.preflight.Verdict`, or None when nothing was checked (meta device;
     a model the meta pass cannot run, e.g. one that reads tensor values). Raises
     :class:`UsageError` naming the predicted peak, the available memory and the fixes, unless
-    ``force``.
+    ``force``. ``hold``: the "preflight skipped" note goes there instead of to ``note``, for the
+    caller to show only when the real run works (when it fails too, its error says it once).
     """
     from .preflight import available_memory, decide
     dev = resolve_device(device)
@@ -85,8 +86,12 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
         text = str(getattr(e, "message", e)).strip()
         first = text.splitlines()[0] if text else ""
         first = first if len(first) <= 240 else first[:240] + "..."
-        _note(note, f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
-                    f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
+        skipped = (f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
+                   f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
+        if hold is not None:
+            hold.append(skipped)
+        else:
+            _note(note, skipped)
         return None
     verdict = decide(meta.totals.predicted_peak_bytes, available_memory(dev), dev.type)
     if not verdict.fits:
@@ -108,7 +113,8 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     check_positive("repeats", repeats)
     check_positive("warmup", warmup, minimum=0)
     dev = resolve_device(device)
-    preflight(spec, dev.type, force=force, progress=progress, note=note)
+    held: list[str] = []  # a skipped preflight is said only if the real run works (else its error says it)
+    preflight(spec, dev.type, force=force, progress=progress, note=note, hold=held)
     _tick(progress, f"building {spec.name} on {dev.type}")
     model = build_model(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
@@ -117,10 +123,13 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
                     + ("" if dev.type == "meta" else f" ({warmup} warm-up, {repeats} timed)")
                     + (f", then {len(names)} selective options" if names else "")
                     + (", then with the chain layers compiled" if compile else ""))
-    return profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
+    prof = profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
                          spec=spec.model_dump(mode="json"), options=names, compile=compile)
+    for text in held:
+        _note(note, text)
+    return prof
 
 
 def compile_options(names: tuple[str, ...], compile: bool, device_type: str) -> tuple[str, ...]:
@@ -499,7 +508,8 @@ def profile_problem(data: Any) -> str | None:
     for j, si in enumerate(side):
         if not isinstance(si, dict) or "bytes" not in si or "layers" not in si:
             return f"side_inputs[{j}] is not an object with bytes and layers"
-        problem = _number_problem(f"side_inputs[{j}].bytes", si["bytes"], "int")
+        problem = (_number_problem(f"side_inputs[{j}].bytes", si["bytes"], "int")
+                   or _number_problem(f"side_inputs[{j}].grad_bytes", si.get("grad_bytes", 0), "int"))
         if problem:
             return problem
         ls = si["layers"]
@@ -526,7 +536,8 @@ def _bytes_total_problem(data: dict) -> str | None:
         for j, o in enumerate(row.get("options", [])):
             add(f"layers[{i}].options[{j}]", o)
     add("totals", data["totals"])
-    sizes += [(si["bytes"], f"side_inputs[{j}].bytes") for j, si in enumerate(data.get("side_inputs", []))]
+    for j, si in enumerate(data.get("side_inputs", [])):
+        sizes += [(si["bytes"], f"side_inputs[{j}].bytes"), (si.get("grad_bytes", 0), f"side_inputs[{j}].grad_bytes")]
     total = sum(v for v, _ in sizes)
     if total <= MAX_PROFILE_INT:
         return None
@@ -553,22 +564,25 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     from .options import PEERS
 
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
-    limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
+    limit, dev, plan_read = _check_bench(spec, k=k, steps=steps, warmup=warmup, budget=budget,
+                                         memory_limit=memory_limit, device=device, plan_path=plan_path)
     names = compile_options(option_names(options, compile=compile), compile, dev.type)
     extra = {}
     plan_doc: dict = {}
-    if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
-        p, plan_doc = read_plan(plan_path)
-        where = f"--plan {plan_path}"
-        check_plan_chain(plan_doc, spec.chain, where)
+    where = f"--plan {plan_path}"
+    if plan_read is not None:
+        p, plan_doc = plan_read
         extra[f"plan:{p.strategy}"] = p
-    preflight(spec, dev.type, force=force, note=note)  # no progress ticks: the caller's bar counts steps
+    held: list[str] = []  # a skipped preflight is said only if the real run works (else its error says it)
+    preflight(spec, dev.type, force=force, note=note, hold=held)  # no progress ticks: the bar counts steps
     model = build_model(spec, str(dev))
     batch = make_batch(spec, str(dev))
     prof = profile_model(model, *batch, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, spec=spec.model_dump(mode="json"),
                          options=names, compile=compile)
+    for text in held:
+        _note(note, text)
     if plan_path is not None:  # the chain found in the model (the spec may not name one)
         check_plan_chain(plan_doc, prof.chain, where)
         n = len(prof.chain_layers)
@@ -584,6 +598,24 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
                      extra_plans=extra, memory_limit_bytes=limit, progress=progress)
+
+
+def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1, budget: str | int | None = None,
+                     memory_limit: str | int | None = None, device: str | Device | None = "auto",
+                     plan_path: str | Path | None = None) -> None:
+    """Raise now what :func:`bench` would raise for its arguments and its plan file, before it starts."""
+    _check_bench(spec, k=k, steps=steps, warmup=warmup, budget=budget, memory_limit=memory_limit,
+                 device=device, plan_path=plan_path)
+
+
+def _check_bench(spec: Spec, *, k, steps, warmup, budget, memory_limit, device, plan_path):
+    """(memory limit in bytes or None, device, (plan, plan document) or None), every argument checked."""
+    limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
+    plan_read = None
+    if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
+        plan_read = read_plan(plan_path)
+        check_plan_chain(plan_read[1], spec.chain, f"--plan {plan_path}")
+    return limit, dev, plan_read
 
 
 def check_budget(budget: str | int | None) -> None:
@@ -638,7 +670,11 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
             except InfeasibleBudgetError as err:
                 infeasible_tip = err.tip
     else:
-        chosen = plan_chain(chain, strategy, budget_bytes, k)
+        try:
+            chosen = plan_chain(chain, strategy, budget_bytes, k)
+        except InfeasibleBudgetError as err:
+            err.budget_source = source  # how the budget was resolved (50%act: from what), for the CLI
+            raise
         results = (chosen,)
     none = plan_chain(chain, "none")
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "

@@ -104,6 +104,26 @@ def _working(text: str):
         yield progress, render.info
 
 
+@contextlib.contextmanager
+def _new_folder_removed_on_error(folder: Path):
+    """Remove the folders this run created for ``folder`` (the output check creates them before the
+    run) when the command fails while they are still empty: an early error leaves nothing behind."""
+    created = []
+    p = Path(folder)
+    while not (p.exists() or p.is_symlink()) and p != p.parent:
+        created.append(p)  # deepest first
+        p = p.parent
+    try:
+        yield
+    except BaseException:
+        for d in created:
+            try:
+                d.rmdir()  # only an empty folder goes
+            except OSError:
+                break
+        raise
+
+
 def _write_out(path: Path, doc: dict, frame=None) -> None:
     from .report import to_json, write_csv, write_text
     if path.suffix.lower() == ".csv":
@@ -246,11 +266,13 @@ def plan(
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
               lambda: render.sweep_table(pts, wide=wide))
         return
+    given_parallel = parallel
     if world_size is None and spec is not None and profile_file is None:  # the spec's own parallel:
         par = api.load(spec).parallel
         world_size, parallel = str(par.world_size), parallel or par.kind
     sizes = _world_sizes(world_size)
     parallel = str(parallel or "fsdp")
+    _check_world_size_options(sizes, given_parallel, export, output)
     if output is not None:
         api.check_output_file(output, csv=False)  # plan writes JSON only: refused now, not after the run
     if len(sizes) > 1:
@@ -274,12 +296,17 @@ def plan(
                                         tip="raise --budget to at least one of these peaks, or add larger world "
                                             "sizes (fsdp shards the fixed memory)")
         return
-    with _working("planning") as (progress, note):
-        rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k, device=device,
-                       overrides=_given(overrides), force=force, progress=progress, note=note,
-                       world_size=sizes[0], parallel=parallel, options=options,
-                       compile=compile)
-    render.info(_budget_line(budget, rep))
+    try:
+        with _working("planning") as (progress, note):
+            rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k,
+                           device=device, overrides=_given(overrides), force=force, progress=progress,
+                           note=note, world_size=sizes[0], parallel=parallel, options=options,
+                           compile=compile)
+    except InfeasibleBudgetError as err:  # how the budget was resolved, then the error
+        if err.budget_source:
+            render.info(_budget_line(budget, err.budget_bytes, err.budget_source))
+        raise
+    render.info(_budget_line(budget, rep.budget_bytes, rep.budget_source))
     doc = rep.to_doc()
     exported = None
     if export is not None:
@@ -308,12 +335,33 @@ def _world_sizes(text: str | None) -> list[int]:
     return sizes
 
 
-def _budget_line(budget, rep) -> str:
+def _check_world_size_options(sizes: list[int], parallel, export, output) -> None:
+    """Refuse, before any profile, the options that several world sizes (or one process) would ignore."""
+    many = ",".join(map(str, sizes))
+    if len(sizes) > 1 and export is not None:
+        raise UsageError(f"--export {export.value} with several --world-size values ({many}): a snippet "
+                         "applies one plan, and the per-rank table has one per world size",
+                         tip=f"give one world size to export its plan, e.g. --world-size {sizes[-1]} "
+                             f"--export {export.value}")
+    if len(sizes) > 1 and output is not None:
+        raise UsageError(f"-o {output} with several --world-size values ({many}): -o writes a plan file "
+                         "(for `ckplan bench --plan` and `ckplan.apply_plan`), and the per-rank table is "
+                         "one plan per world size",
+                         tip=f"give one world size to write its plan, e.g. --world-size {sizes[-1]} -o "
+                             f"{output}; for the table as JSON use --format json > table.json")
+    if parallel is not None and max(sizes) == 1:
+        kind = getattr(parallel, "value", parallel)
+        raise UsageError(f"--parallel {kind} needs several ranks: without --world-size N (N > 1) the plan "
+                         "is for one process and --parallel would be ignored",
+                         tip=f"add --world-size N (e.g. --world-size 8 --parallel {kind}) or set "
+                             "parallel.world_size in the spec; or drop --parallel")
+
+
+def _budget_line(budget, budget_bytes: int | None, source: str) -> str:
     from .units import format_bytes
-    if rep.budget_bytes is None:
-        return f"budget: {rep.budget_source}"
-    return (f"budget {budget or ''} = {rep.budget_bytes} bytes = {format_bytes(rep.budget_bytes)} "
-            f"({rep.budget_source})")
+    if budget_bytes is None:
+        return f"budget: {source}"
+    return f"budget {budget or ''} = {budget_bytes} bytes = {format_bytes(budget_bytes)} ({source})"
 
 
 @app.command()
@@ -348,32 +396,47 @@ def bench(
 ):
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
     from . import api, render, report
-    strategies = [x.strip() for x in compare.split(",") if x.strip()]
+    listed = [x.strip() for x in compare.split(",") if x.strip()]
+    strategies = list(dict.fromkeys(listed))  # each strategy runs once, in the order first given
     bad = [x for x in strategies if x not in (*STRATEGY_NAMES, *PEERS)]
     if bad or (not strategies and plan_file is None):
         raise UsageError(f"--compare {compare!r}: unknown strategy {bad[0] if bad else '(none given)'}",
                          tip=f"use a comma-separated list of {', '.join(STRATEGY_NAMES)} and the peers "
                              f"{', '.join(PEERS)}")
-    report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
-    s = api.load(spec, **_given(overrides))
-    if nproc is None and s.parallel.world_size > 1:
-        nproc = s.parallel.world_size
-    parallel = str(parallel or s.parallel.kind)
-    if nproc is not None:
-        if plan_file is not None:
-            raise UsageError("--plan with --nproc", tip="the distributed bench plans per rank itself; drop --plan")
-        _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
-                           out_dir, fmt, wide)
-        return
-    if s.name:
-        dev_type = api.resolve_device(device).type
-        report.check_output_dir(out_dir, names=report.bench_filenames(
-            s.name, f"{dev_type}-compiled" if compile else dev_type))
-    n_plans = len(strategies) + (plan_file is not None)
-    with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
-        res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
-                        device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
-                        force=force, options=options, compile=compile, note=render.info)
+    if len(strategies) < len(listed):
+        twice = sorted({x for x in listed if listed.count(x) > 1}, key=listed.index)
+        render.info(f"note: --compare lists {', '.join(twice)} more than once; each strategy runs once")
+    with _new_folder_removed_on_error(out_dir):
+        report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
+        s = api.load(spec, **_given(overrides))
+        if nproc is None and s.parallel.world_size > 1:
+            nproc = s.parallel.world_size
+        if nproc is None and parallel is not None:
+            raise UsageError(f"--parallel {parallel.value} needs several ranks: without --nproc N bench runs one "
+                             "process and --parallel would be ignored",
+                             tip=f"add --nproc N (e.g. --nproc 2 --parallel {parallel.value}) or set "
+                                 "parallel.world_size in the spec; or drop --parallel")
+        parallel = str(parallel or s.parallel.kind)
+        if nproc is not None:
+            if plan_file is not None:
+                raise UsageError("--plan with --nproc",
+                                 tip="the distributed bench plans per rank itself; drop --plan")
+            _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
+                               out_dir, fmt, wide)
+            return
+        if s.name:
+            dev_type = api.resolve_device(device).type
+            report.check_output_dir(out_dir, names=report.bench_filenames(
+                s.name, f"{dev_type}-compiled" if compile else dev_type))
+        # The arguments and the plan file are checked before the bar opens: an error is then the
+        # only line (a bar closed at once leaves an empty line on a terminal).
+        api.check_bench_args(s, k=k, steps=steps, warmup=warmup, budget=budget, memory_limit=memory_limit,
+                             device=device, plan_path=plan_file)
+        n_plans = len(strategies) + (plan_file is not None)
+        with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
+            res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
+                            device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
+                            force=force, options=options, compile=compile, note=render.info)
     # The results first, then the files: a failed write must not take the table with it.
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0

@@ -56,6 +56,7 @@ from .planner import Plan, min_peak, plan_chain, simulate
 from .planner.parallel import KINDS, per_rank_chain
 from .records import Profile
 from .spec import Spec
+from .units import format_bytes
 
 OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see the module doc
@@ -281,8 +282,9 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
     if budget_bytes is None and {"dp", "chen"} & set(strategies):
         lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
         budget_bytes = (lo + hi) // 2
-        notes.append(f"no budget: dp and chen planned per rank for {budget_bytes} bytes, halfway between "
-                     f"the smallest feasible peak ({lo}) and the peak without checkpointing ({hi})")
+        notes.append(f"no budget: dp and chen planned per rank for {format_bytes(budget_bytes)}, halfway "
+                     f"between the smallest feasible peak ({format_bytes(lo)}) and the peak without "
+                     f"checkpointing ({format_bytes(hi)})")
     plans = []
     for s in strategies:
         try:

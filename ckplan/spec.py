@@ -92,6 +92,12 @@ class InputSpec(_Strict):
     def _ints_need_high(self):
         if self.dtype.startswith("int") and self.high is None:
             raise ValueError("an integer input needs `high:` (e.g. the vocabulary size for token ids)")
+        if not self.dtype.startswith("int") and self.high is not None:
+            # a float input is drawn from a normal distribution: `high` would be ignored silently
+            raise ValueError(f"`high: {self.high}` is set on a {self.dtype} input, but `high` is the "
+                             "exclusive upper bound of integer inputs (token ids) and a float input is "
+                             "drawn from a normal distribution; remove `high:`, or set `dtype: int64` "
+                             "for token ids")
         return self
 
 
@@ -137,6 +143,14 @@ class Spec(_Strict):
         """
         check_overrides(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                         accum=accum)
+        if seq_len is not None and not self.input.dtype.startswith("int"):
+            inp = self.input
+            what = " (an image)" if len(inp.shape) == 3 else " (features)" if len(inp.shape) == 1 else ""
+            raise UsageError(f"seq_len={seq_len} (--seq-len) sets the sequence length, the first dimension of a "
+                             f"token-id input, but this spec's input{f' {inp.name!r}' if inp.name else ''} is "
+                             f"a {inp.dtype} tensor of shape {inp.shape}{what}, not a token sequence",
+                             tip=f"drop the sequence length; to change the input's shape, edit input.shape "
+                                 f"{inp.shape} in the spec (the batch size override still applies)")
         d = self.model_dump()
         if batch_size is not None:
             d["input"]["batch_size"] = batch_size
@@ -245,11 +259,13 @@ def build_model(spec: Spec, device: str = "cpu"):
     """Instantiate the model on ``device`` (``meta``: no memory is allocated) in train mode."""
     import torch
     torch.manual_seed(spec.seed)
+    if spec.model.builtin is not None:
+        _check_builtin_vocab(spec)
     with torch.device(device):
         if spec.model.builtin is not None:
             model = _build_builtin(spec.model.builtin, spec.model.args)
         elif spec.model.hf is not None:
-            model = _build_hf(spec.model.hf, spec.model.task)
+            model = _build_hf(spec.model.hf, spec.model.task, inp=spec.input)
         else:
             model = _build_target(spec.model.target, spec.model.args)
     if not isinstance(model, torch.nn.Module):
@@ -258,6 +274,33 @@ def build_model(spec: Spec, device: str = "cpu"):
                         tip="a target is any importable callable and ckplan has already run it: "
                             "run only specs you trust" if spec.model.target else None)
     return model.train()
+
+
+def check_token_range(inp: InputSpec, vocab_size: Any, where: str) -> None:
+    """Token ids are drawn from [0, input.high): ``high`` above the model's vocabulary would index
+    past its embedding table, an IndexError only at run time (and never on the meta device)."""
+    if (inp.dtype.startswith("int") and inp.high is not None and isinstance(vocab_size, int)
+            and not isinstance(vocab_size, bool) and inp.high > vocab_size):
+        raise SpecError(f"input.high {inp.high} is above the model's vocabulary size {vocab_size} ({where}): "
+                        f"token ids up to {inp.high - 1} would index past its embedding table",
+                        tip=f"set input.high to at most {vocab_size} (usually equal to the vocabulary size), "
+                            f"or raise {where.split(',')[0]}")
+
+
+def _check_builtin_vocab(spec: Spec) -> None:
+    """A zoo model that embeds token ids (gpt, bert) declares ``vocab_size``: check ``input.high``."""
+    from .zoo import zoo_args
+    name = spec.model.builtin
+    try:
+        defaults = zoo_args(str(name))
+    except KeyError:
+        return  # an unknown builtin: _build_builtin says so
+    if "vocab_size" not in defaults:
+        return
+    given = "vocab_size" in spec.model.args
+    vocab = spec.model.args["vocab_size"] if given else defaults["vocab_size"]
+    check_token_range(spec.input, vocab, "model.args.vocab_size" if given else
+                      f"model.args.vocab_size, the default of builtin {name!r}")
 
 
 def _build_builtin(name: str, args: dict):
@@ -283,7 +326,7 @@ _HF_DEFAULT_TASK = {"bert": "masked-lm", "roberta": "masked-lm", "distilbert": "
                     "albert": "masked-lm", "deberta": "masked-lm", "deberta-v2": "masked-lm"}
 
 
-def _build_hf(fields: dict, task: str | None):
+def _build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
     try:
         import transformers
     except ImportError:
@@ -297,6 +340,10 @@ def _build_hf(fields: dict, task: str | None):
         config = config_cls(**fields)
     except (TypeError, ValueError) as e:
         raise SpecError(f"model.hf for model_type {model_type!r}: {e}".split("\n")[0]) from None
+    if inp is not None and inp.name == "input_ids":  # only then is the input surely the token ids
+        check_token_range(inp, getattr(config, "vocab_size", None),
+                          "model.hf.vocab_size" if "vocab_size" in fields else
+                          f"model.hf.vocab_size, the default of the {model_type} config")
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
     if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         # T5's configs on the Hub say 0, its padding id; built from fields the config has none,
