@@ -343,8 +343,8 @@ def test_infeasible_message_names_the_floor_and_only_fixes_that_move_it():
                           "gradients 1.2 GiB, optimizer state 2.4 GiB and activations and gradients "
                           "(the least any plan holds) 1 GiB. Tip: ")
     assert ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller optimizer "
-            "(--optimizer sgd keeps no state), a smaller --batch-size or --seq-len (activations are "
-            "1 GiB of the floor) and a budget of at least 5.8 GiB") in msg
+            "(SGD keeps no state: train.optimizer sgd, --optimizer sgd), a smaller batch size or sequence "
+            "length (input.batch_size, input.shape; --batch-size, --seq-len: activations are 1 GiB of the floor) and a budget of at least 5.8 GiB") in msg
     assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == fixed
     assert err.value.exit_code == 3
 
@@ -364,7 +364,7 @@ def test_infeasible_tips_fit_the_case():
                    "step: parameters 3 GiB and gradients 3 GiB")
     assert tip == ("the parameters alone (3 GiB) exceed the budget: shard them across devices (FSDP) "
                    "or offload them and a budget of at least 6 GiB")
-    assert "--optimizer sgd" not in str(err.value) and "--batch-size" not in str(err.value)
+    assert "optimizer sgd" not in str(err.value) and "batch size" not in str(err.value)
     # AdamW at the step: its state and the step's transient are named; no batch-size tip.
     ch2 = Chain(base.layers, base.pre, base.post, base.x_in_bytes, 0, persistent_bytes=3 * gib,
                 opt_step_peak_bytes=5 * gib, param_bytes=gib, total_grad_bytes=gib,
@@ -374,7 +374,8 @@ def test_infeasible_tips_fit_the_case():
     assert err.value.message.endswith("reached in the optimizer step: parameters 1 GiB, gradients "
                                       "1 GiB, optimizer state 2 GiB and optimizer-step transient 1 GiB")
     assert err.value.tip == ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller "
-                             "optimizer (--optimizer sgd keeps no state) and a budget of at least 5 GiB")
+                             "optimizer (SGD keeps no state: train.optimizer sgd, --optimizer sgd) and a budget of at "
+                             "least 5 GiB")
 
 
 def test_chen_and_dp_agree_on_infeasible_budgets_and_compare_never_raises():

@@ -72,9 +72,10 @@ def infeasible_error(chain: Chain, budget_bytes: int, lowest: int) -> Infeasible
     if chain.optimizer_bytes:
         fixes.append("shard the optimizer state (ZeRO / FSDP) or offload it to CPU")
         if chain.optimizer != "sgd":
-            fixes.append("a smaller optimizer (--optimizer sgd keeps no state)")
+            fixes.append("a smaller optimizer (SGD keeps no state: train.optimizer sgd, --optimizer sgd)")
     if f.activation_bytes >= ACTIVATION_SHARE * lowest:
-        fixes.append("a smaller --batch-size or --seq-len (activations are "
+        fixes.append("a smaller batch size or sequence length (input.batch_size, input.shape; "
+                     "--batch-size, --seq-len: activations are "
                      f"{fb(f.activation_bytes)} of the floor)")
     fixes.append(f"a budget of at least {fb(lowest)}")
     return InfeasibleBudgetError(
