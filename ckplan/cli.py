@@ -256,6 +256,15 @@ def plan(
     """Pick checkpoint boundaries under a memory budget (optimal dp, or a baseline), or sweep budgets."""
     from . import api, render, report
     if sweep:
+        ignored = [name for name, given in (("--budget", budget is not None), ("--world-size", world_size is not None),
+                                            ("--parallel", parallel is not None), ("--export", export is not None),
+                                            ("-o", output is not None), ("--strategy", strategy != StrategyOrAll.dp),
+                                            ("--k", k != 2)) if given]
+        if ignored:
+            raise UsageError(f"--sweep with {', '.join(ignored)}: a sweep plans every strategy over a range of "
+                             "budgets for one process and writes its frontier under --out-dir; "
+                             f"{'it' if len(ignored) == 1 else 'they'} would be ignored",
+                             tip="drop " + ", ".join(ignored) + ", or plan one budget without --sweep")
         api.check_output_dir(out_dir)
         with _working("sweeping") as (progress, note):
             prof, pts = api.sweep(spec, profile_path=profile_file, device=device, points=points,

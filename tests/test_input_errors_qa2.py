@@ -199,3 +199,14 @@ def test_infeasible_budget_line_comes_before_the_error(saved_profile):
     text = one_line(r)
     assert "budget 1%act = " in text and "% of the activations" in text
     assert text.index("budget 1%act = ") < text.index("Error:")
+
+
+@pytest.mark.parametrize("extra", [["--world-size", "4"], ["--budget", "1MB"], ["--export", "hf"],
+                                   ["--strategy", "chen"]])
+def test_plan_sweep_refuses_options_it_would_ignore(saved_profile, tmp_path, extra):
+    out = tmp_path / "sweep-out"
+    r = run("plan", "--profile", saved_profile, "--sweep", "--out-dir", out, *extra)
+    assert r.exit_code == 2, r.output
+    assert f"--sweep with {extra[0]}" in one_line(r) and "ignored" in one_line(r)
+    assert not out.exists()  # refused before anything was written
+    assert run("plan", "--profile", saved_profile, "--sweep", "--out-dir", out).exit_code == 0

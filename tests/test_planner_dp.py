@@ -344,7 +344,8 @@ def test_infeasible_message_names_the_floor_and_only_fixes_that_move_it():
                           "(the least any plan holds) 1 GiB. Tip: ")
     assert ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller optimizer "
             "(SGD keeps no state: train.optimizer sgd, --optimizer sgd), a smaller batch size or sequence "
-            "length (input.batch_size, input.shape; --batch-size, --seq-len: activations are 1 GiB of the floor) and a budget of at least 5.8 GiB") in msg
+            "length (input.batch_size, input.shape; --batch-size, --seq-len: activations are 1 GiB of "
+            "the floor) and a budget of at least 5.8 GiB") in msg
     assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == fixed
     assert err.value.exit_code == 3
 
