@@ -124,6 +124,9 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
     if prof.side_inputs:  # after the activations: what checkpoints keep besides them
         totals.insert(-1, ("side inputs (masks, ids; kept by checkpoints)",
                            sum(si.bytes for si in prof.side_inputs)))
+        side_grads = sum(si.grad_bytes for si in prof.side_inputs)
+        if side_grads:  # held from the last reader's backward to the maker's, recomputes between
+            totals.insert(-1, ("side-input gradients (held through recomputes)", side_grads))
     if tt.measured_peak_bytes is not None:
         totals.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
     for k, v in totals:

@@ -242,6 +242,13 @@ def load_spec(path: str | Path) -> Spec:
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         raise SpecError(f"{p}: invalid YAML{at}: {getattr(e, 'problem', e)}",
                         tip="check indentation and quoting") from None
+    if isinstance(data, dict) and "schema_version" in data and "command" in data:
+        # JSON is YAML: a ckplan output given where its input goes
+        kind = str(data["command"])
+        fix = ("pass it as `ckplan plan --profile " + str(p) + "` (with no SPEC)" if kind == "profile" else
+               "pass it as `ckplan bench SPEC --plan " + str(p) + "`" if kind == "plan" else tip)
+        raise SpecError(f"{p} is a ckplan {kind!r} document (what `ckplan {kind.split('-')[0]} -f json` writes), "
+                        "not a model spec", tip=fix)
     spec = validate(data, source=str(p))
     if spec.name is None:
         spec = spec.model_copy(update={"name": p.stem})

@@ -210,3 +210,17 @@ def test_plan_sweep_refuses_options_it_would_ignore(saved_profile, tmp_path, ext
     assert f"--sweep with {extra[0]}" in one_line(r) and "ignored" in one_line(r)
     assert not out.exists()  # refused before anything was written
     assert run("plan", "--profile", saved_profile, "--sweep", "--out-dir", out).exit_code == 0
+
+
+def test_a_ckplan_output_given_as_spec_is_named(saved_profile, tmp_path):
+    # JSON is YAML: a saved profile given as SPEC was validated as a spec, one long line of
+    # "unknown key" errors; now it is named and the tip says where it goes
+    r = run("profile", saved_profile, "--device", "meta")
+    assert r.exit_code == 2
+    msg = one_line(r)
+    assert "is a ckplan 'profile' document" in msg and f"ckplan plan --profile {saved_profile}" in msg
+    assert "unknown key" not in msg
+    plan = tmp_path / "p.json"
+    assert run("plan", "--profile", saved_profile, "-o", plan).exit_code == 0
+    r = run("bench", plan)
+    assert r.exit_code == 2 and "is a ckplan 'plan' document" in one_line(r) and "--plan" in one_line(r)
