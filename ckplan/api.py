@@ -440,7 +440,7 @@ def profile_problem(data: Any) -> str | None:
         missing = [k for k in kinds if k not in row
                    and k not in ("options", "recompute_ms", "output_kept", "output_in_place", "output_saved_after",
                                  "early_peak_bytes", "early_kept_bytes", "backward_lead_bytes",
-                                 "nosave_peak_bytes")]
+                                 "nosave_peak_bytes", "unsaved_kept_bytes", "kept_after_backward_bytes")]
         if missing:
             return f"layers[{i}].{missing[0]} is missing"
         want_index = i - 1
@@ -462,7 +462,8 @@ def profile_problem(data: Any) -> str | None:
             return problem
         if row.get("output_in_place", False) not in (True, False):
             return f"layers[{i}].output_in_place must be true or false, got {row['output_in_place']!r}"
-        for k in ("early_peak_bytes", "early_kept_bytes", "backward_lead_bytes", "nosave_peak_bytes"):
+        for k in ("early_peak_bytes", "early_kept_bytes", "backward_lead_bytes", "nosave_peak_bytes",
+                  "unsaved_kept_bytes", "kept_after_backward_bytes"):
             v = row.get(k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 return f"layers[{i}].{k} must be a non-negative integer or null, got {v!r}"

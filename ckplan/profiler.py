@@ -158,6 +158,7 @@ class _Instrument:
     # pass, and whether the plain forward keeps it (``StageRecord.output_kept``).
     out_storage: dict[int, weakref.ref] = field(default_factory=dict)
     kept_at_end: dict[int, bool | None] = field(default_factory=dict)
+    live_after_bwd: dict[int, int] = field(default_factory=dict)
     aliased: set[int] = field(default_factory=set)  # layers returning their input's storage
     # Early stop (StageRecord.early_*), in the measured pass: the chain layer whose forward is
     # running (between its hooks), the window's peak at its last pack, and per saved storage the
@@ -385,6 +386,9 @@ class _Instrument:
         self.mark("end", self.n)
         if self.track_saved:
             self.side_inputs = self._side_inputs()
+            # what each forward made that outlives its backward while the graph lives (ctx
+            # attributes, module caches): StageRecord.kept_after_backward_bytes
+            self.live_after_bwd = self._live_by_stage()
         self.packed_in.clear()
         return loss.detach()
 
@@ -583,7 +587,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                                         f"({type(e).__name__}: {first})")
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     if compiled is None:
-        rows = tuple(replace(r, nosave_peak_bytes=nosave.get(r.index)) if r.role == CHAIN else r
+        rows = tuple(replace(r, nosave_peak_bytes=nosave[0].get(r.index),
+                             unsaved_kept_bytes=nosave[1].get(r.index, 0),
+                             kept_after_backward_bytes=measured.after_bwd.get(r.index, 0))
+                     if r.role == CHAIN else r
                      for r in rows)
     rows = _with_options(rows, measured, option_passes, meta)
     notes: tuple[str, ...] = (step.sdpa_note,) if step.sdpa_note else ()
@@ -596,17 +603,16 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                   f"there keeps them): {names}{more}; their saved bytes leave them out "
                   "(README: memory model)",)
     if compiled is None:
-        # Alive when the forward ends but saved by no op (a custom autograd Function keeping a
+        # Alive when a forward that saves nothing ends (a custom autograd Function keeping a
         # tensor as a ctx attribute, a cache on the module): the saved-tensor hooks do not see
-        # it, so a checkpoint does not drop it and the prediction leaves it out.
-        loose = {i: measured.live_at_end.get(i, 0) - measured.saved.get(i, 0) for i in range(len(layers))}
-        loose = {i: b for i, b in loose.items() if b > 0}
+        # it, so a checkpoint does not drop it (StageRecord.unsaved_kept_bytes, modelled).
+        loose = {i: b for i, b in nosave[1].items() if b > 0}
         if loose:
             names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(loose.items())[:8])
-            notes += (f"tensors alive after the forward that no op saved for backward: {names}"
-                      f"{' and more' if len(loose) > 8 else ''} (a custom autograd Function keeping "
-                      "them on ctx, or a cache): checkpointing cannot drop them and the predictions "
-                      "leave them out, so measured peaks may be that much higher (README: known limits)",)
+            notes += (f"tensors a checkpoint cannot drop (kept with nothing saved: a custom autograd "
+                      f"Function's ctx attributes, or a cache): {names}{' and more' if len(loose) > 8 else ''}; "
+                      "planned as kept until the backward ends, and checkpointing those layers saves "
+                      "less (README: memory model)",)
     own = [r.index for r in rows if r.output_saved_after is False]
     if own:
         names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
@@ -741,13 +747,18 @@ class _MeasuredPass:
     early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
     early: bool = False  # the early_* fields were measured (not in compiled passes)
     lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
+    after_bwd: dict[int, int] = field(default_factory=dict)  # StageRecord.kept_after_backward_bytes
 
 
-def _nosave_pass(inst: _Instrument, step: _Step) -> dict[int, int]:
+def _nosave_pass(inst: _Instrument, step: _Step) -> tuple[dict[int, int], dict[int, int]]:
     """Per chain layer: its forward window's peak above the window's start when no op saves
-    anything (``StageRecord.nosave_peak_bytes``): a checkpoint's first forward, measured. The
-    forward runs once more under saved-tensor hooks that keep nothing; there is no backward."""
-    tracker = LiveTensorTracker()
+    anything (``StageRecord.nosave_peak_bytes``): a checkpoint's first forward, measured; and the
+    bytes it allocated that are still alive when the forward ends (``unsaved_kept_bytes``: kept
+    by something no saved-tensor hook sees). The forward runs once more under saved-tensor hooks
+    that keep nothing; there is no backward."""
+    made_in: dict[int, tuple[str, int]] = {}
+    tracker = LiveTensorTracker(on_alloc=lambda key, _: made_in.__setitem__(key, inst._current),
+                                on_free=lambda key: made_in.pop(key, None))
     inst.track_saved = False
     try:
         with tracker:
@@ -763,11 +774,17 @@ def _nosave_pass(inst: _Instrument, step: _Step) -> dict[int, int]:
                         loss = forward_loss(step.model, step.args, step.kwargs, step.loss_fn,
                                             step.precision, step.device.type)
             inst.mark("B", inst.n)
+            kept: dict[int, int] = {}
+            for key, nbytes in tracker.live_storages().items():
+                phase, stage = made_in.get(key, ("", -1))
+                if phase == "F" and 0 <= stage < inst.n:
+                    kept[stage] = kept.get(stage, 0) + nbytes
             del loss
             windows = inst.windows()
     finally:
         inst.meter = None
-    return {i: max(0, windows[("F", i)]["peak"] - windows[("F", i)]["live_start"]) for i in range(inst.n)}
+    peaks = {i: max(0, windows[("F", i)]["peak"] - windows[("F", i)]["live_start"]) for i in range(inst.n)}
+    return peaks, kept
 
 
 def _keep_nothing(t: torch.Tensor) -> None:
@@ -817,6 +834,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
+        after_bwd=dict(inst.live_after_bwd),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,

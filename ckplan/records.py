@@ -145,6 +145,15 @@ class StageRecord:
     # tensors it also saved (GPT-OSS's experts: 1.1 MB more). None: not measured (older
     # profiles, compiled passes): rotor's.
     nosave_peak_bytes: int | None = None
+    # What the layer's forward leaves alive when no op saves anything (the no-save pass), beyond
+    # its output: tensors a custom autograd Function keeps as ``ctx`` attributes (not through
+    # ``save_for_backward``), a cache on the module. A checkpoint's first forward keeps them too
+    # (its graph node holds them until the step's graph is freed). None: not measured: 0.
+    unsaved_kept_bytes: int | None = None
+    # What the layer's forward made that is still alive when the whole backward is over (the
+    # graph alive): the part of its saved or ctx-held tensors its own backward does not free.
+    # None: not measured: 0.
+    kept_after_backward_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

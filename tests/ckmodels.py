@@ -136,6 +136,47 @@ class MaskedBlock(nn.Module):
         return h + self.down(torch.tanh(self.up(h) + bias))
 
 
+class _CtxMul(torch.autograd.Function):
+    """``a * w`` keeping ``a`` as a ctx attribute (not ``save_for_backward``): no saved-tensor
+    hook sees it, so a checkpoint cannot drop it; its node holds it until the graph is freed."""
+
+    @staticmethod
+    def forward(ctx, a, w):
+        ctx.a = a
+        ctx.save_for_backward(w)
+        return a * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g * w, (g * ctx.a).sum(0)
+
+
+class CtxBlock(nn.Module):
+    """``h + down(tanh(up(h)) * w)`` with the product in :class:`_CtxMul` (tanh saves its output
+    too: the ctx attribute is the same tensor)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.w = nn.Parameter(torch.randn(4 * d))
+
+    def forward(self, h):
+        return h + self.down(_CtxMul.apply(torch.tanh(self.up(h)), self.w))
+
+
+class CtxChain(nn.Module):
+    def __init__(self, d: int = 32, n_layers: int = 6):
+        super().__init__()
+        self.layers = nn.ModuleList(CtxBlock(d) for _ in range(n_layers))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).pow(2).mean()
+
+
 class BiasBlock(nn.Module):
     """A block of :class:`BiasedChain`: the first makes a (B, 4d) bias from its own parameter and
     hands it on with the hidden state; every block adds it (addition saves neither input)."""

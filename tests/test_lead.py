@@ -216,7 +216,7 @@ class CtxLayer(nn.Module):
         return _CtxKeep.apply(self.lin(x)) + x
 
 
-def test_tensors_no_op_saved_are_named():
+def test_tensors_no_op_saved_are_named_and_measured():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(D, D), nn.Sequential(CtxLayer(), CtxLayer()))
     x = torch.randn(B, D)
@@ -226,5 +226,6 @@ def test_tensors_no_op_saved_are_named():
 
     prof = api.profile_model(model, (x,), {}, name="ctx", chain="1", device="cpu", optimizer="sgd",
                              repeats=1, warmup=0, loss_fn=loss_fn)
-    note = next(n for n in prof.notes if "no op saved for backward" in n)
+    note = next(n for n in prof.notes if "tensors a checkpoint cannot drop" in n)
     assert "layer 0 (2 KiB)" in note and "layer 1 (2 KiB)" in note  # B x D floats = 2048 B
+    assert [r.unsaved_kept_bytes for r in prof.chain_layers] == [B * D * 4] * 2

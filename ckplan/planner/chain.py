@@ -104,6 +104,13 @@ class Layer:
     # The forward's peak above its start when it saves nothing (a checkpoint's first forward),
     # its output included; None: rotor's ``x_bytes + fwd_tmp_bytes``. See :meth:`fn_tmp`.
     nosave_peak_bytes: int | None = None
+    # What a checkpoint's first forward of the layer keeps besides its output, that no saved-
+    # tensor hook sees (ctx attributes of a custom autograd Function, a module cache): live until
+    # the step's backward is over. See ``StageRecord.unsaved_kept_bytes``.
+    unsaved_kept_bytes: int = 0
+    # What a stored layer's backward leaves of its tensors until the backward is over (the same
+    # holders): freed with the graph, not by its backward.
+    kept_after_bytes: int = 0
 
     def fn_tmp(self, rotor: int) -> int:
         """The transient of a forward that keeps only the output, above ``live + x_bytes``: rotor's
@@ -208,7 +215,7 @@ class Chain:
             raise ValueError("a chain needs at least one layer")
         for i, ly in enumerate(self.layers):
             sizes = (ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes,
-                     ly.cast_bytes)
+                     ly.cast_bytes, ly.unsaved_kept_bytes, ly.kept_after_bytes)
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
             if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
@@ -277,6 +284,13 @@ class Chain:
     @property
     def side_bytes(self) -> int:
         return sum(si.bytes for si in self.side_inputs)
+
+    @property
+    def unsaved_bytes(self) -> int:
+        """An upper bound on what the layers' first forwards keep until the backward is over,
+        whatever the plan: a checkpointed layer keeps ``Layer.unsaved_kept_bytes`` from its
+        forward on, a stored one ``kept_after_bytes`` from its backward on."""
+        return sum(max(ly.unsaved_kept_bytes, ly.kept_after_bytes) for ly in self.layers)
 
     @property
     def side_grad_bytes(self) -> int:

@@ -210,7 +210,10 @@ def min_peak(chain: Chain) -> int:
         lowest = cast_frontier(chain).min_peak()
         return simulate(chain, plan_none(chain.n_layers)).peak_bytes if lowest is None else lowest
     t = layer_tables(chain)
-    return max(fixed_peak(chain), base_bytes(chain) + int(t.peaks.R[0, t.units.size]))
+    lowest = max(fixed_peak(chain), base_bytes(chain) + int(t.peaks.R[0, t.units.size]))
+    if chain.unsaved_bytes:  # the tables' bound can pass the plan without checkpoints
+        return min(lowest, simulate(chain, plan_none(chain.n_layers)).peak_bytes)
+    return lowest
 
 
 def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
@@ -228,6 +231,8 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
             best = min(cands, key=lambda p: peak_of(chain, p.items))
         return replace(best, params={"budget_bytes": budget_bytes, "min_peak": True})
     params = {"budget_bytes": budget_bytes, "min_peak": True}
+    if chain.unsaved_bytes and min_peak(chain) == simulate(chain, plan_none(n)).peak_bytes:
+        return Plan("dp", n, plan_none(n).items, params)  # the tables' bound is above it
     base = base_bytes(chain)
     if chain.has_casts:
         cf = cast_frontier(chain)
@@ -584,6 +589,11 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append("some layers' backward holds gradients before the recompute it starts "
                      "(lead bytes): the tables count them through the whole recompute, on the "
                      "safe side, so the plan fits but may recompute more than the optimum")
+    if exact and chain.unsaved_bytes:
+        exact = False
+        notes.append("some layers keep tensors no saved-tensor hook sees (ctx attributes, caches) "
+                     "until the backward is over: the tables count them as live for the whole step, "
+                     "on the safe side, so the plan fits but may recompute more than the optimum")
     if solver.options_ignored:
         notes.append(OPTIONS_IGNORED)
     if solver.grouped:

@@ -64,6 +64,10 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   pre); every recompute in between runs beside them. A recompute over the layer that makes a
   side input makes it again; the recompute's frame holds it until the recompute is over (from
   the maker's forward on: the first forward's measured transients count it as live there).
+* tensors a layer keeps that no saved-tensor hook sees (``Layer.unsaved_kept_bytes``: a custom
+  autograd Function's ``ctx`` attributes, a module cache): a checkpoint's first forward keeps
+  them beside its output, until the backward is over (the graph's nodes hold them). A stored
+  layer's are in its measured transients (calibration); a recompute's die with it (not counted).
 * pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``
   and the loss and its seed are freed;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
@@ -159,6 +163,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     op("F", PRE, None, False, live, pre.fwd_tmp_bytes, live)
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
+    unsaved = 0  # what checkpointed first forwards keep that no hook sees: until the backward ends
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
     # id(checkpoint inside a recompute) -> bytes of its input freed once its own recompute is over
     handed_over: dict[int, int] = {}
@@ -227,7 +232,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         ly = L[k]
                         cast = 0 if again else ly.cast_bytes
                         casts += cast
-                        live = mem + ly.x_bytes + cast
+                        loose = 0 if again else ly.unsaved_kept_bytes
+                        unsaved += loose
+                        live = mem + ly.x_bytes + cast + loose
                         after = live - L[k - 1].x_bytes if k > it.start else live
                         # outputs no op keeps (its own, the input's): the measured transient
                         # holds them (xbar leaves them out), and here live counts them already
@@ -304,6 +311,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
                 after = (mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
                          + grad_made.get(i, 0) - grad_gone.get(i, 0))
+                if ctx is None and L[i].kept_after_bytes:  # a first forward's: kept with the graph
+                    after += L[i].kept_after_bytes
+                    unsaved += L[i].kept_after_bytes
                 op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
                 mem = after
             else:
@@ -344,6 +354,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                      - grad_gone.get(PRE, 0))
             op("B", PRE, None, False, mem, pre.bwd_tmp_bytes, after)
             mem = after - post.backward_hold_bytes  # the backward is over: loss and seed go
+            if unsaved:  # and the graph, with what its nodes kept outside saved tensors
+                mem -= unsaved
+                op("unsaved", None, None, False, mem, 0, mem)
         else:  # the optimizer step: its peak is absolute, measured by the profiler
             op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
     return _Replay(peak, where, recompute_ms)
@@ -425,6 +438,8 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
                 if stage is not None else f"recompute of [{ctx[0]},{ctx[1]}) over: its side inputs freed")
     if op == "side":
         return "side inputs (masks, position ids) freed"
+    if op == "unsaved":
+        return "backward over: tensors checkpointed layers kept outside saved tensors freed"
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
     if op == "lead" and ctx is not None:

@@ -53,7 +53,7 @@ Chooser = Callable[[int, int, int], Step]
 def fixed_peak(chain: Chain) -> int:
     """The part of the peak no plan changes: pre forward/backward and the optimizer step (side
     inputs counted as live throughout, as in ``base_bytes``)."""
-    p, pre = chain.persistent_bytes + chain.side_bytes + chain.side_grad_bytes, chain.pre
+    p, pre = chain.persistent_bytes + chain.side_bytes + chain.side_grad_bytes + chain.unsaved_bytes, chain.pre
     grads = sum(ly.grad_bytes for ly in chain.layers) + chain.post.grad_bytes
     pre_b = p + pre.retained_bytes + chain.delta_in_bytes + grads + chain.post.backward_hold_bytes
     pre_after = pre_b + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
@@ -67,8 +67,10 @@ def base_bytes(chain: Chain) -> int:
     simulator frees them earlier (when the chain's forward ends, or after the backward of the
     first item holding their layers), so every plan peaks no higher than the tables say and a
     plan they fit fits; near the smallest peak the tables may give up at most ``side_bytes``.
-    The side inputs' gradients (``SideInput.grad_bytes``) are counted the same way."""
-    return chain.persistent_bytes + chain.pre.retained_bytes + chain.side_bytes + chain.side_grad_bytes
+    The side inputs' gradients (``SideInput.grad_bytes``) and what checkpointed layers keep
+    outside saved tensors (``Layer.unsaved_kept_bytes``, all layers') are counted the same way."""
+    return (chain.persistent_bytes + chain.pre.retained_bytes + chain.side_bytes + chain.side_grad_bytes
+            + chain.unsaved_bytes)
 
 
 def ceil_div(a: Any, q: int) -> Any:
