@@ -224,3 +224,27 @@ def test_a_ckplan_output_given_as_spec_is_named(saved_profile, tmp_path):
     assert run("plan", "--profile", saved_profile, "-o", plan).exit_code == 0
     r = run("bench", plan)
     assert r.exit_code == 2 and "is a ckplan 'plan' document" in one_line(r) and "--plan" in one_line(r)
+
+
+def test_layers_called_through_forward_are_named(tmp_path):
+    # SqueezeBERT's encoder calls `layer.forward(x)`: no module hook fires, so no container works;
+    # the message says why instead of asking for another `chain:`
+    import torch.nn as nn
+
+    from ckplan.errors import ModelRunError
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer.forward(x)
+            return x.pow(2).mean()
+
+    import torch
+    with pytest.raises(ModelRunError, match=r"layer\.forward\(x\)") as err:
+        api.profile_model(Net(), (torch.randn(4, 8),), {}, name="fwd", chain="layers", device="cpu",
+                          optimizer="sgd", repeats=1, warmup=0)
+    assert "instead of `layer.forward" in err.value.tip
