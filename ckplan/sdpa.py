@@ -121,6 +121,16 @@ class SdpaOnMeta(TorchFunctionMode):
         self.target = target
         self.paths: dict[str, int] = {}
 
+    def __enter__(self):
+        self._undo = _unpacked_on_meta()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._undo()
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
@@ -151,3 +161,24 @@ class SdpaOnMeta(TorchFunctionMode):
         counts = ", ".join(f"{name} x{n}" for name, n in sorted(self.paths.items()))
         return (f"meta device: attention modelled as {self.target}'s scaled_dot_product_attention "
                 f"would run it ({counts} calls per step); pass meta_target='cpu'|'cuda' to change")
+
+
+def _unpacked_on_meta():
+    """Hugging Face's masks (transformers 5) ask whether the position ids pack several sequences
+    into one row, ``(mask == 0).all()``: a value meta tensors do not have, so every HF decoder
+    failed on meta. ckplan's batches hold one sequence per row (position ids 0..T-1), never
+    packed: on meta the answer is "not packed" (what the same check says on a real device).
+    Returns the undo."""
+    import sys
+    mu = sys.modules.get("transformers.masking_utils")
+    orig = getattr(mu, "find_packed_sequence_indices", None)
+    if mu is None or orig is None:
+        return lambda: None
+
+    def unpacked(position_ids, *args, **kwargs):
+        if isinstance(position_ids, torch.Tensor) and position_ids.device.type == "meta":
+            return None
+        return orig(position_ids, *args, **kwargs)
+
+    mu.find_packed_sequence_indices = unpacked
+    return lambda: setattr(mu, "find_packed_sequence_indices", orig)
