@@ -164,21 +164,37 @@ class SdpaOnMeta(TorchFunctionMode):
 
 
 def _unpacked_on_meta():
-    """Hugging Face's masks (transformers 5) ask whether the position ids pack several sequences
-    into one row, ``(mask == 0).all()``: a value meta tensors do not have, so every HF decoder
-    failed on meta. ckplan's batches hold one sequence per row (position ids 0..T-1), never
-    packed: on meta the answer is "not packed" (what the same check says on a real device).
-    Returns the undo."""
+    """Hugging Face's masks (transformers 5) read three values that meta tensors do not have:
+    whether the position ids pack several sequences into one row (``find_packed_sequence_indices``),
+    whether the padding mask is all ones (``fast_all``, which decides whether SDPA can run with
+    ``is_causal`` and no mask tensor) and, in encoders, whether the first or last token is the pad
+    token (a warning only). ckplan's batches hold one unpadded sequence per row (position ids
+    0..T-1, no padding, no attention mask), so on meta the answers are what a real device gives
+    for them: not packed, all ones, no warning. Returns the undo."""
     import sys
+    undo = []
+
+    def patch(owner, name, make):
+        orig = getattr(owner, name, None)
+        if orig is not None:
+            setattr(owner, name, make(orig))
+            undo.append(lambda: setattr(owner, name, orig))
+
+    def on_meta(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == "meta"
+
     mu = sys.modules.get("transformers.masking_utils")
-    orig = getattr(mu, "find_packed_sequence_indices", None)
-    if mu is None or orig is None:
-        return lambda: None
+    if mu is not None:
+        patch(mu, "find_packed_sequence_indices",
+              lambda orig: lambda ids, *a, **k: None if on_meta(ids) else orig(ids, *a, **k))
+        patch(mu, "fast_all", lambda orig: lambda t: True if on_meta(t) else orig(t))
+    mu2 = sys.modules.get("transformers.modeling_utils")
+    pm = getattr(mu2, "PreTrainedModel", None) if mu2 is not None else None
+    if pm is not None:
+        patch(pm, "warn_if_padding_and_no_attention_mask",
+              lambda orig: lambda self, ids, mask: None if on_meta(ids) else orig(self, ids, mask))
 
-    def unpacked(position_ids, *args, **kwargs):
-        if isinstance(position_ids, torch.Tensor) and position_ids.device.type == "meta":
-            return None
-        return orig(position_ids, *args, **kwargs)
-
-    mu.find_packed_sequence_indices = unpacked
-    return lambda: setattr(mu, "find_packed_sequence_indices", orig)
+    def undo_all() -> None:
+        for u in reversed(undo):
+            u()
+    return undo_all

@@ -280,20 +280,23 @@ def test_a_side_input_with_a_gradient_is_predicted_to_the_byte_under_every_plan(
         assert p + _measured_peak(model, x, got.plan) <= budget
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
-def test_hf_decoders_profile_on_meta_as_on_cpu(tmp_path, model_type):
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "deberta-v2"])
+def test_hf_models_profile_on_meta_as_on_cpu(tmp_path, model_type):
     # transformers 5's masks ask whether the position ids pack sequences ((mask == 0).all(): no
     # value on meta), so every HF decoder failed on --device meta; ckplan's batches are never
     # packed, and the meta profile now equals the CPU one in every byte field.
     pytest.importorskip("transformers")
+    # (and encoders: whether the padding mask is all ones, whether a pad token ends the input)
     fields = ({"n_layer": 2, "n_head": 4, "n_embd": 64} if model_type == "gpt2" else
               {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128})
+    task = "masked-lm" if model_type == "deberta-v2" else "causal-lm"
+    cache = "" if model_type == "deberta-v2" else "use_cache: false, "
     path = tmp_path / "dec.yaml"
     sizes = ", ".join(f"{k}: {v}" for k, v in fields.items())
     path.write_text(f"""
 model:
-  hf: {{model_type: {model_type}, vocab_size: 512, use_cache: false, {sizes}}}
-  task: causal-lm
+  hf: {{model_type: {model_type}, vocab_size: 512, {cache}{sizes}}}
+  task: {task}
 input: {{batch_size: 2, shape: [32], dtype: int64, high: 512, name: input_ids, labels: copy}}
 train: {{optimizer: sgd}}
 """)
