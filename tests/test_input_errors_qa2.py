@@ -5,28 +5,10 @@ import json
 import re
 
 import pytest
-from typer.testing import CliRunner
+from test_input_errors_qa import MLP, one_line, run
 
 from ckplan import api
-from ckplan.cli import app
 from ckplan.errors import UsageError
-
-runner = CliRunner()
-
-MLP = """
-model: {builtin: mlp, args: {in_features: 8, depth: 3, width: 8, activation: relu}}
-input: {batch_size: 4, shape: [8], dtype: float32}
-chain: layers
-train: {optimizer: sgd, precision: fp32, accum: 1}
-"""
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line(r) -> str:
-    return " ".join(r.output.split())
 
 
 @pytest.fixture
@@ -145,28 +127,6 @@ def test_meta_and_real_failure_is_one_error(write_spec, tmp_path):
     assert r.exit_code == 1, r.output
     assert "preflight skipped" not in r.output and r.output.count("Error:") == 1
     assert "cannot be multiplied" in one_line(r)
-
-
-def test_preflight_note_kept_when_the_real_run_works(tmp_path, monkeypatch):
-    (tmp_path / "reads_values_qa2.py").write_text(
-        "import torch.nn as nn\n"
-        "class M(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__(); self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
-        "    def forward(self, x):\n"
-        "        if x.sum().item() > 1e9:\n"
-        "            x = x * 0\n"
-        "        for layer in self.layers:\n"
-        "            x = layer(x)\n"
-        "        return x\n"
-        "def make():\n    return M()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from ckplan.spec import validate
-    spec = validate({"model": {"target": "reads_values_qa2:make"}, "input": {"batch_size": 2, "shape": [4]},
-                     "chain": "layers"})
-    notes = []
-    api.profile(spec, device="cpu", repeats=1, warmup=0, note=notes.append)
-    assert sum("preflight skipped" in n for n in notes) == 1
 
 
 @pytest.mark.parametrize("bad", [("--plan", "nonexist.json"), ("--plan", "corrupt.json"),

@@ -27,16 +27,21 @@ from ckplan.records import SideInput
 B, D, N = 64, 32, 6
 
 
-def _model_and_chain():
+def profiled(make, name: str):
+    """``make(D, N)`` seeded, a (B, D) batch, and their CPU profile (SGD, one pass)."""
     torch.manual_seed(0)
-    model = ckmodels.MaskedChain(D, N)
+    model = make(D, N)
     x = torch.randn(B, D)
-    prof = api.profile_model(model, (x,), {}, name="masked", chain=None, device="cpu", optimizer="sgd",
+    prof = api.profile_model(model, (x,), {}, name=name, chain=None, device="cpu", optimizer="sgd",
                              repeats=1, warmup=0)
     return model, x, prof
 
 
-def _measured_peak(model, x, plan) -> int:
+def _model_and_chain():
+    return profiled(ckmodels.MaskedChain, "masked")
+
+
+def measured_peak(model, x, plan) -> int:
     """Peak live bytes of one forward+backward above the step start (tracker), with ``plan``."""
     model.zero_grad(set_to_none=True)
     with apply_plan(model, plan), LiveTensorTracker() as tr:
@@ -65,7 +70,7 @@ def test_predicted_peaks_equal_measured_with_side_inputs_kept_by_checkpoints():
         plans.append(Plan("custom", N, items_from_ranges(N, ranges)))
     held_somewhere = 0
     for plan in plans:
-        measured = _measured_peak(model, x, plan)
+        measured = measured_peak(model, x, plan)
         predicted = simulate(chain, plan).peak_bytes - p
         assert predicted == measured, plan.describe()
         without = simulate(replace(chain, side_inputs=()), plan).peak_bytes - p
@@ -251,11 +256,7 @@ def test_a_side_input_with_a_gradient_is_predicted_to_the_byte_under_every_plan(
     # position bias in small). Its gradient lives from the last block's backward to the first's,
     # beside every recompute in between, and a recompute over the first block makes the bias
     # again. LongT5's every-k measured 1.8 MB (10%) above its prediction before both were modelled.
-    torch.manual_seed(0)
-    model = ckmodels.BiasedChain(D, N)
-    x = torch.randn(B, D)
-    prof = api.profile_model(model, (x,), {}, name="biased", chain=None, device="cpu", optimizer="sgd",
-                             repeats=1, warmup=0)
+    model, x, prof = profiled(ckmodels.BiasedChain, "biased")
     bias = B * 4 * D * 4
     assert prof.side_inputs == (SideInput(bias, tuple(range(1, N)), made_by=0, grad_bytes=bias),)
     chain = chain_from_profile(prof)
@@ -267,7 +268,7 @@ def test_a_side_input_with_a_gradient_is_predicted_to_the_byte_under_every_plan(
         plans.append(Plan("custom", N, items_from_ranges(N, ranges)))
     low_without = 0
     for plan in plans:
-        measured = _measured_peak(model, x, plan)
+        measured = measured_peak(model, x, plan)
         assert simulate(chain, plan).peak_bytes - p == measured, plan.describe()
         bare = replace(chain, side_inputs=tuple(replace(si, grad_bytes=0) for si in chain.side_inputs))
         low_without += simulate(bare, plan).peak_bytes - p < measured
@@ -277,7 +278,7 @@ def test_a_side_input_with_a_gradient_is_predicted_to_the_byte_under_every_plan(
     none_peak = simulate(chain, plan_chain(chain, "none").plan).peak_bytes
     for budget in (min_peak(chain), (min_peak(chain) + none_peak) // 2):
         got = plan_chain(chain, "dp", budget)
-        assert p + _measured_peak(model, x, got.plan) <= budget
+        assert p + measured_peak(model, x, got.plan) <= budget
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama", "deberta-v2"])

@@ -12,31 +12,17 @@ from dataclasses import replace
 
 import ckmodels
 import torch
+from test_side_inputs import B, D, N, measured_peak, profiled
 
 from ckplan import api
-from ckplan.execute import apply_plan
-from ckplan.measure import LiveTensorTracker
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate
 from ckplan.planner.plan import items_from_ranges
 
-B, D, N = 64, 32, 6
 KEPT = B * 4 * D * 4  # ctx.a: the (B, 4d) fp32 tanh output
 
 
 def _setup():
-    torch.manual_seed(0)
-    model = ckmodels.CtxChain(D, N)
-    x = torch.randn(B, D)
-    prof = api.profile_model(model, (x,), {}, name="ctx", chain=None, device="cpu", optimizer="sgd",
-                             repeats=1, warmup=0)
-    return model, x, prof
-
-
-def _measured_peak(model, x, plan) -> int:
-    model.zero_grad(set_to_none=True)
-    with apply_plan(model, plan), LiveTensorTracker() as tr:
-        model(x).backward()
-    return tr.peak
+    return profiled(ckmodels.CtxChain, "ctx")
 
 
 def test_profile_measures_what_the_ctx_attribute_keeps():
@@ -47,9 +33,7 @@ def test_profile_measures_what_the_ctx_attribute_keeps():
     back = type(prof).from_dict(prof.to_dict())
     assert [r.kept_after_backward_bytes for r in back.chain_layers] == [KEPT] * N
     # a chain without such tensors measures none
-    torch.manual_seed(0)
-    plain = api.profile_model(ckmodels.BiasedChain(D, N), (torch.randn(B, D),), {}, name="b", chain=None,
-                              device="cpu", optimizer="sgd", repeats=1, warmup=0)
+    _, _, plain = profiled(ckmodels.BiasedChain, "b")
     assert all(r.unsaved_kept_bytes == 0 == r.kept_after_backward_bytes for r in plain.chain_layers)
 
 
@@ -64,7 +48,7 @@ def test_peaks_predicted_to_the_byte_with_tensors_checkpoints_cannot_drop():
              ([], [(0, 2), (2, 4), (4, 6)], [(0, 3), (3, 6)], [(0, 6)], [(2, 4)], [(0, 6), (1, 4)], [(1, 2)])]
     low = 0
     for plan in plans:
-        measured = _measured_peak(model, x, plan)
+        measured = measured_peak(model, x, plan)
         assert simulate(chain, plan).peak_bytes - p == measured, plan.describe()
         low += simulate(bare, plan).peak_bytes - p < measured
         loss, grads = ckmodels.step_with_plan(model, (x,), {}, plan)
@@ -75,7 +59,7 @@ def test_peaks_predicted_to_the_byte_with_tensors_checkpoints_cannot_drop():
     for budget in (min_peak(chain), (min_peak(chain) + none_peak) // 2):
         got = plan_chain(chain, "dp", budget)
         assert got.plan.n_checkpoints > 0 and not got.exact and any("ctx attributes" in n for n in got.notes)
-        assert simulate(chain, got.plan).peak_bytes - p == _measured_peak(model, x, got.plan) <= budget - p
+        assert simulate(chain, got.plan).peak_bytes - p == measured_peak(model, x, got.plan) <= budget - p
 
 
 def test_dp_fits_where_only_some_layers_keep_such_tensors():
@@ -98,4 +82,4 @@ def test_dp_fits_where_only_some_layers_keep_such_tensors():
     for budget in (lo, (lo + none_peak) // 2):
         got = plan_chain(chain, "dp", budget)
         assert got.plan.n_checkpoints > 0 and not got.exact and any("ctx attributes" in n for n in got.notes)
-        assert simulate(chain, got.plan).peak_bytes - p == _measured_peak(model, x, got.plan) <= budget - p
+        assert simulate(chain, got.plan).peak_bytes - p == measured_peak(model, x, got.plan) <= budget - p
