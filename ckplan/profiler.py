@@ -973,6 +973,25 @@ def _register_cpu_flash_flops() -> None:
 _register_cpu_flash_flops()
 
 
+def _register_grouped_mm_flops() -> None:
+    """torch counts no FLOPs for ``torch._grouped_mm`` (mixture-of-experts layers: each token's
+    rows times its expert's weights), so on meta the experts' matmuls were free. Every row of the
+    first operand meets one (K, N) slice: 2 M K N, times the groups when both are batched."""
+    from torch.utils import flop_counter as fc
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    if op is None or op in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
+        return
+
+    @fc.register_flop_formula(op, get_raw=True)
+    def _flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
+        m, k, n = mat_a.shape[-2], mat_a.shape[-1], mat_b.shape[-1]
+        groups = mat_a.shape[0] if mat_a.dim() == 3 and mat_b.dim() == 3 else 1
+        return 2 * groups * m * k * n
+
+
+_register_grouped_mm_flops()
+
+
 def _flop_counter() -> FlopCounterMode:
     counter = FlopCounterMode(display=False)
     if hasattr(counter, "mod_tracker"):

@@ -120,16 +120,18 @@ class SdpaOnMeta(TorchFunctionMode):
             raise ValueError(f"meta target {target!r} is not one of {', '.join(TARGETS)}")
         self.target = target
         self.paths: dict[str, int] = {}
+        self._undo: list = []
 
     def __enter__(self):
-        self._undo = _unpacked_on_meta()
+        # A stack: the profiler enters the same mode again around a recompute in the backward.
+        self._undo.append(_unpacked_on_meta())
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._undo()
+            self._undo.pop()()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -188,13 +190,41 @@ def _unpacked_on_meta():
         patch(mu, "find_packed_sequence_indices",
               lambda orig: lambda ids, *a, **k: None if on_meta(ids) else orig(ids, *a, **k))
         patch(mu, "fast_all", lambda orig: lambda t: True if on_meta(t) else orig(t))
+        # Encoders: whether the padding mask is all ones decides whether SDPA runs without a mask.
+        patch(mu, "_ignore_bidirectional_mask_sdpa",
+              lambda orig: lambda pad, *a, **k: orig(None if on_meta(pad) else pad, *a, **k))
     mu2 = sys.modules.get("transformers.modeling_utils")
     pm = getattr(mu2, "PreTrainedModel", None) if mu2 is not None else None
     if pm is not None:
         patch(pm, "warn_if_padding_and_no_attention_mask",
               lambda orig: lambda self, ids, mask: None if on_meta(ids) else orig(self, ids, mask))
 
+    undo.append(_grouped_mm_on_meta())
+
     def undo_all() -> None:
         for u in reversed(undo):
             u()
     return undo_all
+
+
+def _grouped_mm_on_meta():
+    """Mixture-of-experts layers (transformers 5's ``grouped_mm`` experts: Mixtral, Qwen-MoE,
+    DeepSeek, OLMoE, ...) multiply every token's rows by its expert's weights with
+    ``torch._grouped_mm``, whose CPU kernel takes fp32 but whose meta kernel accepts bf16 only.
+    The output's shape does not depend on the routing (tokens x top-k rows), so on meta the
+    output is made as torch's own meta kernel makes it (the input's dtype) for any dtype; the
+    backward (two more ``_grouped_mm`` calls) follows. Registered for the meta pass only;
+    returns the undo."""
+    try:
+        from torch._meta_registrations import _create_grouped_mm_output_tensor
+    except ImportError:  # a torch without it has no grouped_mm experts either
+        return lambda: None
+    if not hasattr(torch.ops.aten, "_grouped_mm"):
+        return lambda: None
+
+    def meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_grouped_mm", meta, "Meta")
+    return lib._destroy

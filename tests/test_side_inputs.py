@@ -281,17 +281,22 @@ def test_a_side_input_with_a_gradient_is_predicted_to_the_byte_under_every_plan(
         assert p + measured_peak(model, x, got.plan) <= budget
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "deberta-v2"])
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "deberta-v2", "megatron-bert", "mixtral"])
 def test_hf_models_profile_on_meta_as_on_cpu(tmp_path, model_type):
     # transformers 5's masks ask whether the position ids pack sequences ((mask == 0).all(): no
     # value on meta), so every HF decoder failed on --device meta; ckplan's batches are never
     # packed, and the meta profile now equals the CPU one in every byte field.
     pytest.importorskip("transformers")
-    # (and encoders: whether the padding mask is all ones, whether a pad token ends the input)
+    # (and encoders: whether the padding mask is all ones, whether a pad token ends the input,
+    # whether SDPA can skip a bidirectional mask; and mixture-of-experts layers, whose
+    # torch._grouped_mm had a meta kernel for bf16 only)
     fields = ({"n_layer": 2, "n_head": 4, "n_embd": 64} if model_type == "gpt2" else
               {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128})
-    task = "masked-lm" if model_type == "deberta-v2" else "causal-lm"
-    cache = "" if model_type == "deberta-v2" else "use_cache: false, "
+    if model_type == "mixtral":
+        fields.update(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    encoder = model_type in ("deberta-v2", "megatron-bert")
+    task = "masked-lm" if encoder else "causal-lm"
+    cache = "" if encoder else "use_cache: false, "
     path = tmp_path / "dec.yaml"
     sizes = ", ".join(f"{k}: {v}" for k, v in fields.items())
     path.write_text(f"""
@@ -314,3 +319,22 @@ train: {{optimizer: sgd}}
             if key.endswith("_bytes"):
                 assert value == getattr(b, key), (a.name, key)
     assert meta.side_inputs == cpu.side_inputs
+
+
+def test_grouped_mm_meta_kernel_is_restored_after_the_meta_pass():
+    # The fp32 meta kernel of torch._grouped_mm is ckplan's, for its meta pass only: torch's own
+    # (bf16 only) is back afterwards.
+    from ckplan.sdpa import SdpaOnMeta
+    a = torch.empty(8, 4, device="meta")
+    w = torch.empty(2, 4, 3, device="meta")
+    offs = torch.empty(2, dtype=torch.int32, device="meta")
+    with SdpaOnMeta("cpu"):
+        assert torch._grouped_mm(a, w, offs=offs).shape == (8, 3)
+    with pytest.raises(RuntimeError, match="BF16"):
+        torch._grouped_mm(a, w, offs=offs)
+    with SdpaOnMeta("cpu") as mode:  # entered again around a recompute: both undone in turn
+        with mode:
+            assert torch._grouped_mm(a, w, offs=offs).shape == (8, 3)
+        assert torch._grouped_mm(a, w, offs=offs).shape == (8, 3)
+    with pytest.raises(RuntimeError, match="BF16"):
+        torch._grouped_mm(a, w, offs=offs)
