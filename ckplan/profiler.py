@@ -148,6 +148,8 @@ class _Instrument:
     # when the backward starts.
     # (ref, bytes, layers that received it, the chain layer that made it or -1 for before the chain)
     side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
+    # chain layer -> bytes of the tensors besides the first it hands to the next layer only
+    carried: dict[int, int] = field(default_factory=dict)
     # storage -> bytes of the gradient its tensors received in the backward (a side input that
     # requires grad: T5's position bias, from a parameter), from a hook on each such tensor
     side_grad: dict[int, int] = field(default_factory=dict)
@@ -340,6 +342,8 @@ class _Instrument:
             # one layer to the next only is chain state, not a side input.
             if nbytes and (by < 0 or max(layers) > by + 1):
                 self._side_kept.append((tuple(sorted(layers)), by, nbytes if ref() is None else 0, k))
+            elif nbytes and by >= 0:  # a second tensor handed to the next layer (not modelled)
+                self.carried[by] = self.carried.get(by, 0) + nbytes
         self.side_seen.clear()
 
     def _side_inputs(self) -> tuple[SideInput, ...]:
@@ -358,6 +362,7 @@ class _Instrument:
     def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
         self.marks.clear()
         self.side_seen.clear()
+        self.carried.clear()
         self.side_grad.clear()
         self.chain_made.clear()
         self.out_storage.clear()
@@ -621,6 +626,12 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                       f"Function's ctx attributes, or a cache): {names}{' and more' if len(loose) > 8 else ''}; "
                       "planned as kept until the backward ends, and checkpointing those layers saves "
                       "less (README: memory model)",)
+    if measured.carried:
+        # Rotor's model, and ckplan's: one tensor per boundary. A layer that hands the next one
+        # several (two streams, (hidden, residual) pairs) has the others unmodelled.
+        names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(sorted(measured.carried.items()))[:8])
+        more = " and more" if len(measured.carried) > 8 else ""
+        notes += (f"{CARRIED_NOTE}: {names}{more}",)
     own = [r.index for r in rows if r.output_saved_after is False]
     if own:
         names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
@@ -634,6 +645,12 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
                            chain_path, detected, notes, measured.side_inputs)
+
+
+CARRIED_NOTE = ("layers that hand the next layer more than one tensor: ckplan models one tensor per "
+                "boundary (the first), so checkpointed plans of this model may peak above their "
+                "prediction (a two-stream test chain: up to 10%; README: known limits); bytes besides "
+                "the first")
 
 
 class _Step:
@@ -756,6 +773,7 @@ class _MeasuredPass:
     early: bool = False  # the early_* fields were measured (not in compiled passes)
     lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
     after_bwd: dict[int, int] = field(default_factory=dict)  # StageRecord.kept_after_backward_bytes
+    carried: dict[int, int] = field(default_factory=dict)  # _Instrument.carried
 
 
 def _nosave_pass(inst: _Instrument, step: _Step) -> tuple[dict[int, int], dict[int, int]]:
@@ -842,7 +860,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
-        after_bwd=dict(inst.live_after_bwd),
+        after_bwd=dict(inst.live_after_bwd), carried=dict(inst.carried),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,

@@ -338,3 +338,19 @@ def test_grouped_mm_meta_kernel_is_restored_after_the_meta_pass():
         assert torch._grouped_mm(a, w, offs=offs).shape == (8, 3)
     with pytest.raises(RuntimeError, match="BF16"):
         torch._grouped_mm(a, w, offs=offs)
+
+
+def test_profile_names_layers_that_hand_the_next_one_several_tensors():
+    # One tensor per boundary is ckplan's model (rotor's): a layer returning (h, r) to the next
+    # has r unmodelled, and the profile says so, with r's bytes (B x d fp32 per layer but the last,
+    # whose pair goes to the loss); chains of one tensor (and side inputs) do not get the note.
+    from ckplan.profiler import CARRIED_NOTE
+    torch.manual_seed(0)
+    model, x = ckmodels.TwoStream(d=16, n_layers=5), torch.randn(B, 16)
+    prof = api.profile_model(model, (x,), {}, name="two", chain=None, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    note = [n for n in prof.notes if n.startswith(CARRIED_NOTE)]
+    assert note == [CARRIED_NOTE + ": " + ", ".join(f"layer {i} (4 KiB)" for i in range(4))]
+    assert B * 16 * 4 == 4096
+    _, _, plain = _model_and_chain()
+    assert not [n for n in plain.notes if n.startswith(CARRIED_NOTE)]
