@@ -178,6 +178,7 @@ class _Instrument:
     # first unpacked one of its own saved tensors.
     packed_in: dict[int, int | None] = field(default_factory=dict)
     b_live: dict[int, int] = field(default_factory=dict)
+    b_early: set[int] = field(default_factory=set)  # B marks made at a first unpack (see unpack)
     lead: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -236,6 +237,13 @@ class _Instrument:
 
     def unpack(self, t: torch.Tensor) -> torch.Tensor:
         i = self.packed_in.get(id(t)) if self.track_saved and not self.paused else None
+        if (i is not None and 0 <= i < self.n and i not in self.b_live and self._current[0] == "B"
+                and self._current[1] > i):
+            # Layer i's backward has begun before its first output's gradient is complete: it
+            # hands the next stage more than one tensor, and the gradient of another (a second
+            # stream) reached its ops first. Its window starts here, not in the later stage's.
+            self.b_early.add(i)
+            self.mark("B", i)
         if i is not None and i not in self.lead and i in self.b_live and self.meter is not None:
             self.lead[i] = max(0, self.meter.live_now() - self.b_live[i])
         return t
@@ -296,7 +304,7 @@ class _Instrument:
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
                 if y.requires_grad:
-                    y.register_hook(lambda g: self.mark("B", i))
+                    y.register_hook(lambda g: None if i in self.b_early else self.mark("B", i))
             if i == self.n - 1:
                 self.mark("F", self.n)
         return hook
@@ -342,7 +350,7 @@ class _Instrument:
             # one layer to the next only is chain state, not a side input.
             if nbytes and (by < 0 or max(layers) > by + 1):
                 self._side_kept.append((tuple(sorted(layers)), by, nbytes if ref() is None else 0, k))
-            elif nbytes and by >= 0:  # a second tensor handed to the next layer (not modelled)
+            elif nbytes and by >= 0:  # a second tensor handed to the next layer: the boundary
                 self.carried[by] = self.carried.get(by, 0) + nbytes
         self.side_seen.clear()
 
@@ -372,6 +380,7 @@ class _Instrument:
         self._inside = None
         self.packed_in.clear()
         self.b_live.clear()
+        self.b_early.clear()
         self.lead.clear()
         self.mark("F", -1)
         if self.track_saved:
@@ -627,8 +636,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                       "planned as kept until the backward ends, and checkpointing those layers saves "
                       "less (README: memory model)",)
     if measured.carried:
-        # Rotor's model, and ckplan's: one tensor per boundary. A layer that hands the next one
-        # several (two streams, (hidden, residual) pairs) has the others unmodelled.
+        # A layer that hands the next one several tensors (two streams, (hidden, residual) pairs):
+        # they are one boundary, and its backward starts at the first of their gradients.
         names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(sorted(measured.carried.items()))[:8])
         more = " and more" if len(measured.carried) > 8 else ""
         notes += (f"{CARRIED_NOTE}: {names}{more}",)
@@ -647,10 +656,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                            chain_path, detected, notes, measured.side_inputs)
 
 
-CARRIED_NOTE = ("layers that hand the next layer more than one tensor: ckplan models one tensor per "
-                "boundary (the first), so checkpointed plans of this model may peak above their "
-                "prediction (a two-stream test chain: up to 10%; README: known limits); bytes besides "
-                "the first")
+CARRIED_NOTE = ("layers that hand the next layer more than one tensor (counted together as the "
+                "boundary a checkpoint keeps; rotor's model has one tensor per boundary): on such "
+                "chains ckplan's tests predict checkpointed plans exactly or within one boundary "
+                "tensor, either way (README: known limits); bytes besides the first")
 
 
 class _Step:
@@ -857,7 +866,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
                        if p.grad is not None}
     result = _MeasuredPass(
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
-        out_bytes=dict(inst.out_bytes), x_in_bytes=inst.x_in_bytes,
+        out_bytes={i: b + inst.carried.get(i, 0) for i, b in inst.out_bytes.items()}, x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
         after_bwd=dict(inst.live_after_bwd), carried=dict(inst.carried),
@@ -1257,7 +1266,10 @@ def _stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parame
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
             output_in_place=s in measured.in_place,
-            output_saved_after=measured.saved_after.get(s) if role == CHAIN else None,
+            # (with several tensors handed on, the flag is the first's: taken as saved after,
+            # so a checkpoint ending there frees none of them early, on the safe side)
+            output_saved_after=(measured.saved_after.get(s) if role == CHAIN and not measured.carried.get(s)
+                                else None),
             # a layer that saves nothing does not run in a recompute that ends with it
             early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if role == CHAIN and measured.early else None,
             early_kept_bytes=measured.early_kept.get(s, 0) if role == CHAIN and measured.early else None,

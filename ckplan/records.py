@@ -85,7 +85,7 @@ class StageRecord:
     role: str  # PRE | CHAIN | POST
     param_bytes: int  # parameters owned by this stage (each storage counted once, in its last stage)
     grad_bytes: int  # parameter-gradient bytes first allocated in this stage's backward
-    output_bytes: int  # the tensor handed to the next stage: what a checkpoint at this boundary keeps
+    output_bytes: int  # the tensors handed to the next stage (all of them): what a checkpoint at this boundary keeps
     saved_bytes: int  # saved-for-backward storages this stage allocated (rotor's xbar), params excluded
     fwd_ms: float
     bwd_ms: float

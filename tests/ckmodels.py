@@ -80,6 +80,36 @@ class TwoStream(nn.Module):
         return (h * r).mean()
 
 
+class CouplingBlock(nn.Module):
+    """A reversible-network coupling (RevNet): two equal streams, each updated from the other."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(d, 2 * d), nn.Tanh(), nn.Linear(2 * d, d))
+        self.g = nn.Sequential(nn.Linear(d, 3 * d), nn.GELU(), nn.Linear(3 * d, d))
+
+    def forward(self, x, y):
+        x = x + self.f(y)
+        return x, y + self.g(x)
+
+
+class Coupling(nn.Module):
+    """A chain of couplings: every layer hands the next two tensors of the same size."""
+
+    def __init__(self, d: int = 32, n_layers: int = 6):
+        super().__init__()
+        self.d = d
+        self.inp = nn.Linear(d, 2 * d)
+        self.layers = nn.ModuleList(CouplingBlock(d) for _ in range(n_layers))
+
+    def forward(self, x):
+        h = self.inp(x)
+        a, b = h[:, :self.d], h[:, self.d:]
+        for layer in self.layers:
+            a, b = layer(a, b)
+        return (a * b).pow(2).mean()
+
+
 def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
     """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
     import transformers

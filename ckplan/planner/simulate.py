@@ -72,7 +72,8 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   and the loss and its seed are freed;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
 
-Known limitations: one tensor per boundary (rotor's model); allocator fragmentation, caching and
+Known limitations: a boundary is one size (rotor's model has one tensor; a layer handing the next
+several gets their sum, with the first one's flags); allocator fragmentation, caching and
 the CUDA context are outside the model; ``xbar >= x`` assumes a stored layer keeps its output.
 """
 from __future__ import annotations
