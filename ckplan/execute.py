@@ -74,6 +74,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
 from .planner.plan import STORE, Checkpoint, Item, Plan, Store
+from .recompute import running_stats_kept
 from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
@@ -467,7 +468,8 @@ class PlanExecutor:
         outer, outer_option = getattr(tls, "replaying", False), getattr(tls, "option", STORE)
         tls.replaying, tls.option = True, _ckplan_option
         try:
-            return self.layers[j](*args, **kwargs)
+            with running_stats_kept(self.layers[j]):
+                return self.layers[j](*args, **kwargs)
         finally:
             tls.replaying, tls.option = outer, outer_option
 

@@ -125,4 +125,6 @@ def run_with_option(fn, name: str, *args, **kwargs):
     compiled = getattr(fn, "with_option", None)  # a compiled layer (ckplan.compiled): SAC compiled in
     if compiled is not None:
         return compiled(name)(*args, **kwargs)
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn(name), **kwargs)
+    from .recompute import recompute_keeping_stats
+    return checkpoint(recompute_keeping_stats(fn), *args, use_reentrant=False, context_fn=context_fn(name),
+                      **kwargs)

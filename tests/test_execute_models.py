@@ -312,3 +312,34 @@ def test_hf_kv_cache_is_refused_with_the_fix():
         with pytest.raises(ModelRunError, match="use_cache: false"):
             model(*args, **kwargs)
     model(*args, **kwargs).loss.backward()  # without a plan the cache is harmless
+
+
+def test_batchnorm_running_stats_as_without_checkpoints():
+    # BatchNorm updates its running statistics on every training forward, so under plain
+    # torch.utils.checkpoint a recomputed layer updates them twice and the model's buffers drift
+    # from training without checkpoints. Oracle: the state dict after one step (running mean,
+    # var, num_batches_tracked), bit for bit, and the gradients, for flat, nested and
+    # selective-option plans on the zoo ResNet (a BatchNorm in every block).
+    from ckplan.planner.plan import Store
+    from ckplan.zoo.resnet import ResNet, ResNetConfig
+    torch.manual_seed(0)
+    model = ResNet(ResNetConfig(layers=[1, 1, 1, 1], widths=[8, 16, 32, 64], num_classes=10)).train()
+    x = torch.randn(4, 3, 32, 32)
+    n = len(model.blocks)
+
+    def step(plan):
+        m = copy.deepcopy(model)
+        with apply_plan(m, plan):
+            m(x).pow(2).mean().backward()
+        return m.state_dict(), {k: p.grad for k, p in m.named_parameters()}
+
+    ref_state, ref_grads = step(Plan("none", n, items_from_ranges(n, [])))
+    nested = Checkpoint(0, n, (Store(0), Checkpoint(1, 3, (Store(1), Store(2))), Store(3, "sac-compute")))
+    plans = [Plan("c", n, items_from_ranges(n, r)) for r in ([(0, n)], [(i, i + 1) for i in range(n)])]
+    plans += [Plan("nested", n, (nested,)),
+              Plan("option", n, (Checkpoint(0, 2, (Store(0, "sac-attn"), Store(1))), Store(2, "sac-compute"),
+                                 Store(3)))]
+    for plan in plans:
+        state, grads = step(plan)
+        assert all(torch.equal(state[k], v) for k, v in ref_state.items()), plan.describe()
+        assert all(torch.equal(grads[k], g) for k, g in ref_grads.items()), plan.describe()

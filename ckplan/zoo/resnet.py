@@ -11,8 +11,9 @@ planner must not assume uniform layers. The stem (conv, BN, ReLU, maxpool) and t
 (avgpool, fc) are outside the chain.
 
 BatchNorm in train mode updates its running statistics (buffers) on every forward, recomputed
-forwards included; that is harmless for profiling but means a checkpointed step is not
-bit-identical in its buffers to a plain one.
+forwards included under plain ``torch.utils.checkpoint``; ckplan's own plans (``apply_plan``)
+recompute them without the second update (``ckplan.recompute``), so a checkpointed step leaves the
+same buffers as a plain one.
 """
 from __future__ import annotations
 
