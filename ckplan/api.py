@@ -245,6 +245,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         times_estimated=dev.type == "meta", layers=m.rows, totals=totals,
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
+        chain_breaks=m.chain_breaks,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 
@@ -521,6 +522,10 @@ def profile_problem(data: Any) -> str | None:
         if isinstance(by, bool) or not isinstance(by, int) or not -1 <= by < min(ls):
             return (f"side_inputs[{j}].made_by is {by!r}, not -1 (before the chain) or a chain layer "
                     f"before every layer that receives them ({min(ls)})")
+    breaks = data.get("chain_breaks", [])  # added in session 13: optional
+    if (not isinstance(breaks, list)
+            or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b < n for b in breaks)):
+        return f"chain_breaks is {breaks!r}, not a list of chain layer indices 1..{n - 1}"
     return _bytes_total_problem(data)
 
 

@@ -29,8 +29,10 @@ originals). The model's own forward still calls every layer itself, with its own
 Known limits:
 
 * A model that changes the hidden state between two layers of one segment (``x = layer(x) *
-  0.5``, or in place) is refused with ModelRunError: spanning it would keep every changed tensor.
-  Checkpoints of one layer each always work.
+  0.5``, ``h = h + layer(h)``, a skip connection added, or in place) is refused with
+  ModelRunError: spanning it would keep every changed tensor. Checkpoints of one layer each
+  always work, and ckplan's own plans never span such a boundary: the profile finds them
+  (``Profile.chain_breaks``) and every strategy cuts its checkpoints there.
 * A Hugging Face key/value cache passed to a checkpointed layer is refused (ModelRunError):
   the recompute would append to it twice. Training wants ``use_cache: false``.
 * A checkpoint keeps the tensors its layers receive besides the hidden state (masks, position
@@ -344,7 +346,8 @@ class PlanExecutor:
                     f"layer {i} of {self.chain_path!r} did not receive the output of layer {seg.last} "
                     "unchanged (the model changes the hidden state between layers), so a multi-layer "
                     "checkpoint cannot span it",
-                    tip="use a plan whose checkpoints hold one layer each (--strategy every-k --k 1)")
+                    tip="re-plan with ckplan from a profile of this model (its plans are cut at such "
+                        "layers), or use checkpoints of one layer each (--strategy every-k --k 1)")
         else:
             if seg is not None:
                 seg.close()

@@ -150,6 +150,8 @@ class _Instrument:
     side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
     # chain layer -> bytes of the tensors besides the first it hands to the next layer only
     carried: dict[int, int] = field(default_factory=dict)
+    returned: dict[int, list] = field(default_factory=dict)  # chain layer -> weakrefs to its outputs
+    breaks: set[int] = field(default_factory=set)  # layers that did not receive the previous one's output
     # storage -> bytes of the gradient its tensors received in the backward (a side input that
     # requires grad: T5's position bias, from a parameter), from a hook on each such tensor
     side_grad: dict[int, int] = field(default_factory=dict)
@@ -274,6 +276,15 @@ class _Instrument:
                 self._not_made_here((args, kwargs), i)
             if self.track_saved and not self.paused:
                 self._note_side_inputs(i, args, kwargs)
+                if i > 0 and not self._receives_output_of(i - 1, args, kwargs):
+                    self.breaks.add(i)
+                    # The boundary is what this layer receives, made by the model's code from the
+                    # previous layer's output in that layer's window: a checkpoint ending there
+                    # leaves it, and a stored layer here saves it (not the output itself).
+                    x = first_tensor((args, kwargs))
+                    if x is not None:
+                        self.out_storage[i - 1] = weakref.ref(x.untyped_storage())
+                        self.out_bytes[i - 1] = unique_storage_bytes(x)
             if i == 0:
                 x = first_tensor((args, kwargs))
                 if x is not None and self.track_saved and not self.paused:
@@ -298,6 +309,7 @@ class _Instrument:
             if self.track_saved and not self.paused:
                 for st in storages_of(out):
                     self.chain_made.setdefault(id(st), i)
+                self.returned[i] = [weakref.ref(t) for t in tensor_leaves(out)]
             y = first_tensor(out)
             if y is not None and self.track_saved and not self.paused:
                 self.out_storage[i] = weakref.ref(y.untyped_storage())
@@ -308,6 +320,15 @@ class _Instrument:
             if i == self.n - 1:
                 self.mark("F", self.n)
         return hook
+
+    def _receives_output_of(self, j: int, args, kwargs) -> bool:
+        """Whether a top-level argument of this call *is* a tensor layer ``j`` returned: the rule
+        by which ``apply_plan`` links the layers of one checkpoint (ckplan.execute). A model that
+        changes the output between the two calls (``h = h + layer(h)``, a skip connection added,
+        a dict of tensors) breaks the chain there: a checkpoint cannot span the two layers."""
+        outs = [r() for r in self.returned.get(j, ())]
+        outs = [t for t in outs if t is not None]
+        return any(a is t for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) for t in outs)
 
     def _note_side_inputs(self, i: int, args, kwargs) -> None:
         x = first_tensor((args, kwargs))
@@ -371,6 +392,8 @@ class _Instrument:
         self.marks.clear()
         self.side_seen.clear()
         self.carried.clear()
+        self.returned.clear()
+        self.breaks.clear()
         self.side_grad.clear()
         self.chain_made.clear()
         self.out_storage.clear()
@@ -530,6 +553,7 @@ class StepMeasurement:
     chain_detected: bool
     notes: tuple[str, ...] = ()  # what the profile assumed (on meta: the attention kernels)
     side_inputs: tuple[SideInput, ...] = ()
+    chain_breaks: tuple[int, ...] = ()  # Profile.chain_breaks
 
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
@@ -652,10 +676,17 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     if compiled is not None:
         notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
+    breaks = tuple(sorted(measured.breaks))
+    if breaks:
+        names = ", ".join(str(b) for b in breaks[:12]) + (" ..." if len(breaks) > 12 else "")
+        notes += (f"{BREAKS_NOTE}: {names}",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
-                           chain_path, detected, notes, measured.side_inputs)
+                           chain_path, detected, notes, measured.side_inputs, breaks)
 
 
+BREAKS_NOTE = ("layers that do not receive the previous layer's output as an argument (the model "
+               "changes it between the two calls: a residual added in the loop, a skip connection, a "
+               "dict): no checkpoint spans such a boundary, and every plan is cut there; layers")
 CARRIED_NOTE = ("layers that hand the next layer more than one tensor (counted together as the "
                 "boundary a checkpoint keeps; rotor's model has one tensor per boundary): on such "
                 "chains ckplan's tests predict checkpointed plans exactly or within one boundary "
@@ -783,6 +814,7 @@ class _MeasuredPass:
     lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
     after_bwd: dict[int, int] = field(default_factory=dict)  # StageRecord.kept_after_backward_bytes
     carried: dict[int, int] = field(default_factory=dict)  # _Instrument.carried
+    breaks: frozenset[int] = frozenset()  # _Instrument.breaks
 
 
 def _nosave_pass(inst: _Instrument, step: _Step) -> tuple[dict[int, int], dict[int, int]]:
@@ -869,7 +901,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         out_bytes={i: b + inst.carried.get(i, 0) for i, b in inst.out_bytes.items()}, x_in_bytes=inst.x_in_bytes,
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
-        after_bwd=dict(inst.live_after_bwd), carried=dict(inst.carried),
+        after_bwd=dict(inst.live_after_bwd), carried=dict(inst.carried), breaks=frozenset(inst.breaks),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,

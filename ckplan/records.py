@@ -215,6 +215,9 @@ class Profile:
     compiled: bool = False
     # Tensors passed to chain layers that a checkpoint keeps alive (SideInput); () in older profiles.
     side_inputs: tuple[SideInput, ...] = ()
+    # Chain layers b that did not receive layer b-1's output as an argument (the model changed it
+    # between the calls): no checkpoint can span layers b-1 and b; () in older profiles.
+    chain_breaks: tuple[int, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -239,6 +242,7 @@ class Profile:
         d["layers"] = [r.to_dict() for r in self.layers]
         d["notes"] = list(self.notes)
         d["side_inputs"] = [si.to_dict() for si in self.side_inputs]
+        d["chain_breaks"] = list(self.chain_breaks)
         return d
 
     @classmethod
@@ -256,6 +260,7 @@ class Profile:
         d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]),
                                            int(si.get("made_by", -1)), int(si.get("grad_bytes", 0)))
                                  for si in d.get("side_inputs", ()))
+        d["chain_breaks"] = tuple(int(b) for b in d.get("chain_breaks", ()))
         return cls(**d)
 
 

@@ -110,6 +110,62 @@ class Coupling(nn.Module):
         return (a * b).pow(2).mean()
 
 
+class UNet(nn.Module):
+    """Encoder blocks whose outputs the decoder blocks read (skip connections), one flat chain."""
+    def __init__(self, c=8, depth=3):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        chans = [c * 2 ** i for i in range(depth + 1)]
+        downs = [nn.Sequential(nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1), nn.GELU())
+                 for i in range(depth)]
+        ups = [nn.Sequential(nn.ConvTranspose2d(chans[i + 1], chans[i], 2, stride=2), nn.GELU())
+               for i in reversed(range(depth))]
+        self.blocks = nn.ModuleList(downs + ups)
+        self.depth = depth
+        self.head = nn.Conv2d(c, 1, 1)
+    def forward(self, x):
+        h = self.stem(x)
+        skips = []
+        for i, blk in enumerate(self.blocks):
+            if i < self.depth:
+                skips.append(h)
+                h = blk(h)
+            else:
+                h = blk(h) + skips.pop()
+        return self.head(h).pow(2).mean()
+
+class DictBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ff = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.SiLU(), nn.Linear(4 * d, d))
+    def forward(self, state):
+        return {"h": state["h"] + self.ff(state["h"]), "step": state["step"] + 1}
+
+class DictChain(nn.Module):
+    def __init__(self, d=64, n=6):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList(DictBlock(d) for _ in range(n))
+    def forward(self, x):
+        state = {"h": self.inp(x), "step": 0}
+        for b in self.blocks:
+            state = b(state)
+        return state["h"].pow(2).mean()
+
+class PreNormResidualMLP(nn.Module):
+    """Residual added outside the layer (in the container loop)."""
+    def __init__(self, d=128, n=8):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n))
+        self.inp = nn.Linear(d, d)
+    def forward(self, x):
+        h = self.inp(x)
+        for layer in self.layers:
+            h = h + layer(h)
+        return h.pow(2).mean()
+
+
 def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
     """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
     import transformers

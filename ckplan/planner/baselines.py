@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..errors import UsageError
 from .chain import Chain
@@ -24,6 +25,31 @@ from .simulate import simulate
 
 def _segment(start: int, stop: int) -> Checkpoint:
     return Checkpoint(start, stop, tuple(Store(i) for i in range(start, stop)))
+
+
+def cut_at_breaks(plan: Plan, breaks: tuple[int, ...]) -> Plan:
+    """``plan`` with every checkpoint (at any depth) that spans a break (``Chain.breaks``: a
+    layer that does not receive the previous layer's output) cut there into several; the
+    pieces keep their inner items. Unchanged when nothing spans a break."""
+    if not breaks:
+        return plan
+
+    def lo_hi(it: Item) -> tuple[int, int]:
+        return (it.layer, it.layer + 1) if isinstance(it, Store) else (it.start, it.stop)
+
+    def cut(items: tuple[Item, ...]) -> list[Item]:
+        out: list[Item] = []
+        for it in items:
+            if isinstance(it, Store):
+                out.append(it)
+                continue
+            inner = cut(it.inner)
+            edges = [it.start, *(b for b in breaks if it.start < b < it.stop), it.stop]
+            for a, b in zip(edges, edges[1:]):
+                out.append(Checkpoint(a, b, tuple(x for x in inner if a <= lo_hi(x)[0] and lo_hi(x)[1] <= b)))
+        return out
+    items = tuple(cut(plan.items))
+    return plan if items == plan.items else replace(plan, items=items)
 
 
 def plan_none(n_layers: int) -> Plan:
@@ -62,7 +88,8 @@ def plan_chen_threshold(chain: Chain, threshold_bytes: int) -> Plan:
             start, total = i + 1, 0
     if start < chain.n_layers:
         items.append(_segment(start, chain.n_layers))
-    return Plan("chen", chain.n_layers, tuple(items), {"threshold_bytes": int(threshold_bytes)})
+    return cut_at_breaks(Plan("chen", chain.n_layers, tuple(items), {"threshold_bytes": int(threshold_bytes)}),
+                         chain.breaks)
 
 
 def chen_grid(chain: Chain) -> tuple[int, ...]:
@@ -93,4 +120,4 @@ def baseline_candidates(chain: Chain, k: int = 2) -> list[Plan]:
     n = chain.n_layers
     ks = sorted({k, *range(1, min(n, 16) + 1), math.ceil(math.sqrt(n)), n})
     plans = [plan_none(n), plan_sqrtn(n)] + [plan_every_k(n, kk) for kk in ks if kk <= n]
-    return plans + [plan_chen_threshold(chain, b) for b in chen_grid(chain)]
+    return [cut_at_breaks(p, chain.breaks) for p in plans] + [plan_chen_threshold(chain, b) for b in chen_grid(chain)]

@@ -71,6 +71,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         grads_in_persistent=accum,
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
         side_inputs=profile.side_inputs,
+        breaks=profile.chain_breaks,
     )
     return on_time_grid(with_options(calibrate(chain, profile), profile))
 

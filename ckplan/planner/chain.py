@@ -208,6 +208,9 @@ class Chain:
     grads_in_persistent: bool = False  # gradient accumulation: all gradients are in persistent_bytes
     opt_ms: float = 0.0  # the optimizer step's time per micro-batch (its step / accum); 0 when unknown
     side_inputs: tuple[SideInput, ...] = ()  # kept by checkpoints until their backward (above)
+    # Layers b that do not receive layer b-1's output as an argument (the model changes it between
+    # the calls): no checkpoint can span layers b-1 and b (Profile.chain_breaks).
+    breaks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -258,6 +261,9 @@ class Chain:
         if any(not isinstance(v, int) or v < 0 for v in fixed):
             raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
         object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
+        object.__setattr__(self, "breaks", tuple(sorted(set(self.breaks))))
+        if any(not isinstance(b, int) or not 0 < b < len(self.layers) for b in self.breaks):
+            raise ValueError(f"chain breaks {self.breaks} must be layer indices 1..{len(self.layers) - 1}")
         for si in self.side_inputs:
             if (not isinstance(si.bytes, int) or si.bytes < 0 or not isinstance(si.grad_bytes, int)
                     or si.grad_bytes < 0 or not si.layers

@@ -701,8 +701,10 @@ def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
 Ranges = list[tuple[int, int]]
 
 
-def _moves(ranges: Ranges, n: int, x: list[int]) -> list[Ranges]:
+def _moves(ranges: Ranges, n: int, x: list[int], breaks: tuple[int, ...] = ()) -> list[Ranges]:
     out: list[Ranges] = []
+    if breaks:  # no range may span a break (Chain.breaks)
+        return [m for m in _moves(ranges, n, x) if not any(a < b < c for a, c in m for b in breaks)]
     for i, (a, b) in enumerate(ranges):
         rest = ranges[:i] + ranges[i + 1:]
         out.append(rest)  # drop: its layers are stored in the enclosing sequence
@@ -727,7 +729,7 @@ def improve(chain: Chain, ranges: Ranges, budget_bytes: int, max_sims: int = 300
         raise ValueError(f"the start plan peaks at {peak} > budget {budget_bytes}")
     sims = 0
     while sims < max_sims:
-        for cand in _moves(cur, n, x):
+        for cand in _moves(cur, n, x, chain.breaks):
             try:
                 items = items_from_ranges(n, cand)
             except SpecError:  # overlapping without nesting

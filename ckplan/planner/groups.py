@@ -55,6 +55,8 @@ class Units:
     # checkpoint ending at the unit, until that layer's backward goes on. The tables count it for
     # the checkpoint's whole inner plan (``PairCosts.inner_extra``), on the safe side.
     lead: np.ndarray | None = None
+    # Layers b where a checkpoint cannot span layers b-1 and b (Chain.breaks).
+    breaks: tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -161,7 +163,7 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
                  opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
                  np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
                  int(post.backward_hold_bytes), i64(fwd_stop),
-                 i64([L[b - 1].lead_bytes for a, b in bounds[:-1]] + [0]))
+                 i64([L[b - 1].lead_bytes for a, b in bounds[:-1]] + [0]), tuple(chain.breaks))
 
 
 def size_gcd(chain: Chain) -> int:

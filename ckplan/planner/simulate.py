@@ -511,6 +511,15 @@ def _check(chain: Chain, plan: Plan) -> None:
     if plan.n_layers != chain.n_layers:
         raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",
                         tip="re-plan for this model, or pass the profile the plan was made from")
+    if chain.breaks:
+        for r in plan.recomputed_ranges():
+            cut = next((b for b in chain.breaks if r.start < b < r.stop), None)
+            if cut is not None:
+                raise SpecError(
+                    f"the plan checkpoints layers {r.start}..{r.stop - 1} in one checkpoint, but layer "
+                    f"{cut} does not receive layer {cut - 1}'s output (the model changes it between "
+                    "the calls), so no checkpoint can span them",
+                    tip=f"re-plan with ckplan (its plans are cut at layers {', '.join(map(str, chain.breaks))})")
     for i, name in enumerate(plan.options()):
         if name != STORE and all(o.name != name for o in chain.layers[i].options):
             known = ", ".join([STORE, *(o.name for o in chain.layers[i].options)])

@@ -24,6 +24,7 @@ from . import dp
 from .baselines import (
     baseline_candidates,
     chen_grid,
+    cut_at_breaks,
     plan_chen,
     plan_chen_threshold,
     plan_every_k,
@@ -103,9 +104,9 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     if strategy == "none":
         plan = plan_none(n)
     elif strategy == "every-k":
-        plan = plan_every_k(n, k)
+        plan = cut_at_breaks(plan_every_k(n, k), chain.breaks)
     elif strategy == "sqrtn":
-        plan = plan_sqrtn(n)
+        plan = cut_at_breaks(plan_sqrtn(n), chain.breaks)
     elif strategy == "chen":
         plan = plan_chen(chain, budget_bytes)
         if budget_bytes is not None and simulate(chain, plan).peak_bytes > budget_bytes:
@@ -264,11 +265,11 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
         if s == "none":
             rows.append(_point(s, chain, plan_none(n)))
         elif s == "sqrtn":
-            p = plan_sqrtn(n)
+            p = cut_at_breaks(plan_sqrtn(n), chain.breaks)
             rows.append(_point(s, chain, p, k=p.params["k"]))
         elif s == "every-k":
             ks = sorted({*range(1, min(n, 16) + 1), *(2 ** i for i in range(5, 30) if 2 ** i < n), n})
-            rows.extend(_point(s, chain, plan_every_k(n, kk), k=kk) for kk in ks)
+            rows.extend(_point(s, chain, cut_at_breaks(plan_every_k(n, kk), chain.breaks), k=kk) for kk in ks)
         elif s == "chen":
             rows.extend(_point(s, chain, plan_chen_threshold(chain, b), threshold=b)
                         for b in chen_grid(chain))
@@ -281,13 +282,14 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
             raise UsageError(f"unknown strategy {s!r}", tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
     if "dp" in strategies:
         baselines = list(rows) or [_point(s, chain, p) for s, p in
-                                   (("every-k", plan_every_k(n, 1)), ("sqrtn", plan_sqrtn(n)))]
+                                   (("every-k", plan_every_k(n, 1)),
+                                    ("sqrtn", cut_at_breaks(plan_sqrtn(n), chain.breaks)))]
         rows.extend(_dp_frontier(chain, max(2, n_points), dp_options, baselines))
     if "dp-layer" in strategies and chain.has_options:
         plain = chain.without_options()
         pts = _dp_frontier(plain, max(2, n_points), dp_options,
                            [_point("every-k", plain, plan_every_k(n, 1)),
-                            _point("sqrtn", plain, plan_sqrtn(n))])
+                            _point("sqrtn", plain, cut_at_breaks(plan_sqrtn(n), chain.breaks))])
         rows.extend(replace(p, strategy="dp-layer") for p in pts if p.strategy == "dp")
     return tuple(rows)
 

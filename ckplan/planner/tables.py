@@ -162,6 +162,12 @@ class PairCosts:
         for s in range(U - 1):
             run = np.maximum.accumulate(np.concatenate([[u.fn_first[s]], u.fn_next[s + 1:U - 1]]))
             self.fnone[s, s + 1:U] = run
+        # A checkpoint cannot span a break (Chain.breaks): such ranges need more than any budget.
+        for b in u.breaks:
+            from_before = np.array([a for a, _ in u.bounds]) < b
+            to_after = np.array([c for _, c in u.bounds]) > b
+            span = from_before[:U - 1, None] & to_after[None, :U - 1]  # span[s, j - 1]: [s, j) crosses b
+            self.fnone[:U - 1, 1:U][span] = BIG
 
 
 def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,

@@ -1,0 +1,114 @@
+"""Models that change the hidden state between two chain layers (a residual added in the
+container's loop, U-Net skip connections added between blocks, a dict of tensors handed on): no
+checkpoint can span such a boundary (apply_plan links the layers of one checkpoint by the
+identity of the tensor one returns and the next receives). Before session 13 `bench` failed
+there, and a plan with multi-layer checkpoints could not be applied.
+
+Oracles: which boundaries the profile finds (read off the models' code), the live-tensor
+tracker's peak of real steps under every strategy's plan (predicted to the byte), gradients
+equal to the plan without checkpoints, and brute force over every nested plan that spans no
+break for the DP.
+"""
+from dataclasses import replace
+
+import ckmodels
+import pytest
+import torch
+from test_planner_dp import all_plans
+from test_side_inputs import measured_peak
+
+from ckplan import api
+from ckplan.errors import SpecError
+from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate
+from ckplan.planner.plan import Checkpoint, items_from_ranges
+from ckplan.planner.simulate import peak_of
+from ckplan.planner.synthetic import random_chain
+from ckplan.profiler import BREAKS_NOTE
+from ckplan.records import Profile
+
+CASES = {  # model, batch, the breaks its forward makes
+    "residual-in-loop": (lambda: ckmodels.PreNormResidualMLP(32, 6), (64, 32), (1, 2, 3, 4, 5)),
+    "dict": (lambda: ckmodels.DictChain(32, 5), (64, 32), (1, 2, 3, 4)),
+    "unet": (lambda: ckmodels.UNet(4, 3), (2, 3, 32, 32), (4, 5)),  # the up blocks add a skip
+}
+
+
+def _profiled(name):
+    make, shape, breaks = CASES[name]
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(*shape)
+    prof = api.profile_model(model, (x,), {}, name=name, chain=None, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    return model, x, prof, breaks
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_profile_finds_the_breaks(name):
+    _, _, prof, breaks = _profiled(name)
+    assert prof.chain_breaks == breaks
+    assert any(n.startswith(BREAKS_NOTE) for n in prof.notes)
+    assert Profile.from_dict(prof.to_dict()).chain_breaks == breaks  # JSON round trip
+
+
+def test_a_chain_without_breaks_has_none():
+    torch.manual_seed(0)
+    model, x = ckmodels.Coupling(16, 4), torch.randn(8, 16)
+    prof = api.profile_model(model, (x,), {}, name="c", chain=None, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    assert prof.chain_breaks == ()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_strategy_runs_exact_and_same_gradients(name):
+    model, x, prof, breaks = _profiled(name)
+    chain = chain_from_profile(prof)
+    p = chain.persistent_bytes
+    none = plan_chain(chain, "none").plan
+    lo, hi = min_peak(chain), simulate(chain, none).peak_bytes
+    plans = [none, plan_chain(chain, "every-k", k=2).plan, plan_chain(chain, "every-k", k=3).plan,
+             plan_chain(chain, "sqrtn").plan, plan_chain(chain, "chen", (lo + hi) // 2).plan,
+             plan_chain(chain, "dp", lo).plan, plan_chain(chain, "dp", (lo + hi) // 2).plan]
+    ref = ckmodels.step_with_plan(model, (x,), {}, none)
+    spanned = 0
+    for plan in plans:
+        for r in plan.recomputed_ranges():
+            assert not any(r.start < b < r.stop for b in breaks), plan.describe()
+            spanned += r.stop - r.start > 1
+        assert simulate(chain, plan).peak_bytes - p == measured_peak(model, x, plan), plan.describe()
+        loss, grads = ckmodels.step_with_plan(model, (x,), {}, plan)
+        assert loss == ref[0] and all(torch.equal(grads[k], g) for k, g in ref[1].items())
+    if name == "unet":
+        assert spanned  # the down blocks still share checkpoints
+
+
+def test_a_plan_spanning_a_break_is_refused_with_the_layer():
+    _, _, prof, _ = _profiled("unet")
+    chain = chain_from_profile(prof)
+    plan = Plan("custom", chain.n_layers, items_from_ranges(chain.n_layers, [(3, 5)]))
+    with pytest.raises(SpecError, match="layer 4 does not receive layer 3's output"):
+        simulate(chain, plan)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_equals_brute_force_over_plans_that_span_no_break(seed):
+    chain = random_chain(5, seed)
+    breaks = ((2,), (1, 3), (4,), (2, 3), (1, 2, 3, 4), (3,))[seed]
+    chain = replace(chain, breaks=breaks)
+    scores = [peak_of(chain, items) for items in all_plans(5)
+              if not any(isinstance(it, Checkpoint) and any(it.start < b < it.stop for b in breaks)
+                         for it, _ in Plan("x", 5, items).walk())]
+    assert min_peak(chain) == min(pk for pk, _ in scores)
+    for b in sorted({pk for pk, _ in scores}):
+        want = min(r for pk, r in scores if pk <= b)
+        res = plan_chain(chain, "dp", b)
+        assert res.score.peak_bytes <= b
+        assert res.score.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, res.plan.describe())
+
+
+def test_a_profile_json_with_bad_breaks_is_named(tmp_path):
+    from ckplan.api import profile_problem
+    _, _, prof, _ = _profiled("dict")
+    d = prof.to_dict()
+    assert profile_problem(d) is None
+    d["chain_breaks"] = [0, 9]
+    assert "chain_breaks is [0, 9], not a list of chain layer indices 1..4" in profile_problem(d)
