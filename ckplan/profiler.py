@@ -171,6 +171,7 @@ class _Instrument:
     early_peak: dict[int, int] = field(default_factory=dict)
     packed_by: dict[int, set[int]] = field(default_factory=dict)
     early_kept_at_end: dict[int, int] = field(default_factory=dict)
+    outside_saved_at_end: dict[int, int] = field(default_factory=dict)  # _outside_saved_by_stage
     # Per chain layer whose output the forward keeps: whether an op after the layer (the next
     # stage, or the model's code between them) saved it too (StageRecord.output_saved_after).
     saved_after_at_end: dict[int, bool] = field(default_factory=dict)
@@ -419,6 +420,7 @@ class _Instrument:
         self.kept_at_end = self._kept_boundaries() if self.track_saved else {}
         self.saved_after_at_end = self._saved_after() if self.track_saved else {}
         self.early_kept_at_end = self._early_kept_by_stage() if self.track_saved else {}
+        self.outside_saved_at_end = self._outside_saved_by_stage() if self.track_saved else {}
         loss.backward()
         self.mark("end", self.n)
         if self.track_saved:
@@ -447,6 +449,27 @@ class _Instrument:
             st = ref()
             window = self.alloc_window.get(k)
             if st is None or window is None or window[0] != "F" or window[1] not in self.packed_by.get(k, ()):
+                continue
+            out[window[1]] = out.get(window[1], 0) + st.nbytes()
+        return out
+
+    def _outside_saved_by_stage(self) -> dict[int, int]:
+        """Per chain layer i but the last: bytes of the storages made in its window (the layer
+        or the model's code after it, before the next layer) that only code outside every chain
+        layer saved (a norm the container applies between layers; PoolFormer's stages between
+        the patch embeddings its chain is made of), besides the boundary. A checkpoint over
+        layer i does not drop them: they are kept whatever the plan."""
+        out: dict[int, int] = {}
+        for k, ref in self.saved.items():
+            st = ref()
+            window = self.alloc_window.get(k)
+            if st is None or window is None or window[0] != "F" or not 0 <= window[1] < self.n - 1:
+                continue
+            who = self.packed_by.get(k, ())
+            if not who or any(w != _OUTSIDE for w in who):
+                continue
+            boundary = self.out_storage.get(window[1])
+            if boundary is not None and boundary() is st:
                 continue
             out[window[1]] = out.get(window[1], 0) + st.nbytes()
         return out
@@ -634,7 +657,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     rows = _stage_rows(layers, chain_path, params, measured, times, meta)
     if compiled is None:
         rows = tuple(replace(r, nosave_peak_bytes=nosave[0].get(r.index),
-                             unsaved_kept_bytes=nosave[1].get(r.index, 0),
+                             unsaved_kept_bytes=nosave[1].get(r.index, 0) + measured.outside_saved.get(r.index, 0),
                              kept_after_backward_bytes=measured.after_bwd.get(r.index, 0))
                      if r.role == CHAIN else r
                      for r in rows)
@@ -676,6 +699,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     if compiled is not None:
         notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
+    outside = {i: b for i, b in sorted(measured.outside_saved.items()) if b > 0}
+    if outside and compiled is None:
+        names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(outside.items())[:8])
+        notes += (f"{OUTSIDE_NOTE}: {names}{' and more' if len(outside) > 8 else ''}",)
     breaks = tuple(sorted(measured.breaks))
     if breaks:
         names = ", ".join(str(b) for b in breaks[:12]) + (" ..." if len(breaks) > 12 else "")
@@ -684,6 +711,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                            chain_path, detected, notes, measured.side_inputs, breaks)
 
 
+OUTSIDE_NOTE = ("tensors the model's own code saves between two chain layers (outside every layer: "
+                "a checkpoint does not drop them; planned as kept until the backward ends, and "
+                "checkpointing the layer before saves less; README: known limits)")
 BREAKS_NOTE = ("layers that do not receive the previous layer's output as an argument (the model "
                "changes it between the two calls: a residual added in the loop, a skip connection, a "
                "dict): no checkpoint spans such a boundary, and every plan is cut there; layers")
@@ -815,6 +845,7 @@ class _MeasuredPass:
     after_bwd: dict[int, int] = field(default_factory=dict)  # StageRecord.kept_after_backward_bytes
     carried: dict[int, int] = field(default_factory=dict)  # _Instrument.carried
     breaks: frozenset[int] = frozenset()  # _Instrument.breaks
+    outside_saved: dict[int, int] = field(default_factory=dict)  # _Instrument.outside_saved_at_end
 
 
 def _nosave_pass(inst: _Instrument, step: _Step) -> tuple[dict[int, int], dict[int, int]]:
@@ -902,6 +933,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window, cast_bytes=cast_bytes,
         live_at_end=inst.live_at_end, side_inputs=inst.side_inputs, kept=dict(inst.kept_at_end),
         after_bwd=dict(inst.live_after_bwd), carried=dict(inst.carried), breaks=frozenset(inst.breaks),
+        outside_saved=dict(inst.outside_saved_at_end),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,

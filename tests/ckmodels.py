@@ -166,6 +166,21 @@ class PreNormResidualMLP(nn.Module):
         return h.pow(2).mean()
 
 
+class NormInLoop(nn.Module):
+    """The container applies a LayerNorm (saving its input) between two chain layers."""
+
+    def __init__(self, d: int = 32, n: int = 5):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                    for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+
+    def forward(self, x):
+        for layer, norm in zip(self.layers, self.norms):
+            x = norm(layer(x))
+        return x.pow(2).mean()
+
+
 def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
     """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
     import transformers

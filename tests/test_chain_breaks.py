@@ -112,3 +112,28 @@ def test_a_profile_json_with_bad_breaks_is_named(tmp_path):
     assert profile_problem(d) is None
     d["chain_breaks"] = [0, 9]
     assert "chain_breaks is [0, 9], not a list of chain layer indices 1..4" in profile_problem(d)
+
+
+def test_tensors_the_container_saves_between_layers_are_kept_by_every_plan():
+    # x = norm(layer(x)) in the loop: the norm (outside every chain layer) saves the layer's
+    # output, and a checkpoint over the layer does not drop it. Planned as kept until the
+    # backward ends (it is freed at the norm's backward): every plan predicted at or above its
+    # measured peak, the plan without checkpoints exact, dp within its budget when measured.
+    from ckplan.profiler import OUTSIDE_NOTE
+    torch.manual_seed(0)
+    model, x = ckmodels.NormInLoop(32, 5), torch.randn(64, 32)
+    prof = api.profile_model(model, (x,), {}, name="norm", chain=None, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0)
+    assert prof.chain_breaks == (1, 2, 3, 4)
+    # each layer's output (64 x 32 fp32), and the norm's mean and rstd (2 x 64 fp32) it saves
+    assert 64 * 32 * 4 + 2 * 64 * 4 == 8704  # 8.5 KiB
+    assert [n for n in prof.notes if n.startswith(OUTSIDE_NOTE)] == [
+        OUTSIDE_NOTE + ": " + ", ".join(f"layer {i} (8.5 KiB)" for i in range(4))]
+    chain = chain_from_profile(prof)
+    p = chain.persistent_bytes
+    none = plan_chain(chain, "none").plan
+    assert simulate(chain, none).peak_bytes - p == measured_peak(model, x, none)
+    lo, hi = min_peak(chain), simulate(chain, none).peak_bytes
+    for plan in (plan_chain(chain, "every-k", k=1).plan, plan_chain(chain, "dp", lo).plan,
+                 plan_chain(chain, "dp", (lo + hi) // 2).plan):
+        assert simulate(chain, plan).peak_bytes - p >= measured_peak(model, x, plan), plan.describe()
