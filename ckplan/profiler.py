@@ -148,6 +148,7 @@ class _Instrument:
     # when the backward starts.
     # (ref, bytes, layers that received it, the chain layer that made it or -1 for before the chain)
     side_seen: dict[int, tuple[weakref.ref, int, set[int], int]] = field(default_factory=dict)
+    side_gone: list = field(default_factory=list)  # side_seen's records whose storage died and whose id was reused
     # chain layer -> bytes of the tensors besides the first it hands to the next layer only
     carried: dict[int, int] = field(default_factory=dict)
     returned: dict[int, list] = field(default_factory=dict)  # chain layer -> weakrefs to its outputs
@@ -349,6 +350,8 @@ class _Instrument:
                 continue  # made between two layers, outside any layer: not modelled
             seen = self.side_seen.get(k)
             if seen is None or seen[0]() is not st:
+                if seen is not None:  # a dead one whose id this storage reuses: keep its record
+                    self.side_gone.append((k, seen))
                 self.side_seen[k] = (weakref.ref(st), st.nbytes(), {i}, by)
                 for t in tensor_leaves((args, kwargs)):
                     if t.requires_grad and storages_of(t) and id(storages_of(t)[0]) == k:
@@ -366,7 +369,7 @@ class _Instrument:
         Bytes only for those no longer alive (nothing saved them: a saved one is in its saver's
         ``saved_bytes``); the living ones are listed for their gradients (``_side_inputs``)."""
         self._side_kept = []
-        for k, (ref, nbytes, layers, by) in self.side_seen.items():
+        for k, (ref, nbytes, layers, by) in [*self.side_gone, *self.side_seen.items()]:
             # One made by a chain layer counts when it skips a layer (given to layers after the
             # next one, as T5's position bias is to every later block); a tensor carried from
             # one layer to the next only is chain state, not a side input.
@@ -375,6 +378,7 @@ class _Instrument:
             elif nbytes and by >= 0:  # a second tensor handed to the next layer: the boundary
                 self.carried[by] = self.carried.get(by, 0) + nbytes
         self.side_seen.clear()
+        self.side_gone.clear()
 
     def _side_inputs(self) -> tuple[SideInput, ...]:
         """After the backward: the side inputs, bytes and gradient bytes summed per set of layers
@@ -392,6 +396,7 @@ class _Instrument:
     def run(self, model, args, kwargs, loss_fn, precision, device_type) -> torch.Tensor:
         self.marks.clear()
         self.side_seen.clear()
+        self.side_gone.clear()
         self.carried.clear()
         self.returned.clear()
         self.breaks.clear()
