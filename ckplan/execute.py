@@ -21,10 +21,12 @@ originals). The model's own forward still calls every layer itself, with its own
   checkpoint belongs to the innermost frame and an inner checkpoint's input is saved to its
   parent (torch's rules for nested checkpoints). Memory is what the planner models: a checkpoint
   keeps its input and its last output, nothing per layer.
-* The hidden state of layer j+1 is found by identity: the argument (positional or keyword, at
-  the top level of the call) that *is* a tensor layer j returned. Several such tensors (a hidden
-  state and a residual stream) are all carried. For the first layer of a segment it is the first
-  positional tensor, else ``hidden_states=``, else the first tensor argument.
+* The hidden state of layer j+1 is found by identity: the tensor in its arguments (positional
+  or keyword, inside tuples, lists and dicts too, as ``torch.utils._pytree`` flattens them) that
+  *is* a tensor layer j returned. Several such tensors (a hidden state and a residual stream, a
+  dict of them) are all carried; the recorded call is rebuilt around them in the recompute. For
+  the first layer of a segment it is the first positional tensor, else ``hidden_states=``, else
+  the first tensor in the arguments.
 
 Known limits:
 
@@ -71,6 +73,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .chainfind import resolve_chain, tensor_leaves
@@ -99,25 +102,34 @@ def _early_stop() -> bool:
     return True if flag is None else flag
 
 
+def _flat(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves of a call's arguments (tensors inside tuples, lists and dicts included, as
+    ``torch.utils._pytree`` flattens them) and how to rebuild them: a slot is a leaf index."""
+    return tree_flatten((tuple(args), dict(kwargs)))
+
+
+def _rebuild(leaves: list, spec) -> tuple[tuple, dict]:
+    a, k = tree_unflatten(leaves, spec)
+    return tuple(a), dict(k)
+
+
 class _Call:
     """One layer call inside a checkpointed segment, as the first forward made it.
 
-    ``slots`` (positions or keyword names) held the tensors carried from the previous layer;
-    they are blanked here so the record never keeps an intermediate activation alive.
-    ``leaves`` says which tensor of the previous layer's output went into each slot.
+    ``slots`` (leaf indices of the flattened arguments, :func:`_flat`) held the tensors carried
+    from the previous layer; they are blanked here so the record never keeps an intermediate
+    activation alive. ``leaves`` says which tensor of the previous layer's output went into each
+    slot.
     """
 
-    __slots__ = ("args", "autocast", "cpu_rng", "device_rng", "device_type", "devices", "kwargs",
-                 "leaves", "sac", "slots")
+    __slots__ = ("autocast", "cpu_rng", "device_rng", "device_type", "devices", "flat", "leaves",
+                 "sac", "slots", "spec")
 
-    def __init__(self, args: tuple, kwargs: dict, links: list[tuple[int | str, int]]):
-        a, k = list(args), dict(kwargs)
+    def __init__(self, args: tuple, kwargs: dict, links: list[tuple[int, int]]):
+        flat, self.spec = _flat(args, kwargs)
         for slot, _ in links:
-            if isinstance(slot, int):
-                a[slot] = None
-            else:
-                k[slot] = None
-        self.args, self.kwargs = tuple(a), k
+            flat[slot] = None
+        self.flat = flat
         self.slots = tuple(s for s, _ in links)
         self.leaves = tuple(li for _, li in links)
         # RNG and autocast as torch.utils.checkpoint stashes them, but per layer call.
@@ -131,12 +143,10 @@ class _Call:
         self.sac = None  # a selective option's recompute context, filled by its parent's recompute
 
     def replay(self, forward, inputs: list[torch.Tensor]):
-        a, k = list(self.args), dict(self.kwargs)
+        flat = list(self.flat)
         for slot, value in zip(self.slots, inputs):
-            if isinstance(slot, int):
-                a[slot] = value
-            else:
-                k[slot] = value
+            flat[slot] = value
+        a, k = _rebuild(flat, self.spec)
         torch.set_rng_state(self.cpu_rng)
         if self.devices:
             _tc.set_device_states(self.devices, self.device_rng, device_type=self.device_type)
@@ -166,11 +176,12 @@ class _Segment:
         self.last = -1  # the last layer called
         self.prev: list[tuple[weakref.ref, int]] = []  # the last output's tensors (weak) and versions
 
-    def link(self, args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]], list[torch.Tensor]] | None:
-        """Where the previous layer's output went in this call; None if it is not there unchanged."""
+    def link(self, args: tuple, kwargs: dict) -> tuple[list[tuple[int, int]], list[torch.Tensor]] | None:
+        """Where the previous layer's output went in this call (leaf indices of :func:`_flat`);
+        None if it is not there unchanged."""
         links, inputs = [], []
         prev = [(ref(), ver) for ref, ver in self.prev]
-        for slot, value in [*enumerate(args), *kwargs.items()]:
+        for slot, value in enumerate(_flat(args, kwargs)[0]):
             if not isinstance(value, torch.Tensor):
                 continue
             for li, (t, ver) in enumerate(prev):
@@ -204,15 +215,16 @@ def _alias(t: torch.Tensor | None, value: torch.Tensor) -> bool:
             and value.untyped_storage().data_ptr() == t.untyped_storage().data_ptr())
 
 
-def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int | str, int]], list[torch.Tensor]]:
-    """The hidden state of a segment's first layer: args[0], else ``hidden_states=``, else the
-    first tensor argument. (Any choice gives the same math; it decides what the frame saves.)"""
-    if args and isinstance(args[0], torch.Tensor):
-        return [(0, 0)], [args[0]]
-    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
-        return [("hidden_states", 0)], [kwargs["hidden_states"]]
-    for slot, value in [*enumerate(args), *kwargs.items()]:
-        if isinstance(value, torch.Tensor):
+def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int, int]], list[torch.Tensor]]:
+    """The hidden state of a segment's first layer (a leaf index of :func:`_flat`): args[0],
+    else ``hidden_states=``, else the first tensor in the arguments (inside a tuple or dict too).
+    (Any choice gives the same math; it decides what the frame saves.)"""
+    flat = _flat(args, kwargs)[0]
+    hidden = kwargs.get("hidden_states")
+    want = (args[0] if args and isinstance(args[0], torch.Tensor) else
+            hidden if isinstance(hidden, torch.Tensor) else None)
+    for slot, value in enumerate(flat):
+        if isinstance(value, torch.Tensor) and (want is None or value is want):
             return [(slot, 0)], [value]
     return [], []
 
@@ -222,18 +234,15 @@ def _in_place(layer: nn.Module) -> bool:
     return getattr(layer, "inplace", False) is True
 
 
-def _with_copies(args: tuple, kwargs: dict, links: list[tuple[int | str, int]]) -> tuple[tuple, dict]:
+def _with_copies(args: tuple, kwargs: dict, links: list[tuple[int, int]]) -> tuple[tuple, dict]:
     """``args``/``kwargs`` with the hidden-state tensors (``links``' slots) copied: inside a
     checkpoint, a layer that changes its input in place would change the tensor the checkpoint
     saved (its input, or an enclosing one's), which PyTorch then refuses to recompute from. The
     copy is what the layer changes and returns, a new output as the planner models one."""
-    a, k = list(args), dict(kwargs)
+    flat, spec = _flat(args, kwargs)
     for slot, _ in links:
-        if isinstance(slot, int):
-            a[slot] = a[slot].clone()
-        else:
-            k[slot] = k[slot].clone()
-    return tuple(a), k
+        flat[slot] = flat[slot].clone()
+    return _rebuild(flat, spec)
 
 
 def _compiled(forward) -> bool:

@@ -324,13 +324,14 @@ class _Instrument:
         return hook
 
     def _receives_output_of(self, j: int, args, kwargs) -> bool:
-        """Whether a top-level argument of this call *is* a tensor layer ``j`` returned: the rule
-        by which ``apply_plan`` links the layers of one checkpoint (ckplan.execute). A model that
-        changes the output between the two calls (``h = h + layer(h)``, a skip connection added,
-        a dict of tensors) breaks the chain there: a checkpoint cannot span the two layers."""
+        """Whether a tensor in this call's arguments (inside tuples, lists and dicts too) *is* a
+        tensor layer ``j`` returned: the rule by which ``apply_plan`` links the layers of one
+        checkpoint (ckplan.execute). A model that changes the output between the two calls
+        (``h = h + layer(h)``, a skip connection added) breaks the chain there: a checkpoint
+        cannot span the two layers."""
         outs = [r() for r in self.returned.get(j, ())]
         outs = [t for t in outs if t is not None]
-        return any(a is t for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) for t in outs)
+        return any(a is t for a in tensor_leaves((args, kwargs)) for t in outs)
 
     def _note_side_inputs(self, i: int, args, kwargs) -> None:
         x = first_tensor((args, kwargs))
@@ -720,8 +721,8 @@ OUTSIDE_NOTE = ("tensors the model's own code saves between two chain layers (ou
                 "a checkpoint does not drop them; planned as kept until the backward ends, and "
                 "checkpointing the layer before saves less; README: known limits)")
 BREAKS_NOTE = ("layers that do not receive the previous layer's output as an argument (the model "
-               "changes it between the two calls: a residual added in the loop, a skip connection, a "
-               "dict): no checkpoint spans such a boundary, and every plan is cut there; layers")
+               "changes it between the two calls: a residual added in the loop, a skip connection): "
+               "no checkpoint spans such a boundary, and every plan is cut there; layers")
 CARRIED_NOTE = ("layers that hand the next layer more than one tensor (counted together as the "
                 "boundary a checkpoint keeps; rotor's model has one tensor per boundary): on such "
                 "chains ckplan's tests predict checkpointed plans exactly or within one boundary "
