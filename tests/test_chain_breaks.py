@@ -80,6 +80,8 @@ def test_every_strategy_runs_exact_and_same_gradients(name):
         assert loss == ref[0] and all(torch.equal(grads[k], g) for k, g in ref[1].items())
     if name != "residual-in-loop":
         assert spanned  # U-Net's down blocks share checkpoints; so do the dict-passing blocks
+    said = any("chain breaks" in n for n in plan_chain(chain, "dp", lo).notes)
+    assert said == bool(breaks)
 
 
 def test_a_plan_spanning_a_break_is_refused_with_the_layer():

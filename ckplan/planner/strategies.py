@@ -137,6 +137,10 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
                          tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
     score = simulate(chain, plan)
     fits = None if budget_bytes is None else score.peak_bytes <= budget_bytes
+    if chain.breaks and strategy not in ("none", "selective"):
+        layers = ", ".join(map(str, chain.breaks[:12])) + (" ..." if len(chain.breaks) > 12 else "")
+        notes = (*notes, f"no checkpoint starts before and ends after layer(s) {layers}: the model changes "
+                         "the hidden state before them (the profile's chain breaks)")
     return PlanResult(strategy, plan, score, budget_bytes, fits, slot, exact, tuple(notes))
 
 
