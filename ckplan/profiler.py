@@ -550,7 +550,7 @@ class _Instrument:
         order = [(m.phase, m.stage) for m in self.marks if m.phase == "F"]
         expected = [("F", s) for s in range(-1, self.n + 1)]
         if order != expected:
-            got = [s for _, s in order[1:-1]]
+            got = [s for _, s in order[1:-1] if s < self.n]  # (F(n) is marked after the last layer)
             if not got:  # no layer's hooks fired: called as layer.forward(...), not layer(...)
                 raise ModelRunError(
                     f"the model never called the {self.n} chain layers as modules: no forward hook of "
