@@ -42,6 +42,7 @@ times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``), and autoca
 from __future__ import annotations
 
 import functools
+import gc
 import statistics
 import weakref
 from contextlib import contextmanager
@@ -636,6 +637,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
         nosave = _nosave_pass(inst, step)
+        leftover, chained = (({}, {}) if compiled is not None else
+                             _recompute_kept(inst, step, params, chain_path, measured.breaks))
         if compiled is not None:
             with _compile_errors(), compiled:
                 for _ in range(max(1, warmup)):
@@ -664,6 +667,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     if compiled is None:
         rows = tuple(replace(r, nosave_peak_bytes=nosave[0].get(r.index),
                              unsaved_kept_bytes=nosave[1].get(r.index, 0) + measured.outside_saved.get(r.index, 0),
+                             recompute_kept_bytes=leftover.get(r.index, 0),
+                             recompute_chain_kept_bytes=chained.get(r.index, 0),
                              kept_after_backward_bytes=measured.after_bwd.get(r.index, 0))
                      if r.role == CHAIN else r
                      for r in rows)
@@ -705,6 +710,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     if compiled is not None:
         notes += (f"chain layers compiled (torch.compile, TorchInductor; {compiled.graphs} graph(s)): "
                   "their saved bytes, memory and times are the compiled layers'; FLOPs are eager's",)
+    left = {r.index: r.recompute_kept_bytes for r in rows if r.role == CHAIN and r.recompute_kept_bytes}
+    if left:
+        names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(left.items())[:8])
+        notes += (f"{LEFT_NOTE}: {names}{' and more' if len(left) > 8 else ''}",)
     outside = {i: b for i, b in sorted(measured.outside_saved.items()) if b > 0}
     if outside and compiled is None:
         names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(outside.items())[:8])
@@ -717,6 +726,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                            chain_path, detected, notes, measured.side_inputs, breaks)
 
 
+LEFT_NOTE = ("layers whose recompute leaves tensors alive after the backward (a tensor of the forward "
+             "kept on the module, as `self.last_attn = attn` does, holds the recompute's graph until "
+             "the layer's next forward): planned as kept to the end of the step with the layer's input, "
+             "on the safe side (README: known limits)")
 OUTSIDE_NOTE = ("tensors the model's own code saves between two chain layers (outside every layer: "
                 "a checkpoint does not drop them; planned as kept until the backward ends, and "
                 "checkpointing the layer before saves less; README: known limits)")
@@ -852,6 +865,86 @@ class _MeasuredPass:
     carried: dict[int, int] = field(default_factory=dict)  # _Instrument.carried
     breaks: frozenset[int] = frozenset()  # _Instrument.breaks
     outside_saved: dict[int, int] = field(default_factory=dict)  # _Instrument.outside_saved_at_end
+
+
+def _recompute_kept(inst: _Instrument, step: _Step, params: list[nn.Parameter], chain_path: str,
+                    breaks: frozenset[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """``StageRecord.recompute_kept_bytes`` and ``recompute_chain_kept_bytes``: what each layer's
+    recompute leaves alive after the backward with every layer in its own checkpoint, and, only
+    when some layer leaves anything, with the whole chain in one checkpoint (cut at its breaks:
+    what a layer leaves when a later layer of its checkpoint holds the recompute's graph)."""
+    n = len(inst.layers)
+    alone = _recompute_kept_pass(inst, step, params, chain_path, breaks, single=True)
+    if not any(alone.values()):
+        return alone, {}
+    return alone, _recompute_kept_pass(inst, step, params, chain_path, breaks, single=False) if n > 1 else {}
+
+
+def _recompute_kept_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], chain_path: str,
+                         breaks: frozenset[int], single: bool) -> dict[int, int]:
+    """Per chain layer: bytes its recompute made that are still alive when the backward is over,
+    in one tracked step with every layer in its own checkpoint (``single``) or the whole chain in
+    one (cut at its breaks), as ``apply_plan`` runs them. A layer that keeps a tensor of its
+    forward on the module (research code's ``self.last_attn = attn``, RecurrentGemma's state)
+    keeps the recompute's instead, and the recompute's graph behind it (back through the layers
+    recomputed before it in the same checkpoint) until its next forward: no plan without
+    checkpoints shows it. Empty when the model cannot run that way."""
+    from .execute import apply_plan
+    from .planner.baselines import cut_at_breaks
+    from .planner.plan import Checkpoint, Plan, Store
+
+    n = len(inst.layers)
+    if n < 1:
+        return {}
+    calls = [0] * n
+    current: list[int | None] = [None]
+    made: dict[int, int] = {}
+    tracker = LiveTensorTracker(
+        on_alloc=lambda key, _: made.__setitem__(key, current[0]) if current[0] is not None else None,
+        on_free=lambda key: made.pop(key, None))
+
+    def pre(i):
+        def hook(module, args):
+            calls[i] += 1
+            if calls[i] > 1:  # the second run of the layer in this step: its recompute
+                current[0] = i
+        return hook
+
+    def post(i):
+        def hook(module, args, out):
+            current[0] = None
+        return hook
+
+    handles = [h for i, layer in enumerate(inst.layers)
+               for h in (layer.register_forward_pre_hook(pre(i)), layer.register_forward_hook(post(i)))]
+    items = (tuple(Checkpoint(i, i + 1, (Store(i),)) for i in range(n)) if single else
+             (Checkpoint(0, n, tuple(Store(i) for i in range(n))),))
+    plan = cut_at_breaks(Plan("recompute-kept", n, items), tuple(sorted(breaks)))
+    inst.paused = True
+    out: dict[int, int] = {}
+    try:
+        with apply_plan(step.model, plan, chain=chain_path), tracker:
+            step.run(inst)
+            gc.collect()  # cycles a recompute leaves (its frame and hooks) are garbage, not kept
+            live = tracker.live_storages()
+            # a recompute stopped early never reaches the layer's forward hook, so the layer's
+            # backward runs with it still marked: its parameters' gradients are not left by it
+            for prm in params:
+                if prm.grad is not None:
+                    live.pop(id(prm.grad.untyped_storage()), None)
+            for key, i in made.items():
+                if key in live:
+                    out[i] = out.get(i, 0) + live[key]
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception:
+        out = {}
+    finally:
+        inst.paused = False
+        for h in handles:
+            h.remove()
+        _zero(params)
+    return out
 
 
 def _nosave_pass(inst: _Instrument, step: _Step) -> tuple[dict[int, int], dict[int, int]]:

@@ -154,6 +154,14 @@ class StageRecord:
     # graph alive): the part of its saved or ctx-held tensors its own backward does not free.
     # None: not measured: 0.
     kept_after_backward_bytes: int | None = None
+    # What the layer's recompute (the layer alone in a checkpoint) made that is still alive when
+    # the backward is over: a tensor of its forward kept on the module holds the recompute's, and
+    # the recompute's graph behind it, until the layer's next forward. None: not measured: 0.
+    recompute_kept_bytes: int | None = None
+    # The same with the whole chain in one checkpoint: what the layer's recompute leaves when a
+    # later layer of its checkpoint keeps the recompute's graph (it reaches back through this
+    # layer). Measured only when some layer's recompute_kept_bytes is not 0. None: 0.
+    recompute_chain_kept_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

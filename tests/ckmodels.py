@@ -181,6 +181,34 @@ class NormInLoop(nn.Module):
         return x.pow(2).mean()
 
 
+class CacheBlock(nn.Module):
+    """Attention that keeps its probabilities on the module, graph and all (research code's
+    ``self.last_attn = attn``)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.last_attn: torch.Tensor | None = None
+
+    def forward(self, x):
+        a = (self.q(x) @ self.k(x).transpose(-1, -2) / 8).softmax(-1)
+        self.last_attn = a
+        h = x + a @ self.v(x)
+        return h + self.ff(h)
+
+
+class CachingChain(nn.Module):
+    def __init__(self, d: int = 32, n: int = 6):
+        super().__init__()
+        self.layers = nn.ModuleList(CacheBlock(d) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.pow(2).mean()
+
+
 def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
     """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
     import transformers

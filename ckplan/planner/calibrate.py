@@ -50,7 +50,9 @@ def chain_from_profile(profile: Profile) -> Chain:
                          x_kept=r.output_kept is not False, in_place=r.output_in_place,
                          x_kept_next=r.output_saved_after is not False,
                          unsaved_kept_bytes=r.unsaved_kept_bytes or 0,
-                         kept_after_bytes=r.kept_after_backward_bytes or 0)
+                         kept_after_bytes=r.kept_after_backward_bytes or 0,
+                         recompute_kept_bytes=r.recompute_kept_bytes or 0,
+                         recompute_chain_kept_bytes=r.recompute_chain_kept_bytes or 0)
                    for r, (fwd, bwd, tail) in ((r, _layer_ms(r)) for r in rows))
     chain = Chain(
         layers=layers,

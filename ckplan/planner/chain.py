@@ -111,6 +111,12 @@ class Layer:
     # What a stored layer's backward leaves of its tensors until the backward is over (the same
     # holders): freed with the graph, not by its backward.
     kept_after_bytes: int = 0
+    # What a recompute of the layer leaves alive until the step ends (and on into the next step's
+    # forward): see ``StageRecord.recompute_kept_bytes``. The simulator adds it once the layer's
+    # forward runs again in a backward.
+    recompute_kept_bytes: int = 0
+    # ... and what it leaves when a later layer of the same recompute keeps the graph (above)
+    recompute_chain_kept_bytes: int = 0
 
     def fn_tmp(self, rotor: int) -> int:
         """The transient of a forward that keeps only the output, above ``live + x_bytes``: rotor's
@@ -218,7 +224,8 @@ class Chain:
             raise ValueError("a chain needs at least one layer")
         for i, ly in enumerate(self.layers):
             sizes = (ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes,
-                     ly.cast_bytes, ly.unsaved_kept_bytes, ly.kept_after_bytes)
+                     ly.cast_bytes, ly.unsaved_kept_bytes, ly.kept_after_bytes, ly.recompute_kept_bytes,
+                     ly.recompute_chain_kept_bytes)
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
             if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
@@ -296,7 +303,8 @@ class Chain:
         """An upper bound on what the layers' first forwards keep until the backward is over,
         whatever the plan: a checkpointed layer keeps ``Layer.unsaved_kept_bytes`` from its
         forward on, a stored one ``kept_after_bytes`` from its backward on."""
-        return sum(max(ly.unsaved_kept_bytes, ly.kept_after_bytes) for ly in self.layers)
+        return sum(max(ly.unsaved_kept_bytes, ly.kept_after_bytes)
+                   + max(ly.recompute_kept_bytes, ly.recompute_chain_kept_bytes) for ly in self.layers)
 
     @property
     def side_grad_bytes(self) -> int:

@@ -165,6 +165,9 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     mem = live
     casts = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
     unsaved = 0  # what checkpointed first forwards keep that no hook sees: until the backward ends
+    late = 0  # what recomputes leave on their modules (Layer.recompute_kept_bytes): to the step's end
+    left_by: set[int] = set()  # layers whose recompute has left it
+    loose_of: dict[int, int] = {}  # layer -> its first forward's unsaved bytes, while counted
     released: dict[int, bool] = {}  # id(checkpoint) -> its boundary was released (_boundary_released)
     # id(checkpoint inside a recompute) -> bytes of its input freed once its own recompute is over
     handed_over: dict[int, int] = {}
@@ -200,6 +203,25 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                             remade += side_made[k]
                             mem += side_made[k]
                             op("remade", k, ctx, True, mem, 0, mem)
+                        if (L[k].recompute_kept_bytes or L[k].recompute_chain_kept_bytes) and k not in left_by:
+                            # What the recompute leaves on the module: the layer's own measure, or
+                            # the whole chain's when a later layer of this recompute keeps its
+                            # graph (what this one made stays too). A later recompute of it
+                            # replaces it (counted once), and it replaces what the first forward
+                            # kept on the module; the graph behind it also holds the layer's input,
+                            # which its first op saved (counted, on the safe side).
+                            end = ctx[1] if ctx is not None else k + 1
+                            chained = any(L[j].recompute_kept_bytes for j in range(k + 1, end))
+                            own = L[k].recompute_chain_kept_bytes if chained else L[k].recompute_kept_bytes
+                            if not own:
+                                continue
+                            left_by.add(k)
+                            gone = min(loose_of.pop(k, 0), own)
+                            unsaved -= gone
+                            kept = own + (L[k - 1].x_bytes if k > 0 else 0)
+                            late += kept
+                            mem += kept - gone
+                            op("left", k, ctx, True, mem, 0, mem)
                 hold = _input_hold(chain, seq, idx, ctx)
                 if hold:  # its input, which no op of the plain forward keeps
                     mem += hold
@@ -235,6 +257,8 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         casts += cast
                         loose = 0 if again else ly.unsaved_kept_bytes
                         unsaved += loose
+                        if loose:
+                            loose_of[k] = loose
                         live = mem + ly.x_bytes + cast + loose
                         after = live - L[k - 1].x_bytes if k > it.start else live
                         # outputs no op keeps (its own, the input's): the measured transient
@@ -359,7 +383,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 mem -= unsaved
                 op("unsaved", None, None, False, mem, 0, mem)
         else:  # the optimizer step: its peak is absolute, measured by the profiler
-            op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes - mem), mem)
+            op("opt", OPT, None, False, mem, max(0, chain.opt_step_peak_bytes + late - mem), mem)
     return _Replay(peak, where, recompute_ms)
 
 
@@ -441,6 +465,9 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
         return "side inputs (masks, position ids) freed"
     if op == "unsaved":
         return "backward over: tensors checkpointed layers kept outside saved tensors freed"
+    if op == "left" and ctx is not None:
+        return (f"recompute of layer {stage} in [{ctx[0]},{ctx[1]}): what it leaves on the module, "
+                "kept to the step's end")
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
     if op == "lead" and ctx is not None:
