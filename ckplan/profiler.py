@@ -637,7 +637,10 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         measured = _measured_pass(inst, step, params, model)
         _zero(params)
         nosave = _nosave_pass(inst, step)
-        leftover, chained = (({}, {}) if compiled is not None else
+        # Only a layer that keeps something no saved-tensor hook sees (a tensor on the module
+        # shows up so) can leave anything after a recompute: the tracked steps run for those.
+        loose = any(nosave[1].values()) or any(measured.after_bwd.values())
+        leftover, chained = (({}, {}) if compiled is not None or not loose else
                              _recompute_kept(inst, step, params, chain_path, measured.breaks))
         if compiled is not None:
             with _compile_errors(), compiled:
