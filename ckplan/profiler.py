@@ -639,7 +639,7 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         nosave = _nosave_pass(inst, step)
         # Only a layer that keeps something no saved-tensor hook sees (a tensor on the module
         # shows up so) can leave anything after a recompute: the tracked steps run for those.
-        loose = any(nosave[1].values()) or any(measured.after_bwd.values())
+        loose = any(b for i, b in (*nosave[1].items(), *measured.after_bwd.items()) if 0 <= i < len(layers))
         leftover, chained = (({}, {}) if compiled is not None or not loose else
                              _recompute_kept(inst, step, params, chain_path, measured.breaks))
         if compiled is not None:
