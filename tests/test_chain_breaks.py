@@ -15,14 +15,13 @@ from dataclasses import replace
 import ckmodels
 import pytest
 import torch
-from test_planner_dp import all_plans
+from test_planner_dp import check_plan_chain_against_brute
 from test_side_inputs import measured_peak
 
 from ckplan import api
 from ckplan.errors import SpecError
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate
-from ckplan.planner.plan import Checkpoint, items_from_ranges
-from ckplan.planner.simulate import peak_of
+from ckplan.planner.plan import items_from_ranges
 from ckplan.planner.synthetic import random_chain
 from ckplan.profiler import BREAKS_NOTE
 from ckplan.records import Profile
@@ -96,16 +95,7 @@ def test_a_plan_spanning_a_break_is_refused_with_the_layer():
 def test_dp_equals_brute_force_over_plans_that_span_no_break(seed):
     chain = random_chain(5, seed)
     breaks = ((2,), (1, 3), (4,), (2, 3), (1, 2, 3, 4), (3,))[seed]
-    chain = replace(chain, breaks=breaks)
-    scores = [peak_of(chain, items) for items in all_plans(5)
-              if not any(isinstance(it, Checkpoint) and any(it.start < b < it.stop for b in breaks)
-                         for it, _ in Plan("x", 5, items).walk())]
-    assert min_peak(chain) == min(pk for pk, _ in scores)
-    for b in sorted({pk for pk, _ in scores}):
-        want = min(r for pk, r in scores if pk <= b)
-        res = plan_chain(chain, "dp", b)
-        assert res.score.peak_bytes <= b
-        assert res.score.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, res.plan.describe())
+    check_plan_chain_against_brute(replace(chain, breaks=breaks))
 
 
 def test_a_profile_json_with_bad_breaks_is_named(tmp_path):
