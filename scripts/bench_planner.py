@@ -8,14 +8,18 @@
     python scripts/bench_planner.py --speed 24 100 --options 2        # selective options
     python scripts/bench_planner.py --gap 24 100 --options 2         # their exactness gap
     python scripts/bench_planner.py --speed 100 --numpy              # without numba (fallback)
+    python scripts/bench_planner.py --gap 100 200 --family mlp       # other chain families
 
 Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
 million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
-(every size a multiple of 1000003 bytes). Budgets: a fraction of the way from the smallest
+(every size a multiple of 1000003 bytes). ``--family mlp|xbar4|transformer``: the same times,
+every output 1000003 bytes and each layer keeping about 1x, 4x or 16x that (+-5%): layers that
+keep little besides their output (where long checkpoints pay) up to transformer-like blocks. Budgets: a fraction of the way from the smallest
 feasible peak (0) to the peak without checkpointing (1).
 
 * ``after``: ``plan_chain(chain, "dp", budget)``, what the CLI runs (exact byte-level DP up to
-  120 layers; grouped tables above, with ``near_min_plan`` just above the smallest peak).
+  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400; grouped tables above, with the
+  banded DP, else ``near_min_plan``, just above the smallest peak).
 * ``before``: the previous solver, kept as ``DPSolver(chain, pareto=False)`` (slot tables over
   the whole range, budget-independent), falling back to the smallest-peak plan where its tables
   find nothing, as ``plan_dp`` did.
@@ -46,21 +50,37 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
 from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
-from ckplan.planner.synthetic import random_chain, with_casts
+from ckplan.planner.synthetic import random_chain, with_casts, with_options
 from ckplan.planner.tables import ParetoTable
 
 WIDE = 1_000_003
 
 
-def make_chain(n: int, seed: int, scaled: bool, options: int = 0):
-    if scaled:
-        return random_chain(n, seed, scale=WIDE, options=options)
-    return random_chain(n, seed, max_size=WIDE, options=options)
+FAMILIES = {"random": 0, "mlp": 1, "xbar4": 4, "transformer": 16}
+
+
+def make_chain(n: int, seed: int, scaled: bool, options: int = 0, family: str = "random"):
+    """``random``: ``random_chain``. The others keep its times and transients but give every
+    layer the same output (``WIDE`` bytes) and a saved size of about 1x (``mlp``: layers that
+    keep little besides their output), 4x (``xbar4``) or 16x (``transformer``) that, +-5%."""
+    if family == "random":
+        if scaled:
+            return random_chain(n, seed, scale=WIDE, options=options)
+        return random_chain(n, seed, max_size=WIDE, options=options)
+    rng = np.random.default_rng(seed)
+    base = random_chain(n, seed, max_size=WIDE)
+    ratio = FAMILIES[family]
+    layers = tuple(replace(ly, x_bytes=WIDE,
+                           xbar_bytes=WIDE + int(WIDE * max(0.0, ratio * rng.uniform(0.95, 1.05) - 1)) + 7)
+                   for ly in base.layers)
+    ch = replace(base, layers=layers)
+    return with_options(ch, seed, options=options) if options else ch
 
 
 def timed(fn):
@@ -94,7 +114,7 @@ def header(what: str) -> None:
 
 
 def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, casts: bool,
-                compare: bool, options: int = 0) -> None:
+                compare: bool, options: int = 0, family: str = "random") -> None:
     header("seconds per dp plan" + (" with autocast copies" if casts else "")
            + (f" with {options} selective options per layer" if options else ""))
     print("layers seed  budget  after_s  exact  overhead" + ("  before_s  overhead" if compare else "")
@@ -102,7 +122,7 @@ def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, 
     ratios: list[float] = []
     for n in sizes:
         for seed in range(seeds):
-            ch = make_chain(n, seed, scaled, options)
+            ch = make_chain(n, seed, scaled, options, family)
             if casts:
                 ch = with_casts(ch, seed)
             lo = min_peak(ch)  # cached per chain: timed plans below include the tables
@@ -130,14 +150,15 @@ def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, 
               f"max {max(ratios):.2f} over {len(ratios)} plans")
 
 
-def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int = 0) -> None:
-    header(f"gap to the exact optimum at {n} layers, {seeds} chains"
+def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int = 0,
+              family: str = "random") -> None:
+    header(f"gap to the exact optimum at {n} layers, {seeds} {family} chains"
            + (f", {options} selective options per layer" if options else ""))
     print("layers seed  budget  before_gap  after_gap  before_s  after_s  ref_s"
           + ("  plain_gap" if options else ""))
     rows: dict[float, list[tuple[float, float]]] = {f: [] for f in fracs}
     for seed in range(seeds):
-        ch = make_chain(n, seed, scaled, options)
+        ch = make_chain(n, seed, scaled, options, family)
         lo = min_peak(ch)
         hi = simulate(ch, plan_none(n)).peak_bytes
         t = layer_tables(ch)
@@ -171,13 +192,13 @@ def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int
               f"{statistics.median(a):9.2%}", flush=True)
 
 
-def bench_breakpoints(n: int, seeds: int, scaled: bool) -> None:
+def bench_breakpoints(n: int, seeds: int, scaled: bool, family: str = "random") -> None:
     """The gap at *every* budget where the optimum changes (the exact frontier's breakpoints):
     where rounded slots hurt most, and what fixed fractions of the range mostly miss."""
     header(f"gap at every breakpoint of the exact frontier, {n} layers, {seeds} chains")
     print("layers seed  budgets  before_max  before_med  before>1%   after_max  after_med  after>1%")
     for seed in range(seeds):
-        ch = make_chain(n, seed, scaled)
+        ch = make_chain(n, seed, scaled, family=family)
         t = layer_tables(ch)
         base, lo = base_bytes(ch), min_peak(ch)
         hi = simulate(ch, plan_none(n)).peak_bytes
@@ -218,6 +239,9 @@ def main() -> None:
                     help="selective options per layer (--speed: also time without them; --gap: "
                          "gap of the plan without them)")
     ap.add_argument("--numpy", action="store_true", help="numpy tables even if numba is installed")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="random",
+                    help="chains: random (default), or same-size outputs keeping ~1x (mlp), 4x "
+                         "(xbar4) or 16x (transformer) of them")
     args = ap.parse_args()
     if args.numpy:
         tables.USE_NUMBA = False
@@ -225,12 +249,12 @@ def main() -> None:
         args.speed = [10, 30, 100, 300, 1000]
     if args.speed:
         bench_speed(args.speed, args.seeds, args.fracs or [0.0, 0.1, 0.5, 0.9], args.scaled,
-                    args.casts, args.before, args.options)
+                    args.casts, args.before, args.options, args.family)
     for n in args.breakpoints:
-        bench_breakpoints(n, args.seeds, args.scaled)
+        bench_breakpoints(n, args.seeds, args.scaled, args.family)
     for n in args.gap:
         bench_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9],
-                  args.scaled, args.options)
+                  args.scaled, args.options, args.family)
 
 
 if __name__ == "__main__":

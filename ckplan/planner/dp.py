@@ -37,6 +37,19 @@ table, O(U^3), is built only where a plan needs it: at the smallest peak).
 Measured with scripts/bench_planner.py; passing ``max_slots`` (or ``pareto=False``) asks for the
 slot tables below instead.
 
+**Banded (``plan_dp``'s default from ``BAND_MIN_LAYERS`` + 1 to ``BAND_MAX_LAYERS`` layers).**
+Proving a plan optimal takes the exact frontiers of every sub-chain, O(U^3) splits; the optimal
+plans themselves nest only short checkpoints, plus, on chains whose layers keep little besides
+their output, long top-level checkpoints that store every layer inside. ``banded_plan`` runs
+the same exact DP over exactly those plans (checkpoints of at most L layers, top-level ones of
+any length storing all inside: ``PeakTable``/``ParetoTable``'s ``max_len``/``top_len``),
+O(U L^2 + U^2), and widens L (16, 32, ...) while the plan uses a checkpoint of L layers or none
+fits. Optimal among its plans (brute force in ``tests/test_planner_banded.py``); not proven
+optimal overall (``exact`` False, a note says so), but equal to the exact DP at every budget of
+``scripts/bench_planner.py --gap`` on random, MLP-like and transformer-like chains of 100-300
+layers, options included, in 0.02-0.1 s at 100 layers and 0.1-0.3 s at 300 (the exact DP: 0.1-0.3
+and 3-4 s). ``mode="exact"`` still asks for the proof.
+
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
 ``opt_hold[s, o]``, needs ``opt_store_req[o, s, e]`` (``groups.py``/``tables.py``: the same
@@ -73,11 +86,12 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
   checkpoint's inner plan stores all, but which layers to checkpoint is chosen layer by layer,
   which is what matters on heterogeneous chains.
 
-Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there
-``near_min_plan`` runs the nested DP on single layers with slots spread over that budget only
-(up to ~380 layers; 1-4 s), else the exact DP on groups cut at the smallest-peak plan's own
-boundaries, and a local improvement pass checked by the simulator: about 1% above the optimum
-at 150-200 layers instead of the bare smallest-peak plan's +60%.
+Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there the
+banded DP plans (at 1000 random layers about 1 s, 23.6% recompute where the plans below cost
+43%), and where it finds nothing within its work limit ``near_min_plan`` runs the nested DP on
+single layers with slots spread over that budget only (up to ~380 layers; 1-4 s), else the
+exact DP on groups cut at the smallest-peak plan's own boundaries, and a local improvement pass
+checked by the simulator.
 
 ``min_peak`` solves the companion min-max program ``R(s, e)`` over exact integer bytes: the
 smallest available memory for which a plan of [s, e) exists; ``R(0, U)`` gives the smallest
@@ -116,7 +130,18 @@ from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
 from .plan import Plan, items_from_ranges
 from .simulate import peak_of, simulate
-from .tables import INF, CostTable, FlatTable, PairCosts, ParetoTable, PeakTable, base_bytes, fixed_peak
+from .tables import (
+    INF,
+    CostTable,
+    FlatTable,
+    PairCosts,
+    ParetoTable,
+    PeakTable,
+    base_bytes,
+    exact_chooser,
+    fixed_peak,
+    reconstruct_options,
+)
 
 OPTIONS_IGNORED = ("selective options ignored by these tables: planned with store and full "
                    "checkpoints only")
@@ -135,6 +160,14 @@ NEAR_MIN_SLOTS, NEAR_MIN_MIN_SLOTS = 500, 200  # near_min_plan: slots of the sin
 NEAR_MIN_CELLS = 30_000_000  # near_min_plan: U * U * slots float32 cells (120 MB), ~1-4 s
 NEAR_MIN_SIMS = 1000  # near_min_plan: simulations of the local improvement (fewer on long chains)
 DEFAULT_GROUPS = 100
+# The banded DP (``banded_plan``): the exact DP in bytes over plans whose checkpoints span at
+# most L layers, L = BAND_START, doubled while the best plan found uses a checkpoint as long as
+# the band (or no banded plan reaches the budget), up to the whole chain (then exact), or until
+# the next band would build more than BAND_WORK breakpoints (a band builds about 3-4 times the
+# breakpoints of the one before). ``plan_dp`` uses it on chains of BAND_MIN_LAYERS to
+# BAND_MAX_LAYERS layers (the exact DP below, the grouped tables above, where it still serves
+# budgets too close to the smallest peak for the grouped tables).
+BAND_START, BAND_MIN_LAYERS, BAND_MAX_LAYERS, BAND_WORK = 16, 64, 400, 6_000_000
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
 
@@ -532,6 +565,95 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     return best, how
 
 
+@dataclass(frozen=True)
+class Banded:
+    """``banded_plan``'s answer: the plan, the band it was found in (the most layers a
+    checkpoint may span), and whether that band is the whole chain (then optimal)."""
+
+    plan: Plan
+    band: int
+    exact: bool
+    longest: int  # the most layers one checkpoint of the plan spans
+
+
+def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
+                max_work: int = BAND_WORK, bound: Plan | None = None) -> Banded | None:
+    """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
+    checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
+    which may span any number of layers when they store every layer inside (one long
+    checkpoint that keeps its layers is what chains whose layers keep little besides their
+    output want at budgets well above the smallest peak). L is widened until the plan no longer
+    needs it.
+
+    The exact DP in bytes (``ParetoTable``) restricted to such plans needs only the tails
+    ``[s, U)`` and the sub-chains of at most L layers: O(U L^2 + U^2) splits instead of O(U^3),
+    and short frontiers. Start at L = ``start``; double L while no banded plan reaches the
+    budget or the best plan has a checkpoint of exactly L layers (a wider band may do better),
+    up to the whole chain (exact, ``Banded.exact``) or while the next band's table should stay
+    under ``max_work`` breakpoints (4 x this band's). Each band's table is pruned by the best
+    plan so far (``bound`` when given, else the first feasible band's smallest-peak plan).
+    Optimal among the plans of the last band; on random heterogeneous chains and same-size
+    chains keeping 1x to 16x their output, of 100 to 300 layers, it was the exact optimum at
+    every budget tried (``scripts/bench_planner.py --gap``). None when no band's table was
+    built (none reaches the budget within the limit, or the first frontier outgrows
+    ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
+
+    Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
+    t = layer_tables(chain)
+    u, pc = t.units, t.pairs
+    U, n = u.size, chain.n_layers
+    avail = budget_bytes - base_bytes(chain)
+    if budget_bytes < fixed_peak(chain) or avail < 0:
+        return None
+    L = max(1, min(start, n))
+    work = 0  # breakpoints of the last band's table
+    solved = False  # some band's table was built (else the bound alone is no answer)
+    best: Banded | None = None
+    cost = INF
+    params = {"budget_bytes": budget_bytes}
+    if bound is not None:  # a plan known to fit: prunes every band
+        sc = simulate(chain, bound)
+        if sc.peak_bytes <= budget_bytes:
+            bound = replace(bound, params=params)
+            best, cost = Banded(bound, 0, False, _longest(bound)), sc.recompute_ms
+    while True:
+        full = n <= L
+        peaks = t.peaks if full else PeakTable(u, pc, L, n)
+        if int(peaks.R[0, U]) <= avail:
+            if best is None:  # a plan of this band that fits bounds every band's optimum
+                first = plan_from(chain, u, *reconstruct_options(
+                    u.bounds, U, avail,
+                    exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, n))), params)
+                cost = simulate(chain, first).recompute_ms
+                best = Banded(first, L, False, _longest(first))
+            pt = ParetoTable(u, pc, peaks.R, avail, PARETO_MAX_POINTS, cost, max_len=L, top_len=n)
+            if not pt.ok:
+                break
+            work, solved = pt.total_points, True
+            assert best is not None
+            best = replace(best, band=L, exact=full)  # no plan of this band is cheaper (the cap)
+            if pt.cost(avail) < INF:
+                plan = plan_from(chain, u, *pt.parts(avail), params)
+                sc = simulate(chain, plan)
+                if sc.peak_bytes > budget_bytes:
+                    raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
+                                       f"{budget_bytes}: planner bug")
+                if sc.recompute_ms <= cost:
+                    cost, best = sc.recompute_ms, Banded(plan, L, full, _longest(plan))
+            if full or _longest(best.plan, L) < L:
+                break
+        if full or 4 * work > max_work:
+            break
+        L = min(2 * L, n)
+    return best if solved else None
+
+
+def _longest(plan: Plan, most: int | None = None) -> int:
+    """The most layers a checkpoint of ``plan`` spans (of those spanning at most ``most``)."""
+    return max((r.stop - r.start for r in plan.recomputed_ranges()
+                if most is None or r.stop - r.start <= most), default=0)
+
+
 def choose_slot(units: Units, span: int, g: int, max_slots: int) -> int:
     """Slot size: the gcd of all sizes when that needs at most ``max_slots`` slots (exact);
     otherwise the size in [span / max_slots, 1.25 x that] that divides the units' kept and
@@ -569,21 +691,18 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     if not chain.all_kept:
         return _plan_dp_unkept(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
                                rounding=rounding)
-    # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
-    solver = DPSolver(chain, max_slots=max_slots, mode=mode, groups=groups, rounding=rounding,
-                      top_bytes=max(budget_bytes, min(min_peak(chain), none_peak)),
-                      lowest_bytes=budget_bytes)
-    found = solver.solve(budget_bytes)
-    exact = solver.exact
-    if found is None:
-        lowest = min_peak(chain)
-        if budget_bytes < lowest:
-            raise infeasible_error(chain, budget_bytes, lowest)
-        found, how = near_min_plan(chain, budget_bytes)
-        exact = False
-        which = "grouped" if solver.grouped else "slot"
-        notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
-                     + how)
+    banded = None
+    band_ok = mode == "auto" and max_slots is None and not chain.has_casts
+    if band_ok and BAND_MIN_LAYERS < chain.n_layers <= BAND_MAX_LAYERS:
+        banded = banded_plan(chain, budget_bytes)
+    if banded is not None:
+        found, exact, solver = banded.plan, banded.exact, None
+        if not exact:
+            notes.append(_band_note(banded))
+    else:
+        found, exact, solver = _plan_dp_tables(
+            chain, budget_bytes, notes, band_ok and chain.n_layers > BAND_MAX_LAYERS,
+            max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
     if exact and any(ly.lead_bytes for ly in chain.layers):
         exact = False
         notes.append("some layers' backward holds gradients before the recompute it starts "
@@ -594,6 +713,9 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append("some layers keep tensors no saved-tensor hook sees (ctx attributes, caches) "
                      "until the backward is over: the tables count them as live for the whole step, "
                      "on the safe side, so the plan fits but may recompute more than the optimum")
+    if solver is None:
+        return DPResult(found, 1, max(0, none_peak - base_bytes(chain)), exact,
+                        chain.n_layers + 1, tuple(notes))
     if solver.options_ignored:
         notes.append(OPTIONS_IGNORED)
     if solver.grouped:
@@ -606,6 +728,40 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
                      "exactly but may recompute slightly more than the optimum")
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
+
+
+def _band_note(b: Banded) -> str:
+    return (f"optimal among plans whose checkpoints span at most {b.band} layers, or store every "
+            f"layer inside at the top level (this plan's longest spans {b.longest}): "
+            "near-optimal, not proven optimal")
+
+
+def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
+                    **dp_options) -> tuple[Plan, bool, DPSolver]:
+    """``plan_dp`` with the exact, slot or grouped tables (``DPSolver``), and where they
+    cannot reach the budget, the banded DP (when ``band``) or ``near_min_plan``."""
+    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
+    solver = DPSolver(chain, **dp_options,
+                      top_bytes=max(budget_bytes, min(min_peak(chain), none_peak)),
+                      lowest_bytes=budget_bytes)
+    found = solver.solve(budget_bytes)
+    exact = solver.exact
+    if found is None:
+        lowest = min_peak(chain)
+        if budget_bytes < lowest:
+            raise infeasible_error(chain, budget_bytes, lowest)
+        banded = banded_plan(chain, budget_bytes) if band else None
+        if banded is not None:
+            found, exact = banded.plan, banded.exact
+            how = _band_note(banded)
+        else:
+            found, how = near_min_plan(chain, budget_bytes)
+            exact = False
+        which = "grouped" if solver.grouped else "slot"
+        notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
+                     + how)
+    return found, exact, solver
 
 
 # Budgets above the asked one (and above the bound's smallest peak) at which the tables of a

@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,21 @@ class PairCosts:
             to_after = np.array([c for _, c in u.bounds]) > b
             span = from_before[:U - 1, None] & to_after[None, :U - 1]  # span[s, j - 1]: [s, j) crosses b
             self.fnone[:U - 1, 1:U][span] = BIG
+        self.hold = u.hold
+
+    @cached_property
+    def store_all(self) -> np.ndarray:
+        """``store_all[s, e]``: the least bytes above the start of the plan of [s, e) that stores
+        every unit (``store``): the recursion's ``Store`` branch all the way. BIG where e <= s.
+        The inner plan of the banded DP's long top-level checkpoints."""
+        sr = self.store_req
+        U = sr.shape[0]
+        out = np.full((U + 1, U + 1), BIG, dtype=np.int64)
+        for s in range(U - 1, -1, -1):
+            out[s, s + 1] = sr[s, s + 1]
+            if s + 2 <= U:
+                out[s, s + 2:] = np.maximum(sr[s, s + 2:], self.hold[s] + out[s + 1, s + 2:])
+        return out
 
 
 def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
@@ -204,13 +220,17 @@ def reconstruct_options(bounds: tuple[tuple[int, int], ...], stop: int, m0: int,
 
 
 def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
-                  estimate: Callable[[int, int, int, float], float] | None) -> Chooser:
+                  estimate: Callable[[int, int, int, float], float] | None,
+                  long: tuple[int, int] | None = None) -> Chooser:
     """Steps in exact bytes: an option is taken only if its own needs and its sub-chains'
     smallest needs ``R`` fit; among those ``estimate(s, e, bytes, K[s, e])`` picks (plus the
     recompute of a selective option of ``Store(s)``); ``estimate=None`` is ``K`` itself
-    (checkpoints then ranked all at once). Feasibility of the checkpoints is checked at once."""
+    (checkpoints then ranked all at once). Feasibility of the checkpoints is checked at once.
+    ``long=(L, LT)`` (with ``estimate=None``): the banded tables' long top-level checkpoints too
+    (``PeakTable(u, pc, L, LT)``)."""
     P, Q, xo = pc.fwd_prefix_ms, pc.ckpt_end_ms, u.x_out
     n_opt = u.n_options
+    U = u.size
 
     def choose(s: int, e: int, mb: int) -> Step:
         best: tuple[float, int | None] | None = None
@@ -237,6 +257,16 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                 k = int(np.argmin(ests))  # the first least, as the loop's strict <
                 if best is None or ests[k] < best[0]:
                     best = (ests[k], int(js[k]))
+            if long is not None and e == U:  # long checkpoints, every unit inside stored
+                jl = np.arange(s + long[0] + 1, min(e, s + long[1] + 1))
+                need = np.maximum(np.maximum(pc.fnone[s, jl], xo[jl - 1] + R[jl, e]),
+                                  pc.inner_extra[jl, e] + pc.store_all[s, jl])
+                jl = jl[need <= mb]
+                if len(jl):
+                    ests = (Q[jl] - P[s]) + K[jl, e]
+                    k = int(np.argmin(ests))
+                    if best is None or ests[k] < best[0]:
+                        best = (ests[k], U + int(jl[k]))
         else:
             for j in js.tolist():
                 est = ((Q[j] - P[s]) + estimate(s, j, mb - int(pc.inner_extra[j, e]), K[s, j])
@@ -248,6 +278,8 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
         pick = best[1]
         if pick is None:
             return None, mb - int(u.opt_hold[s, bo]), None, bo
+        if pick > U:  # long: no inner plan to read
+            return pick - U, mb - int(xo[pick - U - 1]), None, 0
         return pick, mb - int(xo[pick - 1]), mb - int(pc.inner_extra[pick, e]), 0
 
     return choose
@@ -509,6 +541,12 @@ class FlatTable:
         return reconstruct(self.u.bounds, self.u.size, avail, self._exact_choose)
 
 
+def band(U: int, max_len: int | None, top_len: int | None) -> tuple[int, int]:
+    """The most units a nested and a top-level checkpoint may span (``U``: unrestricted)."""
+    L = U if max_len is None else max(1, min(int(max_len), U))
+    return L, (L if top_len is None else max(1, min(int(top_len), U)))
+
+
 def _skew(A: np.ndarray, n: int, ns: int) -> np.ndarray:
     """View V[k-1, s] = A[n-k, s+k] for k = 1..n-1, s < ns (A is (W, W), C-contiguous):
     the table entry of the sub-chain [s+k, s+n) when A is stored by (length, start)."""
@@ -529,15 +567,24 @@ def _diag(v: np.ndarray, off: int, n: int, ns: int) -> np.ndarray:
 class PeakTable:
     """``R[s, e]``: the least bytes above the start for which [s, e) has a plan (exact ints),
     with ``K[s, e]`` the least recompute among the options reaching it (a tie-break only).
-    ``Store(s)`` takes the best of the unit's selective options (``Units.opt_*``)."""
+    ``Store(s)`` takes the best of the unit's selective options (``Units.opt_*``).
 
-    def __init__(self, u: Units, pc: PairCosts):
+    ``max_len``, ``top_len`` (the banded DP, ``ParetoTable``): plans whose checkpoints span at
+    most ``max_len`` units, except top-level ones of up to ``top_len`` (default ``max_len``)
+    units that store every unit inside (``PairCosts.store_all``). Only the entries such plans
+    of ``[0, U)`` reach are filled (tails ``[s, U)`` and sub-chains of at most ``max_len``
+    units), the others stay infeasible."""
+
+    def __init__(self, u: Units, pc: PairCosts, max_len: int | None = None,
+                 top_len: int | None = None):
         # Sub-chains are solved by increasing length n = e - s, all starts at once: every
         # option of a length-n sub-chain only needs shorter ones. Tables are stored by
         # (length, start), so "the rest [s+k, s+n)" is a skewed strided view (_skew).
         U = u.size
         W = U + 1
-        self.u, self.pc = u, pc
+        L, LT = band(U, max_len, top_len)
+        self.u, self.pc, self.max_len, self.top_len = u, pc, L, LT
+        sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
         kernel = jitted("_peak_kernel", U)
         if kernel is not None:
             i64 = np.int64
@@ -547,7 +594,7 @@ class PeakTable:
                 np.ascontiguousarray(pc.fnone, dtype=i64), np.ascontiguousarray(u.x_out, dtype=i64),
                 np.ascontiguousarray(pc.inner_extra.T, dtype=i64),
                 np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64),
-                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
+                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64), L, LT, sa)
             return
         ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
         en = ln + st
@@ -581,14 +628,28 @@ class PeakTable:
                 ko = KD[n - 1, 1:ns + 1] + u.opt_ms[:ns, o]
                 better = opt_ok[o][:ns] & ((ro < sr) | ((ro == sr) & (ko < sk)))
                 sr, sk = np.where(better, ro, sr), np.where(better, ko, sk)
-            v = np.maximum(FN[1:n, :ns], _diag(xo, 0, n, ns) + _skew(D, n, ns))
-            np.maximum(v, _skew(DL, n, ns) + D[1:n, :ns], out=v)
+            nj = min(n - 1, L)  # checkpoints [s, s + k) for k <= nj
+            v = np.maximum(FN[1:nj + 1, :ns], _diag(xo, 0, n, ns)[:nj] + _skew(D, n, ns)[:nj])
+            np.maximum(v, _skew(DL, n, ns)[:nj] + D[1:nj + 1, :ns], out=v)
             vmin = v.min(axis=0)
-            kc = (_diag(Q, 1, n, ns) - P[:ns]) + _skew(KD, n, ns) + KD[1:n, :ns]
+            kc = (_diag(Q, 1, n, ns)[:nj] - P[:ns]) + _skew(KD, n, ns)[:nj] + KD[1:nj + 1, :ns]
             kmin = np.where(v == vmin, kc, INF).min(axis=0)
+            s0 = U - n  # the tail [s0, U): long top-level checkpoints, every unit inside stored
+            js = np.arange(s0 + L + 1, min(U, s0 + LT + 1))
+            if len(js):
+                vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
+                                pc.inner_extra[js, U] + sa[s0, js])
+                kl = (Q[js] - P[s0]) + KD[U - js, js]
+                lo = vl.min()
+                if lo < vmin[-1]:
+                    vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
+                elif lo == vmin[-1]:
+                    kmin[-1] = min(kmin[-1], kl[vl == lo].min())
             store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
             KD[n, :ns] = np.where(store, sk, kmin)
             D[n, :ns] = np.where(store, sr, vmin)
+            if n > L:  # only the tail [U - n, U) is reached
+                KD[n, :ns - 1], D[n, :ns - 1] = INF, BIG
         R = np.full((U, W), BIG, dtype=np.int64)
         K = np.full((U, W), INF)
         R[sc[ok], ec[ok]] = D[ok]
@@ -645,20 +706,29 @@ _EMPTY: Frontier = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=
 class ParetoTable:
     """Exact frontiers ``F[(s, e)] = (mem, cost, choice)`` of the sub-chains a plan of the whole
     chain with at most ``top_bytes`` available can reach; ``choice`` is ``-1 - o`` for
-    ``Store(s)`` with option column ``o`` (``-1``: store, ``Units.opt_*``) or ``j`` for the
-    checkpoint ``[s, j)``. ``R`` is the min-peak table (``PeakTable.R``).
+    ``Store(s)`` with option column ``o`` (``-1``: store, ``Units.opt_*``), ``j`` for the
+    checkpoint ``[s, j)``, or ``U + j`` for a long top-level checkpoint ``[s, j)`` that stores
+    every unit inside (``top_len``). ``R`` is the min-peak table (``PeakTable.R``).
 
     ``top_bytes`` bounds the work: ``cap[s, e]`` (:func:`reach_caps`), the most bytes [s, e)
     can be given, cuts every frontier above it, and sub-chains no plan reaches (their least
     need is above their cap) are skipped. Near the smallest peak most sub-chains are then
     unreachable or have a few breakpoints. One table answers every budget up to ``top_bytes``.
 
-    ``ok`` is False when some frontier exceeded ``max_points`` (the table is then unusable)."""
+    ``ok`` is False when some frontier exceeded ``max_points`` (the table is then unusable).
+
+    ``max_len``, ``top_len``: only plans whose checkpoints span at most ``max_len`` units, at
+    most ``top_len`` (default ``max_len``) in the top-level sequence (the banded DP: optimal
+    among those plans; ``R`` should then be ``PeakTable(u, pc, max_len, top_len).R``)."""
 
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
-                 max_points: int | None = None, max_cost: float | None = None):
+                 max_points: int | None = None, max_cost: float | None = None,
+                 max_len: int | None = None, top_len: int | None = None):
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         U = u.size
+        L, LT = band(U, max_len, top_len)
+        self.max_len, self.top_len = L, LT
+        sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
         P = pc.fwd_prefix_ms
         xo = u.x_out
         # A plan's parts cost no more than the plan: with an upper bound on the optimum (a
@@ -669,7 +739,7 @@ class ParetoTable:
         self._F: dict[tuple[int, int], Frontier] | None = None
         kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
         if kernel is None or caps is None:
-            self._build_numpy(R, ub, max_points)
+            self._build_numpy(R, ub, max_points, L, LT, sa)
             return
         i64 = np.int64
         args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
@@ -678,22 +748,24 @@ class ParetoTable:
                 np.ascontiguousarray(P, dtype=np.float64),
                 np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
         Ri = np.ascontiguousarray(R, dtype=i64)
-        cap, kcap = caps(U, Ri, self.top, ub, *args)
+        cap, kcap = caps(U, Ri, self.top, ub, *args, L, LT, sa)
         off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
-                                                  -1 if max_points is None else int(max_points))
+                                                  -1 if max_points is None else int(max_points),
+                                                  L, LT, sa)
         self._flat = (off, ln, mem, cost, ch)
-        self.ok, self.n_points = bool(ok), int(most)
+        self.ok, self.n_points, self.total_points = bool(ok), int(most), len(mem)
 
-    def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None) -> None:
+    def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None, L: int,
+                     LT: int, sa: np.ndarray) -> None:
         """The frontiers with numpy (without numba): every option's breakpoints at once."""
         u, pc = self.u, self.pc
         U = u.size
         P = pc.fwd_prefix_ms
         xo = u.x_out
-        cap, kcap = reach(u, pc, R, self.top, ub)
+        cap, kcap = reach(u, pc, R, self.top, ub, L, LT)
         ohold, oms = u.opt_hold, u.opt_ms
         self.ok = True
-        self.n_points = 0
+        self.n_points = self.total_points = 0
         F: dict[tuple[int, int], Frontier] = {}
         shifted: dict[tuple[int, int], Frontier] = {}  # F[j, e] as the rest of [., j): + x[j-1]
         i64 = np.int64
@@ -716,7 +788,7 @@ class ParetoTable:
                         costs.append(rc + ms if o else rc)
                         chs.append(np.full(len(rm), STORE - o, dtype=i64))
                 if e - s >= 2:
-                    js = np.arange(s + 1, e)
+                    js = np.arange(s + 1, min(e, s + L + 1))
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                                       pc.inner_extra[js, e] + R[s, js])
                     js = js[(need <= c_se) & (pc.ckpt_end_ms[js] - P[s] <= k_se)]
@@ -725,11 +797,22 @@ class ParetoTable:
                         mems.append(seg[0])
                         costs.append(seg[1])
                         chs.append(seg[2])
+                if e == U and LT > L:  # long top-level checkpoints, every unit inside stored
+                    js = np.arange(s + L + 1, min(e, s + LT + 1))  # (choice U + j)
+                    fixed = np.maximum(pc.fnone[s, js], pc.inner_extra[js, e] + sa[s, js])
+                    dps = pc.ckpt_end_ms[js] - P[s]
+                    ok = (np.maximum(fixed, xo[js - 1] + R[js, e]) <= c_se) & (dps <= k_se)
+                    for j, fx, d in zip(js[ok].tolist(), fixed[ok].tolist(), dps[ok].tolist()):
+                        rm, rc, _ = shifted[(j, e)]
+                        mems.append(np.maximum(rm, fx))
+                        costs.append(rc + d)
+                        chs.append(np.full(len(rm), U + j, dtype=i64))
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
                               c_se, k_se) if mems else _EMPTY
                 F[(s, e)] = f
                 k = len(f[0])
                 self.n_points = max(self.n_points, k)
+                self.total_points += k
                 if max_points is not None and k > max_points:
                     self.ok = False
                     self._F = F
@@ -781,6 +864,9 @@ class ParetoTable:
         if j <= STORE:
             o = STORE - j
             return None, mb - int(self.u.opt_hold[s, o]), None, o
+        U = self.u.size
+        if j > U:  # a long top-level checkpoint [s, j - U): every unit inside stored
+            return j - U, mb - int(self.u.x_out[j - U - 1]), None, 0
         return j, mb - int(self.u.x_out[j - 1]), mb - int(self.pc.inner_extra[j, e]), 0
 
     def ranges(self, avail: int) -> list[tuple[int, int]]:
@@ -858,7 +944,8 @@ def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 
 
 def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
-          ub: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+          ub: float = np.inf, max_len: int | None = None,
+          top_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes (and at most
     ``ub`` ms of recompute) can give the sub-chain [s, e) (below ``R[s, e]`` when none can), and
     ``kcap[s, e]``: the most recompute such a plan can spend inside [s, e) (negative when none
@@ -866,8 +953,11 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
     keeps, and its recompute cap minus what the option recomputes outside the sub-chain (a
     checkpoint's forward, an option's own recompute; the sibling's is at least 0), to that
     option's sub-chains, for each option (``Store(s)`` with each selective option included)
-    whose least need fits its cap and whose own recompute its recompute cap."""
+    whose least need fits its cap and whose own recompute its recompute cap. Checkpoints span
+    at most ``max_len`` units, at most ``top_len`` in the top-level sequence."""
     U = u.size
+    L, LT = band(U, max_len, top_len)
+    sa = pc.store_all if LT > L else None  # long top-level checkpoints store every unit inside
     xo = u.x_out
     n_opt = u.n_options
     P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
@@ -885,7 +975,15 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
                 if (o == 0 or ms <= k) and max(pc.opt_store_req[o, s, e], h + R[s + 1, e]) <= c:
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
                     kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
-            js = np.arange(s + 1, e)
+            if e == U and sa is not None:  # long top-level checkpoints: no inner sub-chain
+                jl = np.arange(s + L + 1, min(e, s + LT + 1))
+                okl = (np.maximum(np.maximum(pc.fnone[s, jl], xo[jl - 1] + R[jl, e]),
+                                  pc.inner_extra[jl, e] + sa[s, jl]) <= c)
+                okl &= Q[jl] - P[s] <= k
+                jl = jl[okl]
+                cap[jl, e] = np.maximum(cap[jl, e], c - xo[jl - 1])
+                kcap[jl, e] = np.maximum(kcap[jl, e], k - (Q[jl] - P[s]))
+            js = np.arange(s + 1, min(e, s + L + 1))
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)
             ok &= Q[js] - P[s] <= k
@@ -989,7 +1087,8 @@ def _first_mem(mem: np.ndarray, b: int, lo: int, n: int, add: int, lim: int) -> 
 
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
-                   inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int) -> tuple:
+                   inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
+                   L: int, LT: int, sa: np.ndarray) -> tuple:
     """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
     ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
     offset -1 where skipped."""
@@ -1033,7 +1132,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
-            for j in range(s + 1, e):
+            for j in range(s + 1, min(e, s + L + 1)):
                 fn = fnone[s, j]
                 xa, xb = xo[j - 1], inner[j, e]
                 need = max(fn, xa + R[j, e], xb + R[s, j])
@@ -1128,6 +1227,79 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            # Long top-level checkpoints [s, j) storing every unit inside: the rest's points
+            # shifted by x[j-1], at least the inner plan's fixed need (choice U + j).
+            for j in range(s + L + 1, min(e, s + LT + 1) if e == U else 0):
+                if P[j - 1] - P[s] > k_se:
+                    break  # dp >= P[j-1] - P[s] grows with j: no later j fits the recompute cap
+                dp = Q[j] - P[s]
+                xa = xo[j - 1]
+                fixed = max(fnone[s, j], inner[j, e] + sa[s, j])
+                if max(fixed, xa + R[j, e]) > c_se or not dp <= k_se or off[j, e] < 0:
+                    continue
+                ba, la = off[j, e], ln[j, e]
+                while la > 0 and mem[ba + la - 1] + xa > c_se:
+                    la -= 1
+                if la == 0:
+                    continue
+                pa = _first_at_most(cost, ba, la, 0.0, dp, k_se)  # the first under the cap
+                if pa == la:
+                    continue
+                cmin = cost[ba + la - 1] + dp
+                q = -1
+                if ne > 0:  # its cheapest point no cheaper than the envelope at its first point
+                    q = np.searchsorted(em[:ne], max(mem[ba + pa] + xa, fixed), side="right") - 1
+                    if q >= 0 and cmin >= ec[q]:
+                        continue
+                    # nor any point where the envelope is already as cheap as its cheapest
+                    qs = _first_at_most(ec, 0, ne, 0.0, 0.0, cmin)
+                    if qs < ne:
+                        if fixed >= em[qs]:
+                            continue
+                        la = _first_mem(mem, ba, pa, la, xa, em[qs])
+                if la > len(cm):
+                    cm, cc, cch = _grow(cm, la), _grow(cc, la), _grow(cch, la)
+                nc = 0
+                i = pa
+                rej = GALLOP_AFTER
+                while i < la:
+                    if rej >= GALLOP_AFTER and q >= 0:
+                        # gallop over envelope segments it cannot beat (as the checkpoints above)
+                        rej = 0
+                        g = GALLOP_BLOCK
+                        while g >= 2:
+                            if q + g >= ne:
+                                g = ne - 1 - q if ne - 1 - q < g else g // 2
+                                if g < 2:
+                                    break
+                                continue
+                            tend = em[q + g]
+                            ni = i if fixed >= tend else _first_mem(mem, ba, i, la, xa, tend)
+                            if ni == i or cost[ba + ni - 1] + dp >= ec[q]:
+                                i = ni
+                                q += g
+                                g *= 2
+                            else:
+                                g //= 2
+                        if i >= la:
+                            break
+                    m = max(mem[ba + i] + xa, fixed)
+                    c = cost[ba + i] + dp
+                    i += 1
+                    while q + 1 < ne and em[q + 1] <= m:
+                        q += 1
+                    if q >= 0 and c >= ec[q]:
+                        rej += 1
+                        continue  # the merge would drop it
+                    rej = 0
+                    cm[nc], cc[nc], cch[nc] = m, c, U + j
+                    nc += 1
+                if nc == 0:
+                    continue
+                if ne + nc > len(tm):
+                    tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
+                n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
+                em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
             if used + ne > len(mem):
                 mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
             mem[used:used + ne] = em[:ne]
@@ -1143,8 +1315,9 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
 
 def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
                  oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray, inner: np.ndarray,
-                 P: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`reach`, compiled."""
+                 P: np.ndarray, Q: np.ndarray, L: int, LT: int,
+                 sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`reach`, compiled (``L``, ``LT``, ``sa``: the band, ``ParetoTable``)."""
     n_opt = osr.shape[0]
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
     kcap = np.full((U + 1, U + 1), -np.inf)
@@ -1160,21 +1333,29 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
                 if (o == 0 or ms <= k) and max(osr[o, s, e], h + R[s + 1, e]) <= c:
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
                     kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
-            for j in range(s + 1, e):
+            for j in range(s + 1, min(e, s + L + 1)):
                 dp = Q[j] - P[s]
                 if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + R[s, j]) <= c and dp <= k:
                     cap[j, e] = max(cap[j, e], c - xo[j - 1])
                     cap[s, j] = max(cap[s, j], c - inner[j, e])
                     kcap[j, e] = max(kcap[j, e], k - dp)
                     kcap[s, j] = max(kcap[s, j], k - dp)
+            if e == U:  # long top-level checkpoints: no inner sub-chain to reach
+                for j in range(s + L + 1, min(e, s + LT + 1)):
+                    dp = Q[j] - P[s]
+                    if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + sa[s, j]) <= c and dp <= k:
+                        cap[j, e] = max(cap[j, e], c - xo[j - 1])
+                        kcap[j, e] = max(kcap[j, e], k - dp)
     return cap, kcap
 
 
 def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray,
                  xo: np.ndarray, innerT: np.ndarray, P: np.ndarray,
-                 Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 Q: np.ndarray, L: int, LT: int, sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``PeakTable``'s R and K, compiled: the same options, comparisons and sums in the same
-    order (identical tables). ``innerT[e, j]`` is ``inner_extra[j, e]``; ``RT``/``KT`` are
+    order (identical tables); with ``L < U``, the banded plans (``PeakTable``): only the entries
+    they reach are filled (tails ``[s, U)`` and sub-chains of at most ``L`` units); ``sa`` is
+    ``PairCosts.store_all`` (read only where ``LT > L``). ``innerT[e, j]`` is ``inner_extra[j, e]``; ``RT``/``KT`` are
     transposed copies so that the inner loop over ``j`` reads contiguous rows."""
     n_opt = osr.shape[0]
     W = U + 1
@@ -1185,6 +1366,8 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     vbuf = np.empty(U + 1, dtype=np.int64)
     for e in range(1, U + 1):
         for s in range(e - 1, -1, -1):
+            if e < U and e - s > L:
+                break  # no plan of [0, U) reaches [s, e): R stays BIG
             if s + 1 == e:
                 r, k = osr[0, s, e], 0.0
                 for o in range(1, n_opt):
@@ -1202,15 +1385,24 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
                 # recompute among the splits reaching it
                 fn, rt, it, rs = fnone[s, s + 1:e], RT[e, s + 1:e], innerT[e, s + 1:e], R[s, s + 1:e]
                 xs, pj, kt, ks = xo[s:e - 1], Q[s + 1:e], KT[e, s + 1:e], K[s, s + 1:e]
-                vs = vbuf[:e - s - 1]
+                nj = min(e - s - 1, L)  # checkpoints [s, s + 1 + i) for i < nj
+                vs = vbuf[:nj]
                 vmin, kmin = TOP, np.inf  # every v is below TOP
-                for i in range(e - s - 1):
+                for i in range(nj):
                     vs[i] = max(fn[i], xs[i] + rt[i], it[i] + rs[i])
                     vmin = min(vmin, vs[i])
                 ps = P[s]
-                for i in range(e - s - 1):
+                for i in range(nj):
                     if vs[i] == vmin:
                         kmin = min(kmin, ((pj[i] - ps) + kt[i]) + ks[i])
+                if e == U:  # long top-level checkpoints, every unit inside stored
+                    for j in range(s + L + 1, min(e, s + LT + 1)):
+                        v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + sa[s, j])
+                        kj = (Q[j] - ps) + KT[e, j]
+                        if v < vmin:
+                            vmin, kmin = v, kj
+                        elif v == vmin:
+                            kmin = min(kmin, kj)
                 if sr < vmin or (sr == vmin and sk <= kmin):
                     r, k = sr, sk
                 else:

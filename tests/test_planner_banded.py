@@ -1,0 +1,176 @@
+"""The banded DP (issue 9, items 3-4): optimal among its plans, never over budget.
+
+Oracles: brute force over every plan of rotor's grammar with every option of every layer,
+filtered to the band (every checkpoint spans at most L layers, except top-level checkpoints
+that store every layer inside, which may be longer); the exact DP (``mode="exact"``, itself
+checked against brute force) on chains long enough to take the banded path in ``plan_dp``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_planner_options import Best, _assign, budgets, plans
+
+from ckplan.planner import min_peak, plan_chain, plan_dp, plan_none, simulate
+from ckplan.planner import tables as T
+from ckplan.planner.chain import STORE, Chain
+from ckplan.planner.dp import BAND_MIN_LAYERS, banded_plan, base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.simulate import peak_of
+from ckplan.planner.synthetic import random_chain, uniform_chain, with_tails
+
+
+def _nested_within(items: tuple, most: int) -> bool:
+    return all(not isinstance(it, Checkpoint)
+               or (it.stop - it.start <= most and _nested_within(it.inner, most)) for it in items)
+
+
+def in_band(items: tuple, most: int, long_top: bool) -> bool:
+    """A plan of the band: checkpoints span at most ``most`` layers, except (``long_top``)
+    top-level ones whose layers are all stored with ``store``."""
+    for it in items:
+        if not isinstance(it, Checkpoint):
+            continue
+        if it.stop - it.start > most:
+            if not (long_top and all(isinstance(x, Store) and x.option == STORE for x in it.inner)):
+                return False
+        elif not _nested_within(it.inner, most):
+            return False
+    return True
+
+
+def brute_band(chain: Chain, most: int, long_top: bool) -> list[tuple[int, float]]:
+    choices = [(STORE, *(o.name for o in ly.options)) for ly in chain.layers]
+    out = []
+    for items in plans(chain.n_layers):
+        for names in itertools.product(*choices):
+            full = _assign(items, names)
+            if in_band(full, most, long_top):
+                out.append(peak_of(chain, full))
+    return out
+
+
+def check_band_against_brute(chain: Chain, most: int, long_top: bool) -> None:
+    n = chain.n_layers
+    scores = brute_band(chain, most, long_top)
+    best = Best(scores)
+    t = layer_tables(chain)
+    u, pc = t.units, t.pairs
+    top = n if long_top else most
+    peaks = T.PeakTable(u, pc, most, top)
+    lowest = min(p for p, _ in scores)
+    assert max(fixed_peak(chain), base_bytes(chain) + int(peaks.R[0, u.size])) == lowest
+    hi = max(p for p, _ in scores)
+    for b in budgets(scores):
+        want = best(b)
+        if b < fixed_peak(chain) or b - base_bytes(chain) < peaks.R[0, u.size]:
+            assert want == math.inf
+            continue
+        avail = b - base_bytes(chain)
+        pt = T.ParetoTable(u, pc, peaks.R, max(avail, hi - base_bytes(chain)), None, None,
+                           max_len=most, top_len=top)
+        assert pt.cost(avail) == pytest.approx(want, rel=1e-9, abs=1e-9), b
+        plan = plan_from(chain, u, *pt.parts(avail), {})
+        assert in_band(plan.items, most, long_top), plan.describe()
+        sc = simulate(chain, plan)
+        assert sc.peak_bytes <= b
+        assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, plan.describe())
+
+
+band_chains = st.builds(lambda n, seed, k: with_tails(random_chain(n, seed, max_size=997, options=k), seed),
+                        st.integers(3, 6), st.integers(0, 2**32), st.integers(0, 2))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(band_chains, st.integers(1, 3), st.booleans())
+def test_banded_tables_equal_brute_force_over_the_band(chain, most, long_top):
+    if chain.has_options and chain.n_layers > 4:  # 3^6 option sets of every plan: too many
+        chain = random_chain(4, chain.n_layers, max_size=997, options=2)
+    check_band_against_brute(chain, most, long_top)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_banded_tables_on_seven_layers(seed):
+    """Seven layers, thousands of plans: bands of 2 and 3, with and without long top-level
+    checkpoints (xbar close to x makes long checkpoints pay, as in MLP-like chains)."""
+    ch = random_chain(7, seed, max_size=997)
+    for most, long_top in ((2, True), (3, False), (3, True)):
+        check_band_against_brute(ch, most, long_top)
+
+
+@pytest.mark.parametrize("n,seed,size,opts", [(6, 2, 7, 0), (13, 3, 1_000_003, 2), (24, 4, 7, 2),
+                                              (40, 5, 1_000_003, 0)])
+@pytest.mark.parametrize("most,long_top", [(2, True), (4, False), (4, True)])
+def test_banded_tables_compiled_equal_numpy(monkeypatch, n, seed, size, opts, most, long_top):
+    pytest.importorskip("numba")
+    ch = with_tails(random_chain(n, seed, max_size=size, options=opts), seed)
+    t = layer_tables(ch)
+    u, pc = t.units, t.pairs
+    top = n if long_top else most
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+
+    def build(flag: bool):
+        monkeypatch.setattr(T, "USE_NUMBA", flag)
+        pk = T.PeakTable(u, pc, most, top)
+        lo, hi = base_bytes(ch) + int(pk.R[0, u.size]), simulate(ch, plan_none(n)).peak_bytes
+        avail = (lo + hi) // 3 * 2 - base_bytes(ch) if hi > lo else int(pk.R[0, u.size])
+        return pk, T.ParetoTable(u, pc, pk.R, avail, None, None, max_len=most, top_len=top), avail
+    (pa, ta, avail), (pb, tb, _) = build(False), build(True)
+    assert (pa.R == pb.R).all() and (pa.K == pb.K).all()
+    assert ta.F.keys() == tb.F.keys()
+    for k, f in ta.F.items():
+        for got, want in zip(tb.F[k], f):
+            assert (got == want).all(), k
+    assert ta.parts(avail) == tb.parts(avail)
+
+
+def _mlp_like(n: int) -> Chain:
+    """Layers that keep little besides their output: one long checkpoint storing its layers is
+    what the optimum takes well above the smallest peak (the band alone missed it by 5-6%)."""
+    return uniform_chain(n, x_bytes=1_000_003, xbar_bytes=1_000_010, persistent_bytes=10**8)
+
+
+@pytest.mark.parametrize("chain", [_mlp_like(BAND_MIN_LAYERS + 6),
+                                   uniform_chain(BAND_MIN_LAYERS + 6, x_bytes=1_000_003,
+                                                 xbar_bytes=4_000_019, persistent_bytes=10**8),
+                                   random_chain(BAND_MIN_LAYERS + 6, 3, max_size=1_000_003, options=2)],
+                         ids=["mlp-like", "xbar-4x", "random-options"])
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.1, 0.3, 0.5, 0.8])
+def test_plan_dp_banded_path_matches_the_exact_dp(chain, frac):
+    n = chain.n_layers
+    lo, hi = min_peak(chain), simulate(chain, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    got = plan_dp(chain, b)
+    ref = plan_dp(chain, b, mode="exact")
+    assert ref.exact
+    sg, sr = simulate(chain, got.plan), simulate(chain, ref.plan)
+    assert sg.peak_bytes <= b
+    assert sg.recompute_ms == pytest.approx(sr.recompute_ms, rel=1e-9, abs=1e-9), got.notes
+    assert plan_chain(chain, "dp", b).score.recompute_ms == pytest.approx(sr.recompute_ms, rel=1e-9)
+
+
+def test_banded_plan_widens_to_the_whole_chain_when_it_must():
+    """A chain of layers keeping only their output reaches its smallest peak only with long
+    nested checkpoints: the band widens until a plan fits, and at the whole chain says exact."""
+    ch = _mlp_like(40)
+    lo = min_peak(ch)
+    got = banded_plan(ch, lo, start=4)
+    assert got is not None and simulate(ch, got.plan).peak_bytes <= lo
+    assert got.band > 4
+    if got.band >= ch.n_layers:
+        assert got.exact
+
+
+def test_banded_plan_bound_prunes_without_changing_the_answer():
+    ch = random_chain(BAND_MIN_LAYERS + 6, 5, max_size=1_000_003)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = (lo + hi) // 2
+    plain = banded_plan(ch, b)
+    bounded = banded_plan(ch, b, bound=plan_none(ch.n_layers))  # over budget: ignored
+    assert plain is not None and bounded is not None
+    assert simulate(ch, plain.plan).recompute_ms == simulate(ch, bounded.plan).recompute_ms
+    assert banded_plan(ch, fixed_peak(ch) - 1) is None
