@@ -643,7 +643,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          budget: str | int | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
-         parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False):
+         parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
+         dp_mode: str = "auto"):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -651,7 +652,9 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     ``world_size`` > 1 plans for one rank of ``parallel`` (``fsdp``: FSDP2 with every chain layer
     one unit; ``ddp``) with :func:`ckplan.planner.parallel.per_rank_chain_from_profile`: the budget
     and every peak are per rank. ``options``: profiling the spec also measures selective options
-    (:func:`profile_model`); a saved profile has the ones it was made with.
+    (:func:`profile_model`); a saved profile has the ones it was made with. ``dp_mode``:
+    ``"auto"`` (exact DP up to 64 layers, banded DP to 400, grouped tables above) or ``"exact"``
+    (the proven optimum at any length; slow on long chains).
     """
     from .plan_report import PlanReport
     from .planner import compare, infeasible_budget, no_gain_reason, plan_chain
@@ -667,7 +670,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     if strategy == "all":
         # compare() never raises for an infeasible budget: every row says fits=False, and the
         # caller shows the table before exiting 3 (InfeasibleBudgetError, see report_infeasible).
-        results = compare(chain, list(STRATEGIES), budget_bytes, k)
+        results = compare(chain, list(STRATEGIES), budget_bytes, k, mode=dp_mode)
         chosen = next(r for r in results if r.strategy == "dp")
         infeasible = infeasible_budget(results)
         if infeasible is not None:
@@ -677,7 +680,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
                 infeasible_tip = err.tip
     else:
         try:
-            chosen = plan_chain(chain, strategy, budget_bytes, k)
+            chosen = plan_chain(chain, strategy, budget_bytes, k, mode=dp_mode)
         except InfeasibleBudgetError as err:
             err.budget_source = source  # how the budget was resolved (50%act: from what), for the CLI
             raise

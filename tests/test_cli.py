@@ -131,6 +131,22 @@ def test_seed_article_arithmetic_on_mlp100(configs):
     assert rows["dp"]["predicted_recompute_ms"] <= rows["every-k"]["predicted_recompute_ms"] + 1e-9
 
 
+def test_plan_exact_proves_what_the_banded_dp_found(configs):
+    """100 layers: dp is the banded DP (not proven, a note says so); --exact runs the exact DP,
+    which here costs the same."""
+    args = ("plan", configs / "mlp-100.yaml", "--device", "meta", "--batch-size", "244141",
+            "--budget", "25GB", "--format", "json")
+    docs = []
+    for extra in ((), ("--exact",)):
+        r = run(*args, *extra)
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(r.stdout))
+    banded, exact = docs
+    assert not banded["exact"] and any("near-optimal" in n for n in banded["notes"])
+    assert exact["exact"] and not exact["notes"]
+    assert banded["predicted_recompute_ms"] == pytest.approx(exact["predicted_recompute_ms"], rel=1e-9)
+
+
 def test_plan_json_round_trips_into_bench(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     plan_file = tmp_path / "plan.json"
