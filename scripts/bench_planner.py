@@ -62,13 +62,17 @@ from ckplan.planner.tables import ParetoTable
 WIDE = 1_000_003
 
 
-FAMILIES = {"random": 0, "mlp": 1, "xbar4": 4, "transformer": 16}
+FAMILIES = {"random": 0, "mlp": 1, "xbar4": 4, "transformer": 16, "blocks": -1}
 
 
 def make_chain(n: int, seed: int, scaled: bool, options: int = 0, family: str = "random"):
     """``random``: ``random_chain``. The others keep its times and transients but give every
     layer the same output (``WIDE`` bytes) and a saved size of about 1x (``mlp``: layers that
-    keep little besides their output), 4x (``xbar4``) or 16x (``transformer``) that, +-5%."""
+    keep little besides their output), 4x (``xbar4``) or 16x (``transformer``) that, +-5%.
+    ``blocks``: every p-th layer (p of 2-5, drawn per seed) keeps 2x-40x an output more and takes
+    1x-20x longer (attention among cheap layers), most outputs equal, a few 0.2x-3x."""
+    if family == "blocks":
+        return _blocks_chain(n, seed, options)
     if family == "random":
         if scaled:
             return random_chain(n, seed, scale=WIDE, options=options)
@@ -93,6 +97,22 @@ def before(chain, budget):
     """The previous plan_dp: slot tables over the whole range, smallest-peak plan where they miss."""
     solver = DPSolver(chain, pareto=False)
     return solver.solve(budget) or min_peak_plan(chain, budget)
+
+
+def _blocks_chain(n: int, seed: int, options: int):
+    rng = np.random.default_rng(100 + seed)
+    p = int(rng.integers(2, 6))
+    r, tr = float(rng.choice([2, 4, 16, 40])), float(rng.choice([1, 5, 20]))
+    base = random_chain(n, seed, max_size=WIDE)
+    layers = []
+    for i, ly in enumerate(base.layers):
+        big = i % p == 0
+        x = WIDE if rng.random() < 0.8 else int(WIDE * rng.uniform(0.2, 3))
+        xbar = x + (int(WIDE * r * rng.uniform(0.8, 1.2)) if big else int(WIDE * rng.uniform(0, 0.3)))
+        f = (tr if big else 1.0) * rng.uniform(0.5, 1.5)
+        layers.append(replace(ly, x_bytes=x, xbar_bytes=xbar, fwd_ms=f, bwd_ms=2 * f))
+    ch = replace(base, layers=tuple(layers))
+    return with_options(ch, seed, options=options) if options else ch
 
 
 def warm_up() -> str:
@@ -240,8 +260,8 @@ def main() -> None:
                          "gap of the plan without them)")
     ap.add_argument("--numpy", action="store_true", help="numpy tables even if numba is installed")
     ap.add_argument("--family", choices=sorted(FAMILIES), default="random",
-                    help="chains: random (default), or same-size outputs keeping ~1x (mlp), 4x "
-                         "(xbar4) or 16x (transformer) of them")
+                    help="chains: random (default), same-size outputs keeping ~1x (mlp), 4x "
+                         "(xbar4) or 16x (transformer) of them, or big slow layers every few (blocks)")
     args = ap.parse_args()
     if args.numpy:
         tables.USE_NUMBA = False

@@ -173,3 +173,25 @@ def test_banded_plan_bound_prunes_without_changing_the_answer():
     assert plain is not None and bounded is not None
     assert simulate(ch, plain.plan).recompute_ms == simulate(ch, bounded.plan).recompute_ms
     assert banded_plan(ch, fixed_peak(ch) - 1) is None
+
+
+@pytest.mark.parametrize("most_points,retried", [(1500, True), (3, False)])
+def test_banded_plan_when_frontiers_outgrow_the_limit(monkeypatch, most_points, retried):
+    """A frontier past ``BAND_MAX_POINTS`` stops the band's table; it is built again pruned by
+    the slot table's plan, and when that is still too big the banded DP gives up (None) and
+    ``plan_dp`` plans with its other tables: the answer fits either way, and with the retry it
+    is still the optimum."""
+    from ckplan.planner import dp
+    ch = random_chain(BAND_MIN_LAYERS + 6, 2, max_size=1_000_003, options=2)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = int(lo + 0.9 * (hi - lo))  # the first table: ~3000 points; pruned by the slot plan: ~80
+    want = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
+    monkeypatch.setattr(dp, "BAND_MAX_POINTS", most_points)
+    got = banded_plan(ch, b)
+    res = plan_dp(ch, b)
+    assert simulate(ch, res.plan).peak_bytes <= b
+    assert (got is not None) == retried
+    if got is None:
+        assert not any("near-optimal, not proven" in n for n in res.notes)
+    else:
+        assert simulate(ch, got.plan).recompute_ms == pytest.approx(want, rel=1e-9)
