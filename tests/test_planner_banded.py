@@ -195,3 +195,20 @@ def test_banded_plan_when_frontiers_outgrow_the_limit(monkeypatch, most_points, 
         assert not any("near-optimal, not proven" in n for n in res.notes)
     else:
         assert simulate(ch, got.plan).recompute_ms == pytest.approx(want, rel=1e-9)
+
+
+def test_unkept_boundaries_over_120_layers_plan_with_the_banded_dp():
+    """A chain whose plain forward does not keep some boundaries plans on a bound that keeps
+    them, at several budgets: past 120 layers those plans now come from the banded DP instead of
+    the grouped tables (which ignore options): it fits, and is no dearer."""
+    from dataclasses import replace
+    ch = random_chain(125, 3, max_size=1_000_003, options=2)
+    ch = replace(ch, layers=tuple(replace(ly, x_kept=False) if i % 7 == 3 else ly
+                                  for i, ly in enumerate(ch.layers)))
+    assert not ch.all_kept
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = int(lo + 0.1 * (hi - lo))
+    got = simulate(ch, plan_dp(ch, b).plan)
+    old = simulate(ch, plan_dp(ch, b, mode="grouped").plan)
+    assert got.peak_bytes <= b
+    assert got.recompute_ms < old.recompute_ms

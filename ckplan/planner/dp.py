@@ -711,7 +711,7 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
                                rounding=rounding)
     banded = None
     band_ok = mode == "auto" and max_slots is None and not chain.has_casts
-    if band_ok and BAND_MIN_LAYERS < chain.n_layers <= BAND_MAX_LAYERS:
+    if banded_applies(chain, max_slots=max_slots, mode=mode):
         banded = banded_plan(chain, budget_bytes)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
@@ -806,10 +806,20 @@ def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
     plans = [min_peak_plan(cons, b) for b in budgets] if first == lo_c else []
     if first + extra >= none_c:
         plans.append(plan_none(n))
-    if budgets:
+    if budgets and banded_applies(cons, **dp_options) and n > EXACT_MAX_LAYERS:
+        # the grouped tables would plan these: the banded DP, budget by budget
+        plans += [b.plan for b in (banded_plan(cons, x) for x in budgets) if b is not None]
+    elif budgets:
         solver = DPSolver(cons, top_bytes=budgets[-1], lowest_bytes=budgets[0], **dp_options)
         plans += [p for p in map(solver.solve, budgets) if p is not None]
     return plans
+
+
+def banded_applies(chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
+                **_: object) -> bool:
+    """Whether ``plan_dp`` plans ``chain`` with the banded DP (at every budget)."""
+    return (mode == "auto" and max_slots is None and not chain.has_casts
+            and BAND_MIN_LAYERS < chain.n_layers <= BAND_MAX_LAYERS)
 
 
 def _cheapest_fitting(chain: Chain, plans: list[Plan], budget_bytes: int | None) -> Plan | None:
