@@ -698,7 +698,11 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
             groups: int | None = None, rounding: str = "nearest") -> DPResult:
     """The least-recompute plan whose simulated peak fits ``budget_bytes``.
 
-    Raises :class:`ckplan.errors.InfeasibleBudgetError` when even ``min_peak`` does not fit.
+    ``mode="auto"``: the exact DP in bytes up to ``BAND_MIN_LAYERS`` layers, the banded DP
+    (``banded_plan``) up to ``BAND_MAX_LAYERS``, grouped tables above (the banded DP again just
+    above the smallest peak); ``"exact"``: the exact DP at any length (``DPResult.exact``);
+    ``"grouped"``: the grouped tables. Raises :class:`ckplan.errors.InfeasibleBudgetError` when
+    even ``min_peak`` does not fit.
     """
     notes: list[str] = []
     none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
