@@ -212,3 +212,24 @@ def test_unkept_boundaries_over_120_layers_plan_with_the_banded_dp():
     old = simulate(ch, plan_dp(ch, b, mode="grouped").plan)
     assert got.peak_bytes <= b
     assert got.recompute_ms < old.recompute_ms
+
+
+@pytest.mark.parametrize("frac", [0.3, 0.9])
+def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
+    """Past 150 layers, away from the smallest peak, the banded DP starts from the plan of the
+    same band on sizes rounded up to 1/4000 of the budget: it fits, it is a bound only (the
+    answer equals the banded DP's without it)."""
+    from ckplan.planner.dp import COARSE_MIN_LAYERS, _coarse_plan
+    ch = random_chain(COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    bound = _coarse_plan(ch, b)
+    assert bound is not None and simulate(ch, bound).peak_bytes <= b
+    plain = banded_plan(ch, b)
+    got = plan_dp(ch, b)  # with the coarse bound
+    assert plain is not None
+    assert simulate(ch, got.plan).peak_bytes <= b
+    assert simulate(ch, got.plan).recompute_ms == pytest.approx(simulate(ch, plain.plan).recompute_ms,
+                                                               rel=1e-9)
+    assert simulate(ch, got.plan).recompute_ms <= simulate(ch, bound).recompute_ms
+    assert _coarse_plan(ch, lo) is None or simulate(ch, _coarse_plan(ch, lo)).peak_bytes <= lo
