@@ -542,7 +542,8 @@ class FlatTable:
 
 
 def band(U: int, max_len: int | None, top_len: int | None) -> tuple[int, int]:
-    """The most units a nested and a top-level checkpoint may span (``U``: unrestricted)."""
+    """The band ``(L, LT)``: checkpoints span at most L units, except top-level ones of up to LT
+    units that store every unit inside (``U``, ``U``: unrestricted, the exact DP)."""
     L = U if max_len is None else max(1, min(int(max_len), U))
     return L, (L if top_len is None else max(1, min(int(top_len), U)))
 
@@ -717,9 +718,10 @@ class ParetoTable:
 
     ``ok`` is False when some frontier exceeded ``max_points`` (the table is then unusable).
 
-    ``max_len``, ``top_len``: only plans whose checkpoints span at most ``max_len`` units, at
-    most ``top_len`` (default ``max_len``) in the top-level sequence (the banded DP: optimal
-    among those plans; ``R`` should then be ``PeakTable(u, pc, max_len, top_len).R``)."""
+    ``max_len``, ``top_len``: only plans whose checkpoints span at most ``max_len`` units, except
+    top-level ones of up to ``top_len`` (default ``max_len``) units that store every unit inside
+    (the banded DP: optimal among those plans; ``R`` should then be
+    ``PeakTable(u, pc, max_len, top_len).R``)."""
 
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                  max_points: int | None = None, max_cost: float | None = None,
@@ -954,7 +956,8 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
     checkpoint's forward, an option's own recompute; the sibling's is at least 0), to that
     option's sub-chains, for each option (``Store(s)`` with each selective option included)
     whose least need fits its cap and whose own recompute its recompute cap. Checkpoints span
-    at most ``max_len`` units, at most ``top_len`` in the top-level sequence."""
+    at most ``max_len`` units, except top-level ones of up to ``top_len`` units that store every
+    unit inside (``band``)."""
     U = u.size
     L, LT = band(U, max_len, top_len)
     sa = pc.store_all if LT > L else None  # long top-level checkpoints store every unit inside
