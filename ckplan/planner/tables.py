@@ -25,6 +25,11 @@ Legend (the names follow rotor's paper and stay short because the array code is 
 * ``ParetoTable`` (end of the file): ``C`` in exact bytes, ``F[(s, e)] = (mem, cost, choice)``
   breakpoints per sub-chain; ``cap[s, e]`` the most bytes a sub-chain can be given, ``ub`` the
   recompute of a plan known to fit.
+* The band ``(L, LT)`` (``band``; ``PeakTable``/``ParetoTable``'s ``max_len``/``top_len``,
+  ``dp.banded_plan``): plans whose checkpoints span at most ``L`` units, except top-level ones of
+  up to ``LT`` units that store every unit inside (``store_all[s, j]``, ``PairCosts``; choice
+  ``U + j`` in the frontiers). Only the tails ``[s, U)`` and sub-chains of at most ``L`` units
+  are reached.
 """
 from __future__ import annotations
 
