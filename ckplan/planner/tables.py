@@ -1067,6 +1067,14 @@ def _merge_into(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int,
     return n
 
 
+def _gallop_width(q: int, g: int, ne: int) -> int:
+    """The gallop's next block from envelope point ``q`` of ``ne``: ``g`` points, halved (or cut
+    to what is left) while it runs past the envelope; below 2, the gallop stops."""
+    while g >= 2 and q + g >= ne:
+        g = ne - 1 - q if ne - 1 - q < g else g // 2
+    return g
+
+
 def _first_at_most(cost: np.ndarray, b: int, n: int, add: float, dp: float, lim: float) -> int:
     """The first ``i < n`` with ``(cost[b + i] + add) + dp <= lim`` (``cost`` non-increasing
     from ``b``), ``n`` when none."""
@@ -1188,12 +1196,10 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                         # Skipping them changes nothing (tests compare with the numpy path).
                         rej = 0
                         g = GALLOP_BLOCK
-                        while g >= 2:
-                            if q + g >= ne:
-                                g = ne - 1 - q if ne - 1 - q < g else g // 2
-                                if g < 2:
-                                    break
-                                continue
+                        while True:
+                            g = _gallop_width(q, g, ne)
+                            if g < 2:
+                                break
                             tend = em[q + g]
                             na = _first_mem(mem, ba, pa, la, xa, tend)
                             nb = _first_mem(mem, bb, pb, lb, xb, tend)
@@ -1275,12 +1281,10 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                         # gallop over envelope segments it cannot beat (as the checkpoints above)
                         rej = 0
                         g = GALLOP_BLOCK
-                        while g >= 2:
-                            if q + g >= ne:
-                                g = ne - 1 - q if ne - 1 - q < g else g // 2
-                                if g < 2:
-                                    break
-                                continue
+                        while True:
+                            g = _gallop_width(q, g, ne)
+                            if g < 2:
+                                break
                             tend = em[q + g]
                             ni = i if fixed >= tend else _first_mem(mem, ba, i, la, xa, tend)
                             if ni == i or cost[ba + ni - 1] + dp >= ec[q]:
@@ -1513,7 +1517,8 @@ def jitted(name: str, units: int) -> Any:
             return None
         g = globals()
         # called from the kernels: compiled first
-        for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted"):
+        for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted",
+                       "_gallop_width"):
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
