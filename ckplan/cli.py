@@ -262,7 +262,7 @@ def plan(
         ignored = [name for name, given in (("--budget", budget is not None), ("--world-size", world_size is not None),
                                             ("--parallel", parallel is not None), ("--export", export is not None),
                                             ("-o", output is not None), ("--strategy", strategy != StrategyOrAll.dp),
-                                            ("--k", k != 2)) if given]
+                                            ("--k", k != 2), ("--exact", exact)) if given]
         if ignored:
             raise UsageError(f"--sweep with {', '.join(ignored)}: a sweep plans every strategy over a range of "
                              "budgets for one process and writes its frontier under --out-dir; "
@@ -291,6 +291,11 @@ def plan(
         if strategy == StrategyOrAll.all:
             raise UsageError("--strategy all with several --world-size values",
                              tip="pick one strategy for the per-rank table, or one world size")
+        if exact:
+            raise UsageError(f"--exact with several --world-size values ({world_size}): the per-rank "
+                             "table plans with the default dp",
+                             tip="give one world size to prove its plan optimal, e.g. "
+                                 f"--world-size {sizes[-1]} --exact")
         with _working("planning per rank") as (progress, note):
             prof, rows = api.world_sizes(spec, world_sizes=sizes, parallel=parallel, profile_path=profile_file,
                                          budget=budget, strategy=strategy, k=k, device=device,

@@ -147,6 +147,13 @@ def test_plan_exact_proves_what_the_banded_dp_found(configs):
     assert banded["predicted_recompute_ms"] == pytest.approx(exact["predicted_recompute_ms"], rel=1e-9)
 
 
+def test_plan_exact_is_refused_where_it_would_be_ignored(configs):
+    for extra in (("--sweep",), ("--world-size", "2,4")):
+        r = run("plan", configs / "gpt-tiny-dist.yaml", "--device", "meta", "--exact", *extra)
+        assert r.exit_code == 2, r.output
+        assert "--exact" in r.output
+
+
 def test_plan_json_round_trips_into_bench(tiny_gpt_spec, tmp_path):
     spec = tiny_gpt_spec(tmp_path)
     plan_file = tmp_path / "plan.json"
