@@ -792,9 +792,9 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
 
 
 def _band_note(b: Banded) -> str:
-    return (f"optimal among plans whose checkpoints span at most {b.band} layers, or store every "
-            f"layer inside at the top level (this plan's longest spans {b.longest}): "
-            "near-optimal, not proven optimal")
+    return (f"near-optimal, not proven: the best plan whose checkpoints span at most {b.band} layers "
+            f"(longer ones only at the top level, storing their layers; this plan's longest: "
+            f"{b.longest}); --exact proves the optimum")
 
 
 def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
