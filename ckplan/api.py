@@ -200,7 +200,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     """
     import torch
 
-    from .measure import device_info
+    from .chainfind import tensor_leaves
+    from .measure import cuda_runtime_bytes, device_info
     from .profiler import measure_step
     from .sdpa import default_target
     from .training import optimizer_memory, optimizer_step_ms
@@ -218,6 +219,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     opt_dev = dev.type if dev.type != "meta" else (meta_target or default_target())
     opt_state, opt_tmp, opt_scalars = optimizer_memory(trainable, optimizer, lr, opt_dev)
     info = device_info(dev)
+    runtime = cuda_runtime_bytes(dev, [*params, *(p.grad for p in params), *model.buffers(),
+                                      *tensor_leaves((args, kwargs))]) if dev.type == "cuda" else 0
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
     buffer_bytes = sum(b.untyped_storage().nbytes() for b in dict.fromkeys(model.buffers()))
     inputs = batch_bytes(args, kwargs)
@@ -234,9 +237,9 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         input_bytes=inputs, activation_bytes=sum(r.saved_bytes for r in m.rows),
         predicted_peak_bytes=0,
         measured_peak_bytes=None if dev.type == "meta" else
-        param_bytes + buffer_bytes + inputs + opt_state + m.measured_peak_rel,
+        param_bytes + buffer_bytes + inputs + opt_state + runtime + m.measured_peak_rel,
         optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev),
-        optimizer_scalar_bytes=opt_scalars,
+        optimizer_scalar_bytes=opt_scalars, runtime_bytes=runtime,
     )
     prof = Profile(
         model=name, device=dev.type, device_name=info.name, chain=m.chain_path,
@@ -478,6 +481,11 @@ def profile_problem(data: Any) -> str | None:
     for f in fields(Totals):
         if f.name == "optimizer_ms":  # added later: optional, a number of milliseconds
             problem = _number_problem("totals.optimizer_ms", totals.get(f.name), "float", optional=True)
+            if problem:
+                return problem
+            continue
+        if f.name == "runtime_bytes":  # added later: optional
+            problem = _number_problem(f"totals.{f.name}", totals.get(f.name, 0), "int")
             if problem:
                 return problem
             continue

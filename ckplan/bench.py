@@ -602,10 +602,28 @@ def _compile_first_step(run: _Run, e: _Entry, init: dict):
     return got
 
 
+@contextlib.contextmanager
+def _deterministic_kernels(device: torch.device):
+    """cuDNN's deterministic algorithms for the correctness steps on CUDA: its default convolution
+    backward accumulates with atomics (in TF32), so two identical steps differ; ResNet on an H200
+    differed by 6e-4 of the largest gradient, every-k and none alike. The timed steps keep the
+    defaults."""
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    old = cudnn.deterministic, cudnn.benchmark
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = old
+
+
 def _loss_and_grads(run: _Run, e: _Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
     run.model.load_state_dict(init)
     torch.manual_seed(0)
-    with _applied(run, e):
+    with _applied(run, e), _deterministic_kernels(run.device):
         st = _Stepper(_model_of(run, e), None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
                       run.device)
         st.scaler = None  # gradients compared unscaled
@@ -670,8 +688,12 @@ def _memory_step(run: _Run, e: _Entry) -> None:
     if run.device.type == "cuda":
         device = run.device
         cuda_reset(device)
+        # held for backward: what the forward added, the runtime's own blocks (cuBLAS workspaces
+        # made by the first matmul on the backward's thread) left out, as in the prediction
+        runtime = run.profile.totals.runtime_bytes
         run.step(e, after_backward=lambda: fb.setdefault("peak", cuda_peak(device).peak_allocated_bytes),
-                 after_forward=lambda: fb.setdefault("act", torch.cuda.memory_allocated(device) - resident))
+                 after_forward=lambda: fb.setdefault("act", torch.cuda.memory_allocated(device) - resident
+                                                     - runtime))
         m = cuda_peak(device)
         e.mem = dict(measured=m.peak_allocated_bytes, fwd_bwd=fb["peak"], act=fb["act"],
                      reserved=m.peak_reserved_bytes, retries=m.alloc_retries,

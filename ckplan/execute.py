@@ -84,7 +84,7 @@ from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
 
-try:  # torch's non-reentrant checkpoint internals (stable in torch 2.4 .. 2.13)
+try:  # torch's non-reentrant checkpoint internals (torch 2.4 .. 2.13: two ways to save inputs)
     from torch.utils import checkpoint as _tc
     _CheckpointFrame = _tc._CheckpointFrame
     _checkpoint_hook = _tc._checkpoint_hook
@@ -92,9 +92,34 @@ try:  # torch's non-reentrant checkpoint internals (stable in torch 2.4 .. 2.13)
     _infer_device_type = _tc._infer_device_type
     _get_device_module = _tc._get_device_module
     _get_autocast_kwargs = _tc._get_autocast_kwargs
-    _CAN_SPAN = hasattr(_CheckpointFrame, "save_inputs") and hasattr(_CheckpointFrame, "get_inputs")
+    # torch >= 2.12: frame.save_inputs / get_inputs. Older: the frame's input_saver, the output of
+    # _NoopSaveInputs.apply(dummy, kwargs, *args), whose recompute gets (kwargs, *args).
+    _SAVES_INPUTS = hasattr(_CheckpointFrame, "save_inputs") and hasattr(_CheckpointFrame, "get_inputs")
+    _CAN_SPAN = _SAVES_INPUTS or hasattr(_tc, "_NoopSaveInputs")
 except (ImportError, AttributeError, KeyError):  # pragma: no cover - depends on the torch version
-    _CAN_SPAN = False
+    _SAVES_INPUTS = _CAN_SPAN = False
+
+
+def _new_frame(recompute, early_stop: bool, metadata_fn=None):
+    """A torch checkpoint frame whose recompute is called with the inputs :func:`_save_inputs`
+    saved to it, whichever way this torch saves a frame's inputs."""
+    if _SAVES_INPUTS or recompute is None:
+        return _CheckpointFrame(recompute, early_stop, None, metadata_fn)
+    return _CheckpointFrame(functools.partial(_without_kwargs, recompute), early_stop, None, metadata_fn)
+
+
+def _without_kwargs(recompute, _kwargs, *inputs):
+    return recompute(*inputs)
+
+
+def _save_inputs(frame, inputs) -> None:
+    """Save ``inputs`` to ``frame`` as torch's own checkpoint does (through the saved-tensor hooks
+    active now: a parent checkpoint's, when nested)."""
+    if _SAVES_INPUTS:
+        frame.save_inputs(*inputs)
+    else:
+        dummy = torch.empty((0,), requires_grad=True)
+        frame.input_saver = _tc._NoopSaveInputs.apply(dummy, None, *inputs)
 
 
 def _early_stop() -> bool:
@@ -369,10 +394,10 @@ class PlanExecutor:
             seg.open.pop().frame.forward_completed = True
         starting = path[len(seg.open):]
         for item in starting:
-            frame = _CheckpointFrame(functools.partial(self._recompute, seg.calls, item.inner),
-                                     _early_stop(), None, _metadata_fn)
+            frame = _new_frame(functools.partial(self._recompute, seg.calls, item.inner), _early_stop(),
+                               _metadata_fn)
             with seg.open[-1].hook if seg.open else contextlib.nullcontext():
-                frame.save_inputs(*inputs)
+                _save_inputs(frame, inputs)
             seg.open.append(_Frame(item, frame, _checkpoint_hook(frame)))
         seg.calls[i] = _Call(args, kwargs, links)
         if starting and _in_place(self.layers[i]):
@@ -382,10 +407,9 @@ class PlanExecutor:
             # Stored with a selective option inside a checkpoint: its own frame, as a nested
             # checkpoint of one layer (its input saved to the parent), whose recompute runs the
             # option's SAC recompute from the cache its parent's recompute fills (_replay).
-            own = _CheckpointFrame(functools.partial(self._option_recompute, seg.calls, i),
-                                   _early_stop(), None, _metadata_fn)
+            own = _new_frame(functools.partial(self._option_recompute, seg.calls, i), _early_stop(), _metadata_fn)
             with hook:
-                own.save_inputs(*inputs)
+                _save_inputs(own, inputs)
             hook = _checkpoint_hook(own)
         try:
             with hook:
@@ -456,7 +480,7 @@ class PlanExecutor:
         with torch.autograd.graph.saved_tensors_hooks(_drop, _dropped), fwd_ctx:
             out = calls[j].replay(functools.partial(self._call_module, j), inputs)
         calls[j].sac = rec_ctx
-        _CheckpointFrame(None, False, None, None).save_inputs(*inputs)
+        _save_inputs(_new_frame(None, False), inputs)
         return out
 
     def _option_recompute(self, calls: dict[int, _Call], j: int, *inputs: torch.Tensor):

@@ -142,6 +142,23 @@ def cuda_peak(device: torch.device) -> CudaMemory:
     )
 
 
+def cuda_runtime_bytes(device: torch.device, tensors) -> int:
+    """Bytes the CUDA caching allocator holds beyond the storages of ``tensors`` (a model's
+    parameters, gradients, buffers and batch, between steps): the runtime's own blocks, such as
+    the cuBLAS and cuBLASLt workspaces made by the first matmul on each (thread, stream), which
+    ``torch.cuda.max_memory_allocated`` counts in every step's peak."""
+    import gc
+    gc.collect()
+    torch.cuda.synchronize(device)
+    allocated = int(torch.cuda.memory_allocated(device))
+    storages: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            st = t.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+    return max(0, allocated - sum(storages.values()))
+
+
 class Clock:
     """Wall-clock milliseconds that wait for the device first (CUDA kernels are asynchronous)."""
 

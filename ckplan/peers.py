@@ -41,7 +41,8 @@ PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy")
 
 
 def _sac_context():
-    return create_selective_checkpoint_contexts(policy_fn("sac-compute"))
+    # torch's documented policy as a user writes it: without ckplan's KeepLaterRandom
+    return create_selective_checkpoint_contexts(policy_fn("sac-compute", rng_safe=False))
 
 
 class _SacForward:

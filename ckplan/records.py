@@ -193,6 +193,11 @@ class Totals:
     # Scalar optimizer state (AdamW's step counters, 0-dim, one per parameter), counted in
     # optimizer_bytes: it is not sharded with the parameters (planner.parallel). 0 in older profiles.
     optimizer_scalar_bytes: int = 0
+    # Device memory the runtime holds outside any tensor while training, part of every step's peak:
+    # on CUDA the caching allocator's blocks that no parameter, buffer, gradient or input owns once
+    # a step has run (cuBLAS/cuBLASLt workspaces, one per handle and stream: 64 MiB on an H200 with
+    # torch 2.11). 0 on CPU and meta, and in older profiles.
+    runtime_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -121,6 +121,8 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
         ("activations (saved for backward)", tt.activation_bytes),
         ("predicted peak, no checkpointing", tt.predicted_peak_bytes),
     ]
+    if tt.runtime_bytes:
+        totals.insert(-2, ("CUDA runtime (cuBLAS workspaces, outside tensors)", tt.runtime_bytes))
     if prof.side_inputs:  # after the activations: what checkpoints keep besides them
         totals.insert(-1, ("side inputs (masks, ids; kept by checkpoints)",
                            sum(si.bytes for si in prof.side_inputs)))

@@ -95,6 +95,34 @@ def _save_if_in(ops: frozenset, ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op.overloadpacket in ops else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+_SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+
+
+class KeepLaterRandom:
+    """A SAC policy that never lets the recompute draw other random numbers than the forward.
+
+    The recompute starts from the forward's RNG state, and a kept op is not run again: if it drew
+    random numbers (CUDA's fused attention with dropout: ``_scaled_dot_product_efficient_attention``
+    is kept by ``sac-compute``), every random op after it would draw the wrong ones in the
+    recompute (a dropout mask that differs from the forward's: wrong gradients, seen on BERT-large
+    on an H200). So once a random op (``torch.Tag.nondeterministic_seeded``) is kept, every later
+    random op of the same pass is kept too. One instance per checkpoint call: its forward and its
+    recompute count apart (``ctx.is_recompute``) and see the same ops in the same order."""
+
+    def __init__(self, base):
+        self.base = base
+        self.kept_random = {False: False, True: False}
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        policy = self.base(ctx, op, *args, **kwargs)
+        if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()):
+            if policy in _SAVE:
+                self.kept_random[ctx.is_recompute] = True
+            elif self.kept_random[ctx.is_recompute]:
+                policy = CheckpointPolicy.MUST_SAVE
+        return policy
+
+
 _POLICY_FN = {
     "sac-compute": functools.partial(_save_if_in, COMPUTE_OPS),
     "sac-linear": functools.partial(_save_if_in, LINEAR_OPS),
@@ -102,20 +130,27 @@ _POLICY_FN = {
 }
 
 
-def policy_fn(name: str):
-    """The SAC policy function of option ``name``."""
+def policy_fn(name: str, *, rng_safe: bool = True):
+    """The SAC policy function of option ``name``: a new one per checkpoint call (it counts the
+    random ops it keeps, :class:`KeepLaterRandom`); ``rng_safe=False``: the bare policy."""
     if name in MINCUT:
         raise compiled_only(name)
     try:
-        return _POLICY_FN[name]
+        base = _POLICY_FN[name]
     except KeyError:
         raise SpecError(f"unknown selective option {name!r}",
                         tip=f"use one of: {', '.join(POLICIES)} (or 'store')") from None
+    return KeepLaterRandom(base) if rng_safe else base
+
+
+def _contexts(name: str):
+    return create_selective_checkpoint_contexts(policy_fn(name))
 
 
 def context_fn(name: str):
     """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` applying option ``name``."""
-    return functools.partial(create_selective_checkpoint_contexts, policy_fn(name))
+    policy_fn(name)  # an unknown option fails now
+    return functools.partial(_contexts, name)
 
 
 def run_with_option(fn, name: str, *args, **kwargs):

@@ -139,3 +139,41 @@ def test_plan_with_options_round_trips_through_json():
     assert back == plan and back.describe() == plan.describe()
     assert "S0:sac-compute" in plan.describe()
     assert "options" not in Plan("none", 4, items_from_ranges(4, [])).to_dict()
+
+
+def test_a_kept_random_op_keeps_the_later_ones_random_numbers_right():
+    """A policy that keeps one random op's output (CUDA's fused attention with dropout, under
+    sac-compute) must keep every later random op too, else the recompute draws the later masks
+    from the wrong RNG offset. Here the kept random op is a plain draw, so it runs on CPU."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    from ckplan.sac import KeepLaterRandom
+
+    def keep_first_draw(ctx, op, *args, **kwargs):  # stateless: the first draw is the 32-wide one
+        if op is torch.ops.aten.rand_like.default and args[0].shape[-1] == 32:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    w = torch.randn(32, 48, requires_grad=True)
+
+    def layer(x):
+        h = (x * (torch.rand_like(x) > 0.3)) @ w
+        return (torch.tanh(h) * (torch.rand_like(h) > 0.5)).sum()
+
+    x = torch.randn(16, 32)
+
+    def grad(policy):
+        w.grad = None
+        torch.manual_seed(0)
+        if policy is None:
+            layer(x).backward()
+        else:
+            ctx = functools.partial(lambda p: create_selective_checkpoint_contexts(p()), policy)
+            checkpoint(layer, x, use_reentrant=False, context_fn=ctx).backward()
+        return w.grad.clone()
+
+    ref = grad(None)
+    assert not torch.allclose(grad(lambda: keep_first_draw), ref)  # the bug this guards against
+    assert torch.equal(grad(lambda: KeepLaterRandom(keep_first_draw)), ref)

@@ -1,14 +1,48 @@
-"""GPU tier: predicted peaks against torch.cuda.max_memory_allocated. Skipped without CUDA.
+"""GPU tier: predicted peaks against the CUDA caching allocator (torch.cuda.max_memory_allocated).
+Skipped without CUDA.
 
-Run with: python -m pytest -m gpu
+Run with: python -m pytest -m gpu   (each test prints its rows; add -s to see them)
+
+The profile on CUDA measures every layer with the allocator too, so the predictions here are
+checked against the same counter; the meta-plan test checks a plan made on fake tensors (the CUDA
+kernels' saved tensors, sizes unrounded) against the real allocator.
 """
+import json
+import os
+
 import pytest
 import torch
 
 from ckplan import api
 
+# CKPLAN_GPU_TESTS_ON=cpu runs the same checks on the CPU (to try the tests themselves without a GPU).
+DEVICE = os.environ.get("CKPLAN_GPU_TESTS_ON", "cuda")
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PEAK_TOL = 0.02  # relative; the rows print their errors, the benchmark reports hold the figures
+
+
+def _show(res) -> None:
+    for r in res.rows:
+        print(f"{r.strategy:>24} {r.status:>10} pred {r.predicted_peak_bytes} meas {r.measured_peak_bytes} "
+              f"err {r.peak_error} dgrad {r.max_grad_diff} tol {r.grad_tolerance} ms {r.step_ms} {r.message}")
+
+
+def _check(res, *, peers_ok: bool = True) -> None:
+    _show(res)
+    for r in res.rows:
+        if r.status == "infeasible":
+            continue
+        assert r.status == "ok", (r.strategy, r.status, r.message)
+        if r.kind == "ckplan":
+            assert r.peak_error is not None and r.peak_error < PEAK_TOL, \
+                (r.strategy, r.predicted_peak_bytes, r.measured_peak_bytes)
+
+
+@pytest.fixture
+def tiny(tmp_path, tiny_gpt_spec):
+    return tiny_gpt_spec(tmp_path, n_layer=8, n_embd=256, n_head=4, block_size=256)
 
 
 @pytest.mark.parametrize("config,over", [
@@ -16,16 +50,128 @@ pytestmark = [pytest.mark.gpu,
     ("gpt2-small.yaml", dict(batch_size=4, seq_len=512)),
     ("resnet.yaml", dict(batch_size=32)),
 ])
-def test_predicted_peak_matches_cuda_allocator(configs, tiny_gpt_spec, tmp_path, config, over):
-    path = tiny_gpt_spec(tmp_path, n_layer=8, n_embd=256, n_head=4, block_size=256) \
-        if config == "tiny-gpt" else configs / config
+def test_predicted_peak_matches_cuda_allocator(configs, tiny, config, over):
+    path = tiny if config == "tiny-gpt" else configs / config
     spec = api.load(path, **over)
     res = api.bench(spec, strategies=["none", "every-k", "sqrtn", "dp"], budget="70%", k=1,
-                    steps=2, warmup=1, device="cuda")
+                    steps=2, warmup=1, device=DEVICE)
+    _check(res)
     for r in res.rows:
-        if r.status == "infeasible":
-            continue
-        assert r.status == "ok", r
-        assert r.peak_error < 0.05, (r.strategy, r.predicted_peak_bytes, r.measured_peak_bytes)
-        assert r.max_grad_diff < 1e-4
+        if r.status == "ok":
+            assert r.max_grad_diff <= r.grad_tolerance, r
 
+
+def test_selective_options_and_peers_on_cuda(configs):
+    """SAC options measured on the GPU, the plans that use them, and the eager peers, on
+    gpt2-small at 8 x 512 tokens. (On small layers, 256 wide, SAC's dispatch costs more CPU time
+    per layer than the GPU's whole forward: every option is dominated there, rightly.)"""
+    spec = api.load(configs / "gpt2-small.yaml", batch_size=8, seq_len=512)
+    prof = api.profile(spec, device=DEVICE, repeats=1, options=True)
+    print("notes:", prof.notes)
+    for r in prof.chain_layers[:2]:
+        print(r.name, "saved", r.saved_bytes, "fwd_ms", r.fwd_ms, "options",
+              [(o.name, o.saved_bytes, round(o.recompute_ms, 3)) for o in r.options])
+    res = api.bench(spec, strategies=["none", "dp-layer", "dp", "selective", "sac-policy", "hf"],
+                    steps=2, warmup=1, device=DEVICE, options=True)
+    _check(res)
+    by = {r.strategy: r for r in res.rows}
+    assert by["dp"].measured_peak_bytes < by["none"].measured_peak_bytes
+    assert ":sac-" in by["selective"].plan
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cuda(tiny, precision):
+    spec = api.load(tiny, batch_size=8, seq_len=256, precision=precision)
+    res = api.bench(spec, strategies=["none", "every-k", "dp"], budget="60%", k=2, steps=2, warmup=1,
+                    device=DEVICE)
+    _check(res)
+
+
+def test_hf_gpt2_on_cuda(configs):
+    pytest.importorskip("transformers")
+    spec = api.load(configs / "hf-gpt2.yaml", batch_size=4, seq_len=512)
+    res = api.bench(spec, strategies=["none", "every-k", "dp"], budget="60%", k=2, steps=2, warmup=1,
+                    device=DEVICE)
+    _check(res)
+
+
+def test_meta_plan_runs_on_cuda_as_predicted(tiny, tmp_path):
+    """A plan made on fake tensors for a CUDA target, run on the GPU: its peak as the meta pass
+    said, plus the CUDA runtime's own blocks (cuBLAS workspaces), which fake tensors cannot see."""
+    spec = api.load(tiny, batch_size=8, seq_len=256)
+    runtime = api.profile(spec, device=DEVICE, repeats=1).totals.runtime_bytes
+    rep = api.plan(spec, device="meta", budget="60%", strategy="dp")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(rep.to_doc()))
+    res = api.bench(spec, strategies=["none"], steps=1, warmup=1, device=DEVICE, plan_path=path)
+    _show(res)
+    row = next(r for r in res.rows if r.strategy.startswith("plan:"))
+    assert row.status == "ok", row.message
+    meta_peak = rep.chosen.score.peak_bytes + runtime
+    print("meta predicted", meta_peak, "(runtime", runtime, ") measured", row.measured_peak_bytes)
+    assert abs(row.measured_peak_bytes - meta_peak) / row.measured_peak_bytes < PEAK_TOL
+
+
+def test_compiled_layers_and_compile_peer_on_cuda(tiny):
+    spec = api.load(tiny, batch_size=8, seq_len=256)
+    res = api.bench(spec, strategies=["none", "dp", "torch-compile"], budget="60%", steps=2, warmup=1,
+                    device=DEVICE, compile=True)
+    _check(res)
+
+
+def test_one_nccl_rank(tiny):
+    pytest.importorskip("torch.distributed.fsdp")
+    import torch.distributed as dist
+    if not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    spec = api.load(tiny, batch_size=8, seq_len=256)
+    res = api.bench_distributed(spec, nproc=1, parallel="fsdp", strategies=["none", "every-k", "dp"],
+                                budget="60%", k=2, steps=1, warmup=1, device=DEVICE, timeout_s=240)
+    for r in res.rows:
+        print(r)
+    for r in res.rows:
+        assert r.status == "ok", r.message
+        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) / r.measured_peak_bytes < PEAK_TOL
+
+
+def test_options_with_dropout_keep_the_gradients(tmp_path, tiny_gpt_spec):
+    """Dropout in attention runs inside CUDA's fused attention kernel, which sac-compute keeps:
+    ckplan's policies then keep the later random ops too (ckplan.sac.KeepLaterRandom), so every
+    option, stored or nested in a checkpoint, gives the gradients of no checkpointing. torch's
+    documented policy as is (the sac-policy peer) is printed, not asserted: on BERT-large on an
+    H200 its gradients were off by 0.038."""
+    from ckplan.execute import apply_plan
+    from ckplan.planner import Plan
+    from ckplan.planner.plan import Checkpoint, Store
+    from ckplan.sac import POLICIES
+    from ckplan.spec import build_model, make_batch, to_loss
+    from ckplan.training import forward_loss
+
+    path = tiny_gpt_spec(tmp_path, n_layer=2, n_embd=256, n_head=4, block_size=256, dropout=0.1)
+    spec = api.load(path, batch_size=4, seq_len=256)
+    model, batch = build_model(spec, DEVICE), make_batch(spec, DEVICE)
+
+    def grads(plan):
+        torch.manual_seed(0)
+        model.zero_grad(set_to_none=True)
+        ex = apply_plan(model, plan) if plan is not None else None
+        try:
+            forward_loss(model, *batch, to_loss, "fp32", DEVICE).backward()
+        finally:
+            if ex is not None:
+                ex.remove()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    g0 = grads(None)
+    tol = 1e-5 * max(g.abs().max().item() for g in g0.values()) + 1e-8
+    plans = {opt: (Store(0, opt), Store(1, opt)) for opt in POLICIES}
+    plans["nested"] = (Checkpoint(0, 2, (Store(0, "sac-compute"), Store(1, "sac-compute"))),)
+    for name, items in plans.items():
+        g = grads(Plan("custom", 2, items))
+        worst = max((g0[n] - g[n]).abs().max().item() for n in g0)
+        print(name, "max |dgrad|", worst, "tol", tol)
+        assert worst <= tol, (name, worst, tol)
+    from ckplan.peers import sac_policy
+    with sac_policy(model):
+        g = grads(None)
+    print("sac-policy peer (torch's policy as is): max |dgrad|", max((g0[n] - g[n]).abs().max().item() for n in g0))

@@ -299,3 +299,24 @@ def test_option_cost_adds_what_sac_adds_around_its_recompute():
     assert _option_cost_ms(faster, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}
     whole = dataclasses.replace(p, whole=True)
     assert _option_cost_ms(whole, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}
+
+
+def test_option_costs_from_whole_steps_where_kernels_run_ahead(monkeypatch, tiny_gpt_spec, tmp_path):
+    """On CUDA an option's cost is what it adds to whole steps (the windows wait for the GPU at
+    every layer, exposing SAC's CPU time); the path runs here on CPU when asked to: the chain's
+    option costs then add up to the measured step difference, equal layers equally."""
+    from ckplan import api, profiler
+    monkeypatch.setattr(profiler, "WHOLE_STEP_OPTION_COSTS", ("cpu", "cuda"))
+    seen = []
+    orig = profiler._option_step_extra_ms
+
+    def spy(*a, **k):
+        seen.append(orig(*a, **k))
+        return seen[-1]
+    monkeypatch.setattr(profiler, "_option_step_extra_ms", spy)
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, n_embd=64, block_size=64), batch_size=2, seq_len=64)
+    prof = api.profile(spec, device="cpu", repeats=2, options=["sac-compute"])
+    assert len(seen) == 1 and seen[0] >= 0
+    costs = [r.option("sac-compute").recompute_ms for r in prof.chain_layers]
+    assert sum(costs) == pytest.approx(seen[0], rel=1e-6, abs=1e-9)
+    assert costs[0] == pytest.approx(costs[1]) == pytest.approx(costs[2])

@@ -34,12 +34,12 @@ def chain_from_profile(profile: Profile) -> Chain:
                         tip="check the chain path with `ckplan profile --chain`")
     t = profile.totals
     accum = profile.accum > 1
-    persistent = t.param_bytes + t.buffer_bytes + t.input_bytes + t.optimizer_bytes
+    persistent = t.param_bytes + t.buffer_bytes + t.input_bytes + t.optimizer_bytes + t.runtime_bytes
     if accum:
         # Gradients outlive the micro-batch: they are part of the fixed memory, not of a stage.
         persistent += t.grad_bytes
     opt_peak = (t.param_bytes + t.buffer_bytes + t.input_bytes + t.optimizer_bytes + t.grad_bytes
-                + t.optimizer_tmp_bytes)
+                + t.optimizer_tmp_bytes + t.runtime_bytes)
 
     def grad(r: StageRecord) -> int:
         return 0 if accum else r.grad_bytes
