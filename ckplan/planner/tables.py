@@ -1101,6 +1101,75 @@ def _first_mem(mem: np.ndarray, b: int, lo: int, n: int, add: int, lim: int) -> 
     return lo
 
 
+def _shifted_candidates(mem: np.ndarray, cost: np.ndarray, ba: int, la: int, xa: int, fixed: int,
+                        dp: float, c_se: int, k_se: float, em: np.ndarray, ec: np.ndarray, ne: int,
+                        cm: np.ndarray, cc: np.ndarray, cch: np.ndarray, choice: int) -> int:
+    """The points ``(max(mem[ba + i] + xa, fixed), cost[ba + i] + dp)`` of the frontier at
+    ``[ba, ba + la)`` within ``c_se`` bytes and ``k_se`` ms that the envelope (``em``, ``ec``:
+    ``ne`` points) does not already beat, into ``cm``/``cc``/``cch`` (room for ``la``) with
+    ``choice``; returns their number. A stored layer's option (the rest's frontier shifted by
+    what the option holds, plus its recompute) and a long top-level checkpoint (the rest's,
+    shifted by the checkpoint's input) are both such shifts. Envelope segments that no point can
+    beat are galloped over: the merge would drop every point there (tests compare the tables
+    with the numpy path, which merges every point)."""
+    if fixed > c_se:
+        return 0
+    while la > 0 and mem[ba + la - 1] + xa > c_se:
+        la -= 1
+    if la == 0:
+        return 0
+    pa = _first_at_most(cost, ba, la, 0.0, dp, k_se)  # the first under the cap
+    if pa == la:
+        return 0
+    cmin = cost[ba + la - 1] + dp
+    q = -1
+    if ne > 0:  # its cheapest point no cheaper than the envelope at its first point
+        q = np.searchsorted(em[:ne], max(mem[ba + pa] + xa, fixed), side="right") - 1
+        if q >= 0 and cmin >= ec[q]:
+            return 0
+        # nor any point where the envelope is already as cheap as its cheapest
+        qs = _first_at_most(ec, 0, ne, 0.0, 0.0, cmin)
+        if qs < ne:
+            if fixed >= em[qs]:
+                return 0
+            la = _first_mem(mem, ba, pa, la, xa, em[qs])
+    nc = 0
+    i = pa
+    rej = GALLOP_AFTER
+    while i < la:
+        if rej >= GALLOP_AFTER and q >= 0:
+            # On [em[q], em[q + g]) the envelope is at most ec[q] and these points cost at least
+            # the last one below em[q + g] (both non-increasing): when that is >= ec[q], skip.
+            rej = 0
+            g = GALLOP_BLOCK
+            while True:
+                g = _gallop_width(q, g, ne)
+                if g < 2:
+                    break
+                tend = em[q + g]
+                ni = i if fixed >= tend else _first_mem(mem, ba, i, la, xa, tend)
+                if ni == i or cost[ba + ni - 1] + dp >= ec[q]:
+                    i = ni
+                    q += g
+                    g *= 2
+                else:
+                    g //= 2
+            if i >= la:
+                break
+        m = max(mem[ba + i] + xa, fixed)
+        c = cost[ba + i] + dp
+        i += 1
+        while q + 1 < ne and em[q + 1] <= m:
+            q += 1
+        if q >= 0 and c >= ec[q]:
+            rej += 1
+            continue  # the merge would drop it
+        rej = 0
+        cm[nc], cc[nc], cch[nc] = m, c, choice
+        nc += 1
+    return nc
+
+
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
@@ -1138,10 +1207,16 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     b, nc = off[s + 1, e], ln[s + 1, e]
                     if nc > len(cm):
                         cm, cc, cch = _grow(cm, nc), _grow(cc, nc), _grow(cch, nc)
-                    for k in range(nc):
-                        cm[k] = max(mem[b + k] + ho, sr)
-                        cc[k] = cost[b + k] + ms if o else cost[b + k]
-                        cch[k] = -1 - o
+                    if o > 0 and ne > 0:  # only what beats the options before it
+                        nc = _shifted_candidates(mem, cost, b, nc, ho, sr, ms, c_se, k_se, em, ec, ne,
+                                                 cm, cc, cch, -1 - o)
+                        if nc == 0:
+                            continue
+                    else:
+                        for k in range(nc):
+                            cm[k] = max(mem[b + k] + ho, sr)
+                            cc[k] = cost[b + k] + ms if o else cost[b + k]
+                            cch[k] = -1 - o
                 else:
                     continue
                 if ne + nc > len(tm):
@@ -1252,60 +1327,10 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                 if max(fixed, xa + R[j, e]) > c_se or not dp <= k_se or off[j, e] < 0:
                     continue
                 ba, la = off[j, e], ln[j, e]
-                while la > 0 and mem[ba + la - 1] + xa > c_se:
-                    la -= 1
-                if la == 0:
-                    continue
-                pa = _first_at_most(cost, ba, la, 0.0, dp, k_se)  # the first under the cap
-                if pa == la:
-                    continue
-                cmin = cost[ba + la - 1] + dp
-                q = -1
-                if ne > 0:  # its cheapest point no cheaper than the envelope at its first point
-                    q = np.searchsorted(em[:ne], max(mem[ba + pa] + xa, fixed), side="right") - 1
-                    if q >= 0 and cmin >= ec[q]:
-                        continue
-                    # nor any point where the envelope is already as cheap as its cheapest
-                    qs = _first_at_most(ec, 0, ne, 0.0, 0.0, cmin)
-                    if qs < ne:
-                        if fixed >= em[qs]:
-                            continue
-                        la = _first_mem(mem, ba, pa, la, xa, em[qs])
                 if la > len(cm):
                     cm, cc, cch = _grow(cm, la), _grow(cc, la), _grow(cch, la)
-                nc = 0
-                i = pa
-                rej = GALLOP_AFTER
-                while i < la:
-                    if rej >= GALLOP_AFTER and q >= 0:
-                        # gallop over envelope segments it cannot beat (as the checkpoints above)
-                        rej = 0
-                        g = GALLOP_BLOCK
-                        while True:
-                            g = _gallop_width(q, g, ne)
-                            if g < 2:
-                                break
-                            tend = em[q + g]
-                            ni = i if fixed >= tend else _first_mem(mem, ba, i, la, xa, tend)
-                            if ni == i or cost[ba + ni - 1] + dp >= ec[q]:
-                                i = ni
-                                q += g
-                                g *= 2
-                            else:
-                                g //= 2
-                        if i >= la:
-                            break
-                    m = max(mem[ba + i] + xa, fixed)
-                    c = cost[ba + i] + dp
-                    i += 1
-                    while q + 1 < ne and em[q + 1] <= m:
-                        q += 1
-                    if q >= 0 and c >= ec[q]:
-                        rej += 1
-                        continue  # the merge would drop it
-                    rej = 0
-                    cm[nc], cc[nc], cch[nc] = m, c, U + j
-                    nc += 1
+                nc = _shifted_candidates(mem, cost, ba, la, xa, fixed, dp, c_se, k_se, em, ec, ne,
+                                         cm, cc, cch, U + j)
                 if nc == 0:
                     continue
                 if ne + nc > len(tm):
@@ -1518,7 +1543,7 @@ def jitted(name: str, units: int) -> Any:
         g = globals()
         # called from the kernels: compiled first
         for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted",
-                       "_gallop_width"):
+                       "_gallop_width", "_shifted_candidates"):
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
