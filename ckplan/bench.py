@@ -663,6 +663,10 @@ def _judge(e: _Entry, grads: dict, ref: dict, ref_loss: float, ref_scale: float,
                      f"{ref_loss:.6g}, over the tolerance {e.grad_tol:.3g} (rtol {rtol:g} x max|grad| "
                      f"{ref_scale:.3g} + atol {atol:g}); this plan changes the math: a layer that behaves "
                      "differently when recomputed (state, counters, RNG outside torch)")
+        if e.name == "sac-policy":
+            e.message += ("; or torch's SAC policy keeping a kernel that draws random numbers (CUDA's "
+                          "fused attention with dropout): the recompute then draws the later dropouts' "
+                          "masks from another RNG offset (ckplan's own options keep those too)")
 
 
 def _warm_up(run: _Run, entries: list[_Entry], warmup: int, tick) -> None:

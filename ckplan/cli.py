@@ -470,6 +470,10 @@ def bench(
     if res.failed_rows:
         from .errors import WrongResultError
         bad = "; ".join(f"{r.strategy} ({r.status})" for r in res.failed_rows)
+        if all(r.kind == "peer" for r in res.failed_rows):
+            raise WrongResultError(f"{len(res.failed_rows)} peer row(s) gave wrong results: {bad}",
+                                   tip="ckplan's own rows passed the gradient check; the table says why "
+                                       "each peer failed (drop it from --compare to exit 0)")
         raise WrongResultError(f"{len(res.failed_rows)} plan(s) gave wrong results: {bad}",
                                tip="do not train with them; the table shows why. A layer whose forward "
                                    "changes between calls (state, counters, RNG outside torch) cannot be "
