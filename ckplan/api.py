@@ -103,16 +103,20 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
 
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
             force: bool = False, progress: Progress | None = None, note: Note | None = None,
-            options: bool | Sequence[str] = False, compile: bool = False) -> Profile:
+            options: bool | Sequence[str] = False, compile: bool = False,
+            meta_target: str | None = None) -> Profile:
     """Build the spec's model and batch on ``device`` and profile one training step.
 
     On cpu/cuda a meta pass first checks that the step fits (:func:`preflight`); ``force=True``
     runs anyway. ``options``: also measure selective options; ``compile``: measure the chain
-    layers compiled (see :func:`profile_model`).
+    layers compiled (see :func:`profile_model`). ``meta_target`` (``device="meta"`` only): the
+    device the fake-tensor profile stands for, 'cpu' or 'cuda' (default: cuda when this machine
+    has a GPU, else cpu).
     """
     check_positive("repeats", repeats)
     check_positive("warmup", warmup, minimum=0)
     dev = resolve_device(device)
+    meta_target = check_meta_target(meta_target, dev.type)
     held: list[str] = []  # a skipped preflight is said only if the real run works (else its error says it)
     preflight(spec, dev.type, force=force, progress=progress, note=note, hold=held)
     _tick(progress, f"building {spec.name} on {dev.type}")
@@ -126,10 +130,25 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     prof = profile_model(model, args, kwargs, name=spec.name or type(model).__name__, chain=spec.chain,
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
-                         spec=spec.model_dump(mode="json"), options=names, compile=compile)
+                         spec=spec.model_dump(mode="json"), options=names, compile=compile,
+                         meta_target=meta_target)
     for text in held:
         _note(note, text)
     return prof
+
+
+def check_meta_target(meta_target, device_type: str) -> str | None:
+    """``meta_target`` as 'cpu' or 'cuda' (None: the default), refused off meta."""
+    if meta_target is None:
+        return None
+    target = str(getattr(meta_target, "value", meta_target))
+    if target not in ("cpu", "cuda"):
+        raise UsageError(f"target {target!r} is not one of cpu, cuda",
+                         tip="--target names the device a --device meta profile stands for: cpu or cuda")
+    if device_type != "meta":
+        raise UsageError(f"--target {target} is for --device meta (this profile runs on {device_type})",
+                         tip="drop --target, or add --device meta to plan for a machine you do not have")
+    return target
 
 
 def compile_options(names: tuple[str, ...], compile: bool, device_type: str) -> tuple[str, ...]:
@@ -230,6 +249,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
                      "at an assumed 100 TFLOP/s, not measured")
         if precision != "fp32":
             notes.append(f"meta device: autocast ({precision}) is not modelled; sizes are for fp32")
+        if (meta_target or default_target()) == "cuda":
+            notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes)))
     totals = Totals(
         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
@@ -251,6 +272,16 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         chain_breaks=m.chain_breaks,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
+
+
+def meta_cuda_note(efficient_attention: bool) -> str:
+    """What a meta profile for a CUDA target leaves out, as measured on an H200 (session 15)."""
+    text = ("meta device for a CUDA target: not included are the CUDA runtime's own allocator blocks "
+            "(cuBLAS workspaces, one per thread: 66.8 MiB on an H200 with torch 2.11)")
+    if efficient_attention:
+        text += (" and the memory-efficient attention backward's workspace (fp32 on an H200: two "
+                 "query-sized buffers, 24 MiB per layer backward for gpt2-small at 8 x 512)")
+    return text + "; leave that much room in the budget, or profile on the GPU"
 
 
 def predicted_peak_none(prof: Profile) -> int:
@@ -652,7 +683,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
-         dp_mode: str = "auto"):
+         dp_mode: str = "auto", meta_target: str | None = None):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -662,7 +693,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     and every peak are per rank. ``options``: profiling the spec also measures selective options
     (:func:`profile_model`); a saved profile has the ones it was made with. ``dp_mode``:
     ``"auto"`` (exact DP up to 64 layers, banded DP to 400, grouped tables above) or ``"exact"``
-    (the proven optimum at any length; slow on long chains).
+    (the proven optimum at any length; slow on long chains). ``meta_target``: with
+    ``device="meta"``, the device the profile stands for (:func:`profile`).
     """
     from .plan_report import PlanReport
     from .planner import compare, infeasible_budget, no_gain_reason, plan_chain
@@ -670,7 +702,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
+                             meta_target)
     _tick(progress, f"planning {strategy} for {prof.model}")
     chain = _chain_for(prof, world_size, parallel)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
@@ -706,13 +739,15 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
           device: str | Device | None = None, points: int = 20, strategies: tuple[str, ...] | None = None,
           overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
-          note: Note | None = None, options: bool | Sequence[str] = False, compile: bool = False):
+          note: Note | None = None, options: bool | Sequence[str] = False, compile: bool = False,
+          meta_target: str | None = None):
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
     from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
     check_positive("points", points, minimum=2)
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
+                             meta_target)
     _tick(progress, f"sweeping {points} budgets for {prof.model}")
     chain = chain_from_profile(prof)
     reason = no_gain_reason(chain)
@@ -766,7 +801,7 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
                 profile_path: str | Path | None = None, budget: str | int | None = None,
                 strategy: str = "dp", k: int = 2, device: str | Device | None = None,
                 overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
-                note: Note | None = None):
+                note: Note | None = None, meta_target: str | None = None):
     """Per-rank peaks with and without the plan at each world size: (profile, rows)."""
     from .planner import parse_budget
     from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
@@ -776,7 +811,8 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
     if str(parallel) not in KINDS:
         raise UsageError(f"parallel={str(parallel)!r} is not one of {', '.join(KINDS)}")
     check_budget(budget)
-    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note)
+    prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note,
+                             meta_target=meta_target)
     _tick(progress, f"planning {len(world_sizes)} world sizes for {prof.model}")
     rows = []
     for w in world_sizes:
@@ -822,12 +858,14 @@ def export(rep, target: str):
 
 
 def _profile_for_plan(spec, profile_path, device, overrides, force, progress, note,
-                      options: bool | Sequence[str] = False, compile: bool = False) -> Profile:
+                      options: bool | Sequence[str] = False, compile: bool = False,
+                      meta_target: str | None = None) -> Profile:
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if profile_path is not None:
         ignored = (["SPEC (spec)"] if spec is not None else []) + \
                   [f"{k}={getattr(v, 'value', v)!r}" for k, v in given.items()] + \
-                  ([f"device={getattr(device, 'value', device)!r}"] if device is not None else [])
+                  ([f"device={getattr(device, 'value', device)!r}"] if device is not None else []) + \
+                  ([f"target={getattr(meta_target, 'value', meta_target)!r}"] if meta_target is not None else [])
         if ignored:
             raise UsageError(f"a saved profile ({profile_path}) fixes the model, batch and device; "
                              f"{', '.join(ignored)} would be ignored",
@@ -839,7 +877,7 @@ def _profile_for_plan(spec, profile_path, device, overrides, force, progress, no
                          tip="e.g. ckplan plan configs/gpt2-small.yaml --budget 4GB")
     spec = load(spec, **given)
     return profile(spec, device=device, force=force, progress=progress, note=note, options=options,
-                   compile=compile)
+                   compile=compile, meta_target=meta_target)
 
 
 def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:

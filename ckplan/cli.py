@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
-from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll
+from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll, Target
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -141,6 +141,9 @@ BENCH_DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu or cuda
                                 "meta cannot run them).")
 FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout: table, json or csv.")
 OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FILE (.json or .csv).")
+TARGET_OPT = typer.Option(None, "--target", help="With --device meta: the device the fake-tensor profile "
+                          "stands for, cpu or cuda (its attention kernels and optimizer; default: cuda when "
+                          "this machine has a GPU, else cpu).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
@@ -197,6 +200,7 @@ def profile(
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats (the median is reported)."),
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
+    target: Optional[Target] = TARGET_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -209,7 +213,7 @@ def profile(
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
         prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
-                           options=options, compile=compile)
+                           options=options, compile=compile, meta_target=target)
     doc = report.profile_doc(prof)
     if output is not None:
         _write_out(output, doc, report.profile_frame(prof))
@@ -251,6 +255,7 @@ def plan(
     exact: bool = typer.Option(False, "--exact", help="dp: prove the plan optimal over every nested plan "
                                "(the exact DP: 0.1-0.3 s at 100 layers, seconds at 300) instead of the "
                                "banded DP ckplan uses from 65 to 400 layers."),
+    target: Optional[Target] = TARGET_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -272,7 +277,7 @@ def plan(
         with _working("sweeping") as (progress, note):
             prof, pts = api.sweep(spec, profile_path=profile_file, device=device, points=points,
                                   overrides=_given(overrides), force=force, progress=progress, note=note,
-                                  options=options, compile=compile)
+                                  options=options, compile=compile, meta_target=target)
         files = report.write_sweep(out_dir, prof.model, pts)
         render.info("wrote " + ", ".join(str(f) for f in files))
         _emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
@@ -299,7 +304,8 @@ def plan(
         with _working("planning per rank") as (progress, note):
             prof, rows = api.world_sizes(spec, world_sizes=sizes, parallel=parallel, profile_path=profile_file,
                                          budget=budget, strategy=strategy, k=k, device=device,
-                                         overrides=_given(overrides), force=force, progress=progress, note=note)
+                                         overrides=_given(overrides), force=force, progress=progress, note=note,
+                                         meta_target=target)
         doc = report.world_size_doc(prof, rows)
         if output is not None:
             _write_out(output, doc)
@@ -318,7 +324,7 @@ def plan(
             rep = api.plan(spec, profile_path=profile_file, budget=budget, strategy=strategy, k=k,
                            device=device, overrides=_given(overrides), force=force, progress=progress,
                            note=note, world_size=sizes[0], parallel=parallel, options=options,
-                           compile=compile, dp_mode="exact" if exact else "auto")
+                           compile=compile, dp_mode="exact" if exact else "auto", meta_target=target)
     except InfeasibleBudgetError as err:  # how the budget was resolved, then the error
         if err.budget_source:
             render.info(_budget_line(budget, err.budget_bytes, err.budget_source))

@@ -341,3 +341,27 @@ def test_spec_parallel_field_plans_per_rank(tiny_gpt_spec, tmp_path):
     assert any("DDP on 4 ranks" in n for n in ddp["notes"])
     fsdp = json.loads(run("plan", spec, "--device", "meta", "--parallel", "fsdp", "-f", "json").stdout)
     assert fsdp["persistent_bytes"] < plain["persistent_bytes"]
+
+
+def test_meta_target_picks_the_device_a_meta_profile_stands_for(tiny_gpt_spec, tmp_path):
+    """`--target cuda` on meta: CUDA's attention kernels and multi-tensor optimizer, and a note of
+    what a fake-tensor profile cannot see there; refused off meta and with a saved profile."""
+    spec = tiny_gpt_spec(tmp_path, n_embd=64, n_head=2)
+    docs = {}
+    for target in ("cpu", "cuda"):
+        r = run("profile", spec, "--device", "meta", "--target", target, "--optimizer", "adamw", "-f", "json")
+        assert r.exit_code == 0, r.output
+        docs[target] = json.loads(r.stdout)
+    cuda_notes = " ".join(docs["cuda"]["notes"])
+    assert "as cuda's scaled_dot_product_attention" in cuda_notes and "cuBLAS workspaces" in cuda_notes
+    assert "cuBLAS" not in " ".join(docs["cpu"]["notes"])
+    # foreach AdamW on CUDA makes whole-list temporaries; per-tensor on the CPU
+    assert docs["cuda"]["totals"]["optimizer_tmp_bytes"] > docs["cpu"]["totals"]["optimizer_tmp_bytes"]
+    r = run("profile", spec, "--device", "cpu", "--target", "cuda")
+    assert r.exit_code == 2 and "--target cuda is for --device meta" in r.output
+    saved = tmp_path / "p.json"
+    assert run("profile", spec, "--device", "meta", "-o", saved, "-f", "json").exit_code == 0
+    r = run("plan", "--profile", saved, "--target", "cuda")
+    assert r.exit_code == 2 and "target='cuda'" in r.output
+    r = run("plan", spec, "--device", "meta", "--target", "cuda", "-f", "json")
+    assert r.exit_code == 0, r.output
