@@ -255,7 +255,7 @@ def test_meta_target_cuda_takes_the_fused_kernels():
     matrix = B * H * T_ATT * T_ATT * 4  # fp32 attention probabilities
     cpu_saved, cuda_saved = (run[t].rows[1].saved_bytes for t in ("cpu", "cuda"))
     assert cpu_saved - cuda_saved >= 2 * matrix
-    assert "math x2" in run["cpu"].notes[0] and "'cpu'|'cuda'" in run["cpu"].notes[0]
+    assert "math x2" in run["cpu"].notes[0] and "--target cpu|cuda" in run["cpu"].notes[0]
     assert "memory-efficient x2" in run["cuda"].notes[0]
     from ckplan.errors import UsageError
     with pytest.raises(UsageError, match="meta_target 'tpu'"):
