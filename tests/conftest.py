@@ -30,6 +30,24 @@ chain: blocks
 """, "tiny-gpt.yaml")
 
 
+def _plan_grads(model, batch, plan, device: str = "cpu"):
+    import torch
+
+    from ckplan.execute import apply_plan
+    from ckplan.spec import to_loss
+    from ckplan.training import forward_loss
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    ex = apply_plan(model, plan) if plan is not None else None
+    try:
+        loss = forward_loss(model, *batch, to_loss, "fp32", device)
+        loss.backward()
+    finally:
+        if ex is not None:
+            ex.remove()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 # Test helpers are fixtures (no `from conftest import`): each returns the helper itself, so a test
 # writes `def test_x(tiny_gpt_spec, tmp_path): spec = tiny_gpt_spec(tmp_path, n_layer=4)`.
 
@@ -43,6 +61,13 @@ def configs() -> Path:
 def write_spec():
     """``write_spec(tmp_path, yaml_text, name="spec.yaml") -> Path``."""
     return _write_spec
+
+
+@pytest.fixture
+def plan_grads():
+    """``plan_grads(model, batch, plan, device="cpu") -> (loss, {name: grad})``: one fp32 step from
+    seed 0 with ``plan`` applied by ``ckplan.apply_plan`` (None: without checkpoints), removed after."""
+    return _plan_grads
 
 
 @pytest.fixture

@@ -6,21 +6,7 @@ from ckplan import api
 from ckplan.execute import apply_plan
 from ckplan.planner import Plan, chain_from_profile, plan_chain
 from ckplan.planner.plan import items_from_ranges
-from ckplan.spec import build_model, make_batch, to_loss
-from ckplan.training import forward_loss
-
-
-def _grads(model, batch, plan):
-    torch.manual_seed(0)
-    model.zero_grad(set_to_none=True)
-    ex = apply_plan(model, plan) if plan is not None else None
-    try:
-        loss = forward_loss(model, *batch, to_loss, "fp32", "cpu")
-        loss.backward()
-    finally:
-        if ex is not None:
-            ex.remove()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+from ckplan.spec import build_model, make_batch
 
 
 @pytest.mark.parametrize("ranges", [
@@ -29,12 +15,12 @@ def _grads(model, batch, plan):
     [[0, 3], [0, 1], [1, 3], [2, 3]],             # nested, three levels
     [[1, 4], [2, 4]],                             # nested, layer 0 stored
 ])
-def test_gradients_equal_with_dropout(tiny_gpt_spec, tmp_path, ranges):
+def test_gradients_equal_with_dropout(tiny_gpt_spec, tmp_path, ranges, plan_grads):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
     model, batch = build_model(spec), make_batch(spec)
-    loss0, g0 = _grads(model, batch, None)
+    loss0, g0 = plan_grads(model, batch, None)
     plan = Plan("custom", 4, items_from_ranges(4, [tuple(r) for r in ranges]))
-    loss1, g1 = _grads(model, batch, plan)
+    loss1, g1 = plan_grads(model, batch, plan)
     assert loss1 == pytest.approx(loss0, rel=1e-6)
     for n in g0:
         assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
@@ -43,7 +29,7 @@ def test_gradients_equal_with_dropout(tiny_gpt_spec, tmp_path, ranges):
     assert set(model.state_dict()) == set(build_model(spec).state_dict())
 
 
-def test_hf_gpt2_every_strategy_same_gradients(configs):
+def test_hf_gpt2_every_strategy_same_gradients(configs, plan_grads):
     pytest.importorskip("transformers")
     from ckplan.spec import validate
     d = api.load(configs / "hf-gpt2.yaml", batch_size=1, seq_len=16).model_dump()
@@ -52,10 +38,10 @@ def test_hf_gpt2_every_strategy_same_gradients(configs):
     model, batch = build_model(spec), make_batch(spec)
     prof = api.profile_model(model, *batch, name="hf", chain=None, device="cpu", repeats=1, warmup=0)
     chain = chain_from_profile(prof)
-    loss0, g0 = _grads(model, batch, None)
+    loss0, g0 = plan_grads(model, batch, None)
     for strategy in ("every-k", "sqrtn", "dp"):
         res = plan_chain(chain, strategy, None, 1)
-        loss1, g1 = _grads(model, batch, res.plan)
+        loss1, g1 = plan_grads(model, batch, res.plan)
         assert loss1 == pytest.approx(loss0, rel=1e-6)
         assert max((g0[n] - g1[n]).abs().max().item() for n in g0) < 1e-5
 

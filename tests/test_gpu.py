@@ -134,33 +134,23 @@ def test_one_nccl_rank(tiny):
         assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) / r.measured_peak_bytes < PEAK_TOL
 
 
-def test_options_with_dropout_keep_the_gradients(tmp_path, tiny_gpt_spec):
+def test_options_with_dropout_keep_the_gradients(tmp_path, tiny_gpt_spec, plan_grads):
     """Dropout in attention runs inside CUDA's fused attention kernel, which sac-compute keeps:
     ckplan's policies then keep the later random ops too (ckplan.sac.KeepLaterRandom), so every
     option, stored or nested in a checkpoint, gives the gradients of no checkpointing. torch's
     documented policy as is (the sac-policy peer) is printed, not asserted: on BERT-large on an
     H200 its gradients were off by 0.038."""
-    from ckplan.execute import apply_plan
     from ckplan.planner import Plan
     from ckplan.planner.plan import Checkpoint, Store
     from ckplan.sac import POLICIES
-    from ckplan.spec import build_model, make_batch, to_loss
-    from ckplan.training import forward_loss
+    from ckplan.spec import build_model, make_batch
 
     path = tiny_gpt_spec(tmp_path, n_layer=2, n_embd=256, n_head=4, block_size=256, dropout=0.1)
     spec = api.load(path, batch_size=4, seq_len=256)
     model, batch = build_model(spec, DEVICE), make_batch(spec, DEVICE)
 
     def grads(plan):
-        torch.manual_seed(0)
-        model.zero_grad(set_to_none=True)
-        ex = apply_plan(model, plan) if plan is not None else None
-        try:
-            forward_loss(model, *batch, to_loss, "fp32", DEVICE).backward()
-        finally:
-            if ex is not None:
-                ex.remove()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
+        return plan_grads(model, batch, plan, DEVICE)[1]
 
     g0 = grads(None)
     tol = 1e-5 * max(g.abs().max().item() for g in g0.values()) + 1e-8

@@ -15,8 +15,7 @@ from torch.utils import checkpoint as tc
 from ckplan import api, execute
 from ckplan.planner import Plan
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
-from ckplan.spec import build_model, make_batch, to_loss
-from ckplan.training import forward_loss
+from ckplan.spec import build_model, make_batch
 
 
 class _NoopSaveInputs(torch.autograd.Function):
@@ -77,31 +76,18 @@ def old_frames(monkeypatch):
     monkeypatch.setattr(tc, "_NoopSaveInputs", _NoopSaveInputs, raising=False)
 
 
-def _grads(model, batch, plan):
-    torch.manual_seed(0)
-    model.zero_grad(set_to_none=True)
-    ex = execute.apply_plan(model, plan) if plan is not None else None
-    try:
-        loss = forward_loss(model, *batch, to_loss, "fp32", "cpu")
-        loss.backward()
-    finally:
-        if ex is not None:
-            ex.remove()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("items", [
     items_from_ranges(4, [(0, 2), (2, 4)]),
     items_from_ranges(4, [(0, 3), (0, 1), (1, 3), (2, 3)]),
     (Checkpoint(0, 3, (Store(0, "sac-compute"), Store(1), Store(2, "sac-linear"))), Store(3)),
 ])
-def test_old_frames_give_the_same_gradients(old_frames, tiny_gpt_spec, tmp_path, items):
+def test_old_frames_give_the_same_gradients(old_frames, tiny_gpt_spec, tmp_path, items, plan_grads):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
     model, batch = build_model(spec), make_batch(spec)
-    loss0, g0 = _grads(model, batch, None)
+    loss0, g0 = plan_grads(model, batch, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback to a checkpoint per layer
-        loss1, g1 = _grads(model, batch, Plan("custom", 4, tuple(items)))
+        loss1, g1 = plan_grads(model, batch, Plan("custom", 4, tuple(items)))
     assert loss1 == pytest.approx(loss0, rel=1e-6)
     for n in g0:
         assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
