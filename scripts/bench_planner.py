@@ -9,6 +9,7 @@
     python scripts/bench_planner.py --gap 24 100 --options 2         # their exactness gap
     python scripts/bench_planner.py --speed 100 --numpy              # without numba (fallback)
     python scripts/bench_planner.py --gap 100 200 --family mlp       # other chain families
+    python scripts/bench_planner.py --band-gap 1000 --options 2      # long chains: trimmed tails
 
 Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
 million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
@@ -18,8 +19,9 @@ keep little besides their output (where long checkpoints pay) up to transformer-
 feasible peak (0) to the peak without checkpointing (1).
 
 * ``after``: ``plan_chain(chain, "dp", budget)``, what the CLI runs (exact byte-level DP up to
-  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400; grouped tables above, with the
-  banded DP, else ``near_min_plan``, just above the smallest peak).
+  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400, its tails' frontiers thinned
+  above 200 (within 4.6% of the band's optimum); above 400 the same with selective options, else
+  grouped tables, with the banded DP, else ``near_min_plan``, just above the smallest peak).
 * ``before``: the previous solver, kept as ``DPSolver(chain, pareto=False)`` (slot tables over
   the whole range, budget-independent), falling back to the smallest-peak plan where its tables
   find nothing, as ``plan_dp`` did.
@@ -40,6 +42,9 @@ path). Timed plans clear the layer tables (``layer_tables``) but not what is cac
 across budgets: ``min_peak`` and the dp safety net's baseline scores (grouped long chains), so
 the first budget of a 1000-layer chain pays ~0.2-0.3 s more than the others.
 
+``--band-gap``: chains too long for the exact reference; the reference is the banded DP without
+the thinning (``banded_plan(..., trim=0)``), the optimum among the band's plans.
+
 Gap = recompute / reference - 1 (0 is optimal). No figure here is asserted anywhere.
 """
 from __future__ import annotations
@@ -54,8 +59,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
-from ckplan.planner.dp import DPSolver, base_bytes, layer_tables
+from ckplan.planner import dp, min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
+from ckplan.planner.dp import DPSolver, banded_plan, base_bytes, layer_tables
 from ckplan.planner.synthetic import random_chain, with_casts, with_options
 from ckplan.planner.tables import ParetoTable
 
@@ -212,6 +217,37 @@ def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int
               f"{statistics.median(a):9.2%}", flush=True)
 
 
+def bench_band_gap(n: int, seeds: int, fracs: list[float], options: int = 0,
+                   family: str = "random") -> None:
+    """Chains too long for the exact reference: the gap of ``plan_chain``'s plan to the banded DP
+    without trimming (``banded_plan(..., trim=0)``, bounded by that plan: the optimum among the
+    band's plans, which the trimmed tails of long chains approximate)."""
+    header(f"gap to the untrimmed banded DP at {n} layers, {seeds} {family} chains"
+           + (f", {options} selective options per layer" if options else ""))
+    print("layers seed  budget  after_s  after_gap  ref_s  band")
+    for seed in range(seeds):
+        ch = make_chain(n, seed, False, options, family)
+        lo = min_peak(ch)
+        hi = simulate(ch, plan_none(n)).peak_bytes
+        for f in fracs:
+            b = int(lo + f * (hi - lo))
+            layer_tables.cache_clear()
+            new, t_new = timed(lambda: plan_chain(ch, "dp", b))
+            assert new.fits and new.score.peak_bytes <= b
+            limit, dp.BAND_MAX_TOTAL = dp.BAND_MAX_TOTAL, 10**9  # the reference: no work limit
+            try:
+                ref, t_ref = timed(lambda: banded_plan(ch, b, bound=new.plan, trim=0.0))
+            finally:
+                dp.BAND_MAX_TOTAL = limit
+            if ref is None:
+                print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {'no ref':>9}  {t_ref:5.1f}  -")
+                continue
+            r0 = simulate(ch, ref.plan).recompute_ms
+            g = new.score.recompute_ms / r0 - 1 if r0 > 0 else 0.0
+            print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {g:9.3%}  {t_ref:5.1f}  {ref.band}",
+                  flush=True)
+
+
 def bench_breakpoints(n: int, seeds: int, scaled: bool, family: str = "random") -> None:
     """The gap at *every* budget where the optimum changes (the exact frontier's breakpoints):
     where rounded slots hurt most, and what fixed fractions of the range mostly miss."""
@@ -248,6 +284,8 @@ def main() -> None:
     ap.add_argument("--gap", type=int, nargs="*", default=[], help="chain lengths for the gap study")
     ap.add_argument("--breakpoints", type=int, nargs="*", default=[],
                     help="chain lengths for the gap at every breakpoint of the exact frontier")
+    ap.add_argument("--band-gap", type=int, nargs="*", default=[],
+                    help="chain lengths for the gap to the untrimmed banded DP (long chains)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--fracs", type=float, nargs="*", default=None,
                     help="budget fractions (default: 0 0.1 0.5 0.9 for --speed, "
@@ -265,13 +303,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.numpy:
         tables.USE_NUMBA = False
-    if not args.speed and not args.gap and not args.breakpoints:
+    if not args.speed and not args.gap and not args.breakpoints and not args.band_gap:
         args.speed = [10, 30, 100, 300, 1000]
     if args.speed:
         bench_speed(args.speed, args.seeds, args.fracs or [0.0, 0.1, 0.5, 0.9], args.scaled,
                     args.casts, args.before, args.options, args.family)
     for n in args.breakpoints:
         bench_breakpoints(n, args.seeds, args.scaled, args.family)
+    for n in args.band_gap:
+        bench_band_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.1, 0.5, 0.9],
+                       args.options, args.family)
     for n in args.gap:
         bench_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9],
                   args.scaled, args.options, args.family)

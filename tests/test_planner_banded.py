@@ -233,3 +233,107 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
                                                                rel=1e-9)
     assert simulate(ch, got.plan).recompute_ms <= simulate(ch, bound).recompute_ms
     assert _coarse_plan(ch, lo) is None or simulate(ch, _coarse_plan(ch, lo)).peak_bytes <= lo
+
+
+# ---- Trimmed tails (long chains, ``ParetoTable``'s ``trim``) ------------------------------------
+# Oracle: the untrimmed table (itself equal to brute force above). Claim under test: every point
+# left is a real plan (a plan read from the trimmed table fits and recomputes at most what the
+# table says), and the least recompute is within (1 - trim) ** -k of the optimum, k the top-level
+# items of an optimal plan (plus the loss unit). Trims of 5-20% make the thinning bite on chains
+# this small; the bound is then loose enough to fail only when the recursion is wrong.
+
+
+def _trim_cases(trim: float, numba: bool, monkeypatch) -> int:
+    """Check the claim on a few chains at a grid of budgets; return how many answers the
+    trimming changed (the test must see some, or it checks nothing)."""
+    if numba:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    changed = 0
+    for n, seed, opts in ((8, 1, 0), (12, 2, 2), (20, 3, 1), (30, 4, 0)):
+        ch = with_tails(random_chain(n, seed, max_size=1_000_003, options=opts), seed)
+        t = layer_tables(ch)
+        u, pc = t.units, t.pairs
+        lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+        top = hi - base_bytes(ch)
+        exact = T.ParetoTable(u, pc, t.peaks.R, top)
+        trimmed = T.ParetoTable(u, pc, t.peaks.R, top, trim=trim)
+        assert trimmed.total_points < exact.total_points
+        for f in (0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9):
+            b = int(lo + f * (hi - lo))
+            avail = b - base_bytes(ch)
+            want = exact.cost(avail)
+            got = trimmed.cost(avail)
+            k = len(plan_from(ch, u, *exact.parts(avail), {}).items) + 1
+            assert want - 1e-9 <= got <= want * (1 - trim) ** -k + 1e-9, (n, f)
+            plan = plan_from(ch, u, *trimmed.parts(avail), {})
+            sc = simulate(ch, plan)
+            assert sc.peak_bytes <= b, (n, f)
+            assert sc.recompute_ms <= got + 1e-9, (n, f)
+            changed += got > want + 1e-9
+    return changed
+
+
+@pytest.mark.parametrize("numba", [False, True], ids=["numpy", "numba"])
+def test_trimmed_tails_fit_and_stay_within_their_bound(monkeypatch, numba):
+    assert _trim_cases(0.2, numba, monkeypatch) > 0
+    _trim_cases(0.05, numba, monkeypatch)
+
+
+def test_trim_is_refused_outside_zero_to_one():
+    ch = random_chain(5, 0, max_size=1000)
+    t = layer_tables(ch)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="trim"):
+            T.ParetoTable(t.units, t.pairs, t.peaks.R, 10**9, trim=bad)
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.3])
+def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch, frac):
+    """``plan_dp`` on a chain over TRIM_MIN_LAYERS (lowered here to a chain the exact DP can
+    check): the plan fits, says it is within 4.6%, and is, against the exact DP."""
+    from ckplan.planner import dp as D
+    monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    ch = random_chain(BAND_MIN_LAYERS + 6, 7, max_size=1_000_003, options=2)
+    n = ch.n_layers
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    got = plan_dp(ch, b)
+    ref = plan_dp(ch, b, mode="exact")
+    assert ref.exact and not got.exact
+    assert any("within 4.6%" in note for note in got.notes), got.notes
+    sg, sr = simulate(ch, got.plan), simulate(ch, ref.plan)
+    assert sg.peak_bytes <= b
+    assert sr.recompute_ms - 1e-9 <= sg.recompute_ms <= sr.recompute_ms * math.exp(D.TAIL_TRIM_ERROR) + 1e-9
+
+
+@pytest.mark.parametrize("frac", [0.05, 0.4])
+def test_long_chains_with_options_take_the_banded_dp_and_fall_back_when_it_outgrows(monkeypatch, frac):
+    """Over BAND_MAX_LAYERS (lowered here) a chain with options is planned by the banded DP, with
+    its options (the exact DP's plan, which uses them); without options by the tables;
+    and when the banded DP's frontiers outgrow BAND_MAX_TOTAL, by the grouped tables too."""
+    from ckplan.planner import dp as D
+    n = BAND_MIN_LAYERS + 6
+    monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
+    ch = random_chain(n, 3, max_size=1_000_003, options=2)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    assert D.plans_banded(ch) and not D.plans_banded(ch.without_options())
+    got = plan_dp(ch, b)
+    ref = plan_dp(ch, b, mode="exact")
+    assert D.OPTIONS_IGNORED not in got.notes and any("near-optimal" in x for x in got.notes)
+    assert ref.plan.uses_options
+    sg = simulate(ch, got.plan)
+    assert sg.peak_bytes <= b
+    assert sg.recompute_ms == pytest.approx(simulate(ch, ref.plan).recompute_ms, rel=1e-9, abs=1e-9)
+    plain = plan_dp(ch.without_options(), b) if b >= min_peak(ch.without_options()) else None
+    if plain is not None:
+        assert not any("checkpoints span at most" in x for x in plain.notes)  # the tables'
+    monkeypatch.setattr(D, "BAND_MAX_TOTAL", 1000)
+    monkeypatch.setattr(D, "EXACT_MAX_LAYERS", BAND_MIN_LAYERS)  # grouped tables, as over 400
+    monkeypatch.setattr(D, "DEFAULT_GROUPS", 10)
+    small = plan_dp(ch, b)
+    assert simulate(ch, small.plan).peak_bytes <= b
+    assert D.OPTIONS_IGNORED in small.notes or any("smallest peak" in x for x in small.notes)
+    assert simulate(ch, small.plan).recompute_ms >= sg.recompute_ms - 1e-9

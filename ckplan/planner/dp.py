@@ -50,6 +50,17 @@ optimal overall (``exact`` False, a note says so), but equal to the exact DP at 
 layers, options included, in 0.02-0.1 s at 100 layers and 0.1-0.3 s at 300 (the exact DP: 0.1-0.3
 and 3-4 s). ``mode="exact"`` still asks for the proof.
 
+On chains of over ``TRIM_MIN_LAYERS`` layers the tails' frontiers ``F(s, U)``, where long chains
+spend their time, are thinned (``tail_trim``): a tail keeps a breakpoint only when it is at
+least ``TAIL_TRIM_ERROR / U`` cheaper than the last one kept. Every point left is a real plan's
+exact (bytes, recompute), so plans fit as before; each tail of an optimal plan's top-level path
+(at most U of them) costs at most ``1 / (1 - trim)`` more, so the plan is within
+``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.00-0.05%;
+``scripts/bench_planner.py --band-gap``). Chains of over ``BAND_MAX_LAYERS`` layers with selective
+options take this path at every budget (the grouped tables below cannot use options: their
+plans recomputed 1.1x-5x as much at 1000 layers), and fall back to the grouped tables when the
+frontiers outgrow ``BAND_MAX_TOTAL`` points.
+
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
 ``opt_hold[s, o]``, needs ``opt_store_req[o, s, e]`` (``groups.py``/``tables.py``: the same
@@ -87,8 +98,8 @@ and U^3 M time, so the solver keeps two cheaper tables and returns the better pl
   which is what matters on heterogeneous chains.
 
 Just above the smallest peak (a band of 0.1-0.5% of the range) both tables miss; there the
-banded DP plans (at 1000 random layers about 1 s, 23.6% recompute where the plans below cost
-43%), and where it finds nothing within its work limit ``near_min_plan`` runs the nested DP on
+banded DP plans (trimmed: at 1000 random layers 0.7-1.0 s, 23.6% recompute where the plans below
+cost 43%), and where it finds nothing within its work limit ``near_min_plan`` runs the nested DP on
 single layers with slots spread over that budget only (up to ~380 layers; 1-4 s), else the
 exact DP on groups cut at the smallest-peak plan's own boundaries, and a local improvement pass
 checked by the simulator.
@@ -172,11 +183,19 @@ BAND_START, BAND_MIN_LAYERS, BAND_MAX_LAYERS, BAND_WORK = 16, 64, 400, 6_000_000
 # the slot table's plan (``_slot_plan``, chains of up to BAND_MAX_LAYERS layers), a tighter bound
 # than the smallest-peak plan's at high budgets; past it again, the caller's tables take over.
 BAND_MAX_POINTS = 250_000
+# All frontiers of one band's table together, most (24 bytes each: ~1.4 GB, ~2 GB while the
+# arrays grow): past it, as past BAND_MAX_POINTS.
+BAND_MAX_TOTAL = 60_000_000
 # Chains of at least COARSE_MIN_LAYERS layers, at budgets at least COARSE_MIN_FRAC of the way up
 # from the smallest peak, start the banded DP from the plan of the same band solved with every
 # size rounded up to avail / COARSE_SLOTS bytes (``_coarse_plan``): 0.1-0.25 s, a bound that
 # prunes what the smallest-peak plan cannot (400 option-heavy layers half-way up: 13 s -> 2 s).
 COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 4000
+# Chains over TRIM_MIN_LAYERS: the banded DP thins its tails' frontiers (``ParetoTable``'s
+# ``trim``) by TAIL_TRIM_ERROR / U each, so a plan is within exp(TAIL_TRIM_ERROR) - 1 = 4.6% of
+# the band's optimum (measured: 0.00-0.05%); 1000 layers with options at the smallest peak:
+# the table 2.6 s -> 1.0 s; 400 option-heavy blocks 10% up: 2.0 s -> 0.8 s.
+TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
 
@@ -588,10 +607,12 @@ class Banded:
     band: int
     exact: bool
     longest: int  # the most layers one checkpoint of the plan spans
+    trim: float = 0.0  # the tails' frontiers were thinned (``ParetoTable``'s ``trim``)
 
 
 def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
-                max_work: int = BAND_WORK, bound: Plan | None = None) -> Banded | None:
+                max_work: int = BAND_WORK, bound: Plan | None = None,
+                trim: float = 0.0) -> Banded | None:
     """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
     checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
     which may span any number of layers when they store every layer inside (one long
@@ -611,6 +632,9 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     every budget tried (``scripts/bench_planner.py --gap``). None when no band's table was
     built (none reaches the budget within the limit, or the first frontier outgrows
     ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
+
+    ``trim``: the tails' frontiers thinned (``ParetoTable``): within ``(1 - trim) ** -U`` of
+    the band's optimum instead of equal to it (long chains, ``TAIL_TRIM``).
 
     Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
     t = layer_tables(chain)
@@ -641,7 +665,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                     exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, n))), params)
                 cost = simulate(chain, first).recompute_ms
                 best = Banded(first, L, False, _longest(first))
-            pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=n)
+            pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=n,
+                             trim=trim, max_total=BAND_MAX_TOTAL)
             if not pt.ok and not slot_tried and n <= BAND_MAX_LAYERS:
                 slot_tried = True  # the bound prunes too little: the slot table's plan
                 alt = _slot_plan(chain, budget_bytes)
@@ -649,12 +674,13 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 if sc.peak_bytes <= budget_bytes and sc.recompute_ms < cost:
                     cost, best = sc.recompute_ms, Banded(alt, 0, False, _longest(alt))
                     pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L,
-                                     top_len=n)
+                                     top_len=n, trim=trim, max_total=BAND_MAX_TOTAL)
             if not pt.ok:
                 break
             work, solved = pt.total_points, True
             assert best is not None
-            best = replace(best, band=L, exact=full)  # no plan of this band is cheaper (the cap)
+            # no plan of this band is cheaper (the cap), or (trimmed) much cheaper
+            best = replace(best, band=L, exact=full and not trim, trim=trim)
             if pt.cost(avail) < INF:
                 plan = plan_from(chain, u, *pt.parts(avail), params)
                 sc = simulate(chain, plan)
@@ -662,7 +688,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                     raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
                                        f"{budget_bytes}: planner bug")
                 if sc.recompute_ms <= cost:
-                    cost, best = sc.recompute_ms, Banded(plan, L, full, _longest(plan))
+                    cost, best = sc.recompute_ms, Banded(plan, L, full and not trim, _longest(plan),
+                                                         trim)
             if full or _longest(best.plan, L) < L:
                 break
         if full or 4 * work > max_work:
@@ -749,13 +776,13 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
                                rounding=rounding)
     banded = None
     band_ok = mode == "auto" and max_slots is None and not chain.has_casts
-    if banded_applies(chain, max_slots=max_slots, mode=mode):
+    if plans_banded(chain, max_slots=max_slots, mode=mode):
         bound = None
         if chain.n_layers >= COARSE_MIN_LAYERS:
             lowest = min_peak(chain)
             if budget_bytes - lowest >= COARSE_MIN_FRAC * (none_peak - lowest):
                 bound = _coarse_plan(chain, budget_bytes)
-        banded = banded_plan(chain, budget_bytes, bound=bound)
+        banded = banded_plan(chain, budget_bytes, bound=bound, trim=tail_trim(chain))
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -791,16 +818,30 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
 
 
+def tail_trim(chain: Chain) -> float:
+    """The ``trim`` of the banded DP's tails on a chain of over ``TRIM_MIN_LAYERS`` layers
+    (else 0): ``TAIL_TRIM_ERROR`` shared out over the at most U top-level items of a plan, so
+    the plan is within ``exp(TAIL_TRIM_ERROR)`` of the band's optimum."""
+    n = chain.n_layers
+    return TAIL_TRIM_ERROR / (n + 1) if n > TRIM_MIN_LAYERS else 0.0
+
+
 def _band_note(b: Banded) -> str:
-    return (f"near-optimal, not proven: the best plan whose checkpoints span at most {b.band} layers "
-            f"(longer ones only at the top level, storing their layers; this plan's longest: "
-            f"{b.longest}); --exact proves the optimum")
+    within = ""
+    if b.trim:  # the bound of ParetoTable's trim: (1 - trim) ** -U
+        bound = math.expm1(-math.log1p(-b.trim) * (b.plan.n_layers + 1))
+        within = f"within {bound:.1%} of "
+    return (f"near-optimal, not proven: {within}the best plan whose checkpoints span at most "
+            f"{b.band} layers (longer ones only at the top level, storing their layers; this "
+            f"plan's longest: {b.longest})" + (" (frontiers thinned to plan a long chain fast)"
+                                               if b.trim else "") + "; --exact proves the optimum")
 
 
 def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
-                    **dp_options) -> tuple[Plan, bool, DPSolver]:
+                    **dp_options) -> tuple[Plan, bool, DPSolver | None]:
     """``plan_dp`` with the exact, slot or grouped tables (``DPSolver``), and where they
-    cannot reach the budget, the banded DP (when ``band``) or ``near_min_plan``."""
+    cannot reach the budget, the banded DP (when ``band``) or ``near_min_plan`` (then no
+    solver: its notes do not apply)."""
     none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
     # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
     solver = DPSolver(chain, **dp_options,
@@ -812,7 +853,7 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         lowest = min_peak(chain)
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
-        banded = banded_plan(chain, budget_bytes) if band else None
+        banded = banded_plan(chain, budget_bytes, trim=tail_trim(chain)) if band else None
         if banded is not None:
             found, exact = banded.plan, banded.exact
             how = _band_note(banded)
@@ -822,6 +863,7 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         which = "grouped" if solver.grouped else "slot"
         notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
                      + how)
+        return found, exact, None  # the tables' own notes do not apply to this plan
     return found, exact, solver
 
 
@@ -863,6 +905,16 @@ def banded_applies(chain: Chain, *, max_slots: int | None = None, mode: str = "a
     """Whether ``plan_dp`` plans ``chain`` with the banded DP (at every budget)."""
     return (mode == "auto" and max_slots is None and not chain.has_casts
             and BAND_MIN_LAYERS < chain.n_layers <= BAND_MAX_LAYERS)
+
+
+def plans_banded(chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
+                 **_: object) -> bool:
+    """Whether ``plan_dp`` tries the banded DP first on ``chain`` (fully kept boundaries): from
+    65 to 400 layers (``banded_applies``), and over 400 with selective options, which the
+    grouped tables cannot use (their plans recomputed 7% to 5.5x as much at 1000 layers)."""
+    return banded_applies(chain, max_slots=max_slots, mode=mode) or (
+        mode == "auto" and max_slots is None and not chain.has_casts and chain.has_options
+        and chain.n_layers > BAND_MAX_LAYERS)
 
 
 def _cheapest_fitting(chain: Chain, plans: list[Plan], budget_bytes: int | None) -> Plan | None:

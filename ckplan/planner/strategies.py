@@ -304,7 +304,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     is evaluated exactly where it is compared; a plan that fits a lower budget (or a baseline
     plan that fits) is kept when the rounded tables find nothing better."""
     lo = dp.min_peak(chain)
-    banded = dp.banded_applies(chain, **dp_options) and chain.n_layers > dp.EXACT_MAX_LAYERS
+    banded = dp.plans_banded(chain, **dp_options) and chain.n_layers > dp.EXACT_MAX_LAYERS
     if not chain.all_kept or banded:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
         # beats the grouped tables: plan_dp per budget

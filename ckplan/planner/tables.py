@@ -721,17 +721,31 @@ class ParetoTable:
     need is above their cap) are skipped. Near the smallest peak most sub-chains are then
     unreachable or have a few breakpoints. One table answers every budget up to ``top_bytes``.
 
-    ``ok`` is False when some frontier exceeded ``max_points`` (the table is then unusable).
+    ``ok`` is False when some frontier exceeded ``max_points``, or all of them together
+    ``max_total`` (the table is then unusable).
 
     ``max_len``, ``top_len``: only plans whose checkpoints span at most ``max_len`` units, except
     top-level ones of up to ``top_len`` (default ``max_len``) units that store every unit inside
     (the banded DP: optimal among those plans; ``R`` should then be
-    ``PeakTable(u, pc, max_len, top_len).R``)."""
+    ``PeakTable(u, pc, max_len, top_len).R``).
+
+    ``trim`` (0: off) thins the tails' frontiers ``F[(s, U)]``, where long chains spend their
+    time: of their points (bytes up, recompute down) only the first and each one at least
+    ``trim`` (relative) cheaper than the last kept survive (:func:`_trim`). Every point left is
+    still a real plan's exact (bytes, recompute), so plans fit exactly as before; a tail's least
+    recompute at any budget is at most ``1 / (1 - trim)`` times what its parts give, so the
+    whole chain's is within ``(1 - trim) ** -k`` of the optimum, k the number of top-level items
+    (stored units and checkpoints) of an optimal plan, at most ``U``. The table is then not
+    exact."""
 
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                  max_points: int | None = None, max_cost: float | None = None,
-                 max_len: int | None = None, top_len: int | None = None):
+                 max_len: int | None = None, top_len: int | None = None, trim: float = 0.0,
+                 max_total: int | None = None):
         self.u, self.pc, self.top = u, pc, int(top_bytes)
+        if not 0.0 <= trim < 1.0:
+            raise ValueError(f"trim must be in [0, 1), not {trim}")
+        self.trim = float(trim)
         U = u.size
         L, LT = band(U, max_len, top_len)
         self.max_len, self.top_len = L, LT
@@ -746,7 +760,7 @@ class ParetoTable:
         self._F: dict[tuple[int, int], Frontier] | None = None
         kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
         if kernel is None or caps is None:
-            self._build_numpy(R, ub, max_points, L, LT, sa)
+            self._build_numpy(R, ub, max_points, L, LT, sa, max_total)
             return
         i64 = np.int64
         args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
@@ -758,12 +772,13 @@ class ParetoTable:
         cap, kcap = caps(U, Ri, self.top, ub, *args, L, LT, sa)
         off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
                                                   -1 if max_points is None else int(max_points),
-                                                  L, LT, sa)
+                                                  L, LT, sa, self.trim,
+                                                  -1 if max_total is None else int(max_total))
         self._flat = (off, ln, mem, cost, ch)
         self.ok, self.n_points, self.total_points = bool(ok), int(most), len(mem)
 
     def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None, L: int,
-                     LT: int, sa: np.ndarray) -> None:
+                     LT: int, sa: np.ndarray, max_total: int | None = None) -> None:
         """The frontiers with numpy (without numba): every option's breakpoints at once."""
         u, pc = self.u, self.pc
         U = u.size
@@ -816,11 +831,15 @@ class ParetoTable:
                         chs.append(np.full(len(rm), U + j, dtype=i64))
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
                               c_se, k_se) if mems else _EMPTY
+                if self.trim > 0 and e == U and len(f[0]) > 1:  # fresh arrays: trimmed in place
+                    k = _trim(f[0], f[1], f[2], len(f[0]), self.trim)
+                    f = (f[0][:k], f[1][:k], f[2][:k])
                 F[(s, e)] = f
                 k = len(f[0])
                 self.n_points = max(self.n_points, k)
                 self.total_points += k
-                if max_points is not None and k > max_points:
+                if ((max_points is not None and k > max_points)
+                        or (max_total is not None and self.total_points > max_total)):
                     self.ok = False
                     self._F = F
                     return
@@ -1170,10 +1189,25 @@ def _shifted_candidates(mem: np.ndarray, cost: np.ndarray, ba: int, la: int, xa:
     return nc
 
 
+def _trim(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int, trim: float) -> int:
+    """Keep the first point and each point at least ``trim`` (relative) cheaper than the last
+    point kept, in place; returns how many are kept."""
+    n = 1
+    last = ec[0]
+    for i in range(1, ne):
+        c = ec[i]
+        if c < last * (1.0 - trim):
+            em[n], ec[n], ech[n] = em[i], c, ech[i]
+            n += 1
+            last = c
+    return n
+
+
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
-                   L: int, LT: int, sa: np.ndarray) -> tuple:
+                   L: int, LT: int, sa: np.ndarray, trim: float = 0.0,
+                   max_total: int = -1) -> tuple:
     """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
     ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
     offset -1 where skipped."""
@@ -1337,6 +1371,8 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
+            if trim > 0.0 and e == U and ne > 1:  # thin the tails (``ParetoTable``'s trim)
+                ne = _trim(em, ec, ech, ne, trim)
             if used + ne > len(mem):
                 mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
             mem[used:used + ne] = em[:ne]
@@ -1345,7 +1381,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
             off[s, e], ln[s, e] = used, ne
             used += ne
             most = max(most, ne)
-            if max_points >= 0 and ne > max_points:
+            if (max_points >= 0 and ne > max_points) or (max_total >= 0 and used > max_total):
                 return off, ln, mem[:used], cost[:used], ch[:used], False, most
     return off, ln, mem[:used], cost[:used], ch[:used], True, most
 
@@ -1543,7 +1579,7 @@ def jitted(name: str, units: int) -> Any:
         g = globals()
         # called from the kernels: compiled first
         for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted",
-                       "_gallop_width", "_shifted_candidates"):
+                       "_gallop_width", "_shifted_candidates", "_trim"):
             if helper not in _JIT:
                 _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
         _JIT[name] = numba.njit(cache=True)(g[name])
