@@ -58,8 +58,8 @@ exact (bytes, recompute), so plans fit as before; each tail of an optimal plan's
 ``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.00-0.05%;
 ``scripts/bench_planner.py --band-gap``). Chains of over ``BAND_MAX_LAYERS`` layers with selective
 options take this path at every budget (the grouped tables below cannot use options: their
-plans recomputed 1.1x-5x as much at 1000 layers), and fall back to the grouped tables when the
-frontiers outgrow ``BAND_MAX_TOTAL`` points.
+plans recomputed 7% to 5.5x as much at 1000 layers), up to ``BAND_OPTIONS_MAX_LAYERS`` layers, and
+fall back to the grouped tables when the frontiers outgrow ``BAND_MAX_TOTAL`` points.
 
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
@@ -186,6 +186,10 @@ BAND_MAX_POINTS = 250_000
 # All frontiers of one band's table together, most (24 bytes each: ~1.4 GB, ~2 GB while the
 # arrays grow): past it, as past BAND_MAX_POINTS.
 BAND_MAX_TOTAL = 60_000_000
+# Chains with selective options take the banded DP up to this many layers (over BAND_MAX_LAYERS,
+# grouped tables without options beyond: 2000 random layers with two options each outgrew
+# BAND_MAX_TOTAL after 15 s).
+BAND_OPTIONS_MAX_LAYERS = 1200
 # Chains of at least COARSE_MIN_LAYERS layers, at budgets at least COARSE_MIN_FRAC of the way up
 # from the smallest peak, start the banded DP from the plan of the same band solved with every
 # size rounded up to avail / COARSE_SLOTS bytes (``_coarse_plan``): 0.1-0.25 s, a bound that
@@ -910,11 +914,12 @@ def banded_applies(chain: Chain, *, max_slots: int | None = None, mode: str = "a
 def plans_banded(chain: Chain, *, max_slots: int | None = None, mode: str = "auto",
                  **_: object) -> bool:
     """Whether ``plan_dp`` tries the banded DP first on ``chain`` (fully kept boundaries): from
-    65 to 400 layers (``banded_applies``), and over 400 with selective options, which the
-    grouped tables cannot use (their plans recomputed 7% to 5.5x as much at 1000 layers)."""
+    65 to 400 layers (``banded_applies``), and up to ``BAND_OPTIONS_MAX_LAYERS`` with selective
+    options, which the grouped tables cannot use (their plans recomputed 7% to 5.5x as much at
+    1000 layers)."""
     return banded_applies(chain, max_slots=max_slots, mode=mode) or (
         mode == "auto" and max_slots is None and not chain.has_casts and chain.has_options
-        and chain.n_layers > BAND_MAX_LAYERS)
+        and BAND_MAX_LAYERS < chain.n_layers <= BAND_OPTIONS_MAX_LAYERS)
 
 
 def _cheapest_fitting(chain: Chain, plans: list[Plan], budget_bytes: int | None) -> Plan | None:
