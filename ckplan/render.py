@@ -246,7 +246,7 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
              "stored" if stored else "recomputed", str(depth), str(fwd)]
             for (stored, depth, fwd), a, b in runs]
     _print_table(out, cols, rows, wide, title=f"plan ({c.strategy}), layer by layer")
-    out.print(escape(f"plan: {c.plan.describe()}"), soft_wrap=True)
+    out.print(escape(f"plan: {c.plan.describe(runs=True)}"), soft_wrap=True)
     ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")
                        for r in c.plan.recomputed_ranges()) or "none"
     out.print(escape(f"checkpoint boundaries after layers: {list(c.plan.boundaries()) or 'none'}; "

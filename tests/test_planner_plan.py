@@ -64,3 +64,12 @@ def test_deep_nesting_needs_no_recursion():
 def test_bad_plan_json_raises_spec_error(bad, msg):
     with pytest.raises(SpecError, match=msg):
         Plan.from_dict(bad)
+
+
+def test_describe_runs_shortens_long_stretches_of_plain_stores_only():
+    p = Plan("dp", 12, (Checkpoint(0, 6, (Store(0), Store(1), Store(2, "sac-attn"), Store(3), Store(4),
+                                          Store(5))), Store(6), Store(7), Store(8), Store(9),
+                        Store(10), Store(11)))
+    assert p.describe(runs=True) == "C[0,6){S0 S1 S2:sac-attn S3 S4 S5} S6..S11"
+    assert p.describe() == "C[0,6){S0 S1 S2:sac-attn S3 S4 S5} S6 S7 S8 S9 S10 S11"
+    assert Plan("none", 3, (Store(0), Store(1), Store(2))).describe(runs=True) == "S0 S1 S2"

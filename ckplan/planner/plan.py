@@ -164,8 +164,9 @@ class Plan:
     def n_checkpoints(self) -> int:
         return sum(isinstance(it, Checkpoint) for it, _ in self.walk())
 
-    def describe(self) -> str:
-        """A compact one-line form: ``S0 S1 C[2,6){S2 C[3,5){S3 S4} S5}``."""
+    def describe(self, *, runs: bool = False) -> str:
+        """A compact one-line form: ``S0 S1 C[2,6){S2 C[3,5){S3 S4} S5}``. ``runs``: four or more
+        consecutive layers stored plainly as one ``S4..S9`` (for display: long chains)."""
         out: list[str] = []
         stack: list[Any] = list(reversed(self.items))
         while stack:
@@ -178,6 +179,8 @@ class Plan:
                 out.append(f"C[{it.start},{it.stop}){{")
                 stack.append("}")
                 stack.extend(reversed(it.inner))
+        if runs:
+            out = _store_runs(out)
         return " ".join(out).replace("{ ", "{").replace(" }", "}")
 
     # ---- JSON --------------------------------------------------------------------------
@@ -333,3 +336,23 @@ def _validate(items: tuple[Item, ...], n_layers: int) -> None:
         if (owner is not None and len(seq) == 1 and isinstance(seq[0], Checkpoint)):
             raise SpecError(f"{where} is a single checkpoint of its whole range, which would only "
                             "rerun the segment", tip="list its inner items directly")
+
+
+def _store_runs(tokens: list[str], least: int = 4) -> list[str]:
+    """``describe``'s tokens with each run of at least ``least`` consecutive plain stores
+    (``S4 S5 S6 S7``) as one ``S4..S7``."""
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        j = i
+        while (j + 1 < len(tokens) and tokens[j][1:].isdigit() and tokens[j][0] == "S"
+               and tokens[j + 1][0] == "S" and tokens[j + 1][1:].isdigit()
+               and int(tokens[j + 1][1:]) == int(tokens[j][1:]) + 1):
+            j += 1
+        if j - i + 1 >= least:
+            out.append(f"{tokens[i]}..{tokens[j]}")
+            i = j + 1
+        else:
+            out.append(tokens[i])
+            i += 1
+    return out
