@@ -39,8 +39,8 @@ The tables are compiled with numba when it is installed (``pip install ckplan[fa
 ``--numpy`` times the numpy path instead. Before timing, two small plans (exact and grouped) load
 numba and its compiled kernels (about 1-2 s once per process, not counted; the header says which
 path). Timed plans clear the layer tables (``layer_tables``) but not what is cached per chain
-across budgets: ``min_peak`` and the dp safety net's baseline scores (grouped long chains), so
-the first budget of a 1000-layer chain pays ~0.2-0.3 s more than the others.
+across budgets: ``min_peak`` and the dp safety net's baseline scores (those it needs), so the
+first budget of a 1000-layer chain may pay up to ~0.3 s more than the others.
 
 ``--band-gap``: chains too long for the exact reference; the reference is the banded DP without
 the thinning (``banded_plan(..., trim=0)``), the optimum among the band's plans.

@@ -1,6 +1,7 @@
 """Baseline strategies, the public entry points, and the sweep."""
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from ckplan.planner import (
     sweep,
 )
 from ckplan.planner.baselines import chen_grid, plan_chen_threshold
-from ckplan.planner.plan import Checkpoint, Store
+from ckplan.planner.plan import Checkpoint, Plan, Store
 from ckplan.planner.synthetic import random_chain, uniform_chain
 
 
@@ -119,3 +120,49 @@ def test_planner_does_not_import_torch():
             "p.plan_chain(random_chain(5, 1), 'dp'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- The dp safety net's pruning bound ------------------------------------------------------
+# Oracle: the simulator. ``recompute_floor`` may only prune baselines the simulator would score
+# no cheaper; the net must return what simulating every baseline returns.
+
+def test_recompute_floor_is_below_the_simulated_recompute_and_exact_on_baselines():
+    import itertools
+
+    from test_planner_options import _assign, plans
+
+    from ckplan.planner.baselines import baseline_candidates
+    from ckplan.planner.chain import STORE
+    from ckplan.planner.strategies import recompute_floor
+    from ckplan.planner.synthetic import with_tails
+    for seed in range(4):
+        ch = with_tails(random_chain(5, seed, max_size=997, options=2), seed, most=0.9)
+        choices = [(STORE, *(o.name for o in ly.options)) for ly in ch.layers]
+        for items in plans(5):
+            for names in itertools.islice(itertools.product(*choices), 0, None, 17):
+                p = Plan("x", 5, _assign(items, names))
+                assert recompute_floor(ch, p) <= simulate(ch, p).recompute_ms + 1e-9, p.describe()
+        for p in baseline_candidates(ch.without_options(), 2):
+            assert recompute_floor(ch, p) == pytest.approx(simulate(ch, p).recompute_ms, rel=1e-12, abs=1e-12)
+
+
+def test_safety_net_returns_what_simulating_every_baseline_returns():
+    from ckplan.planner.baselines import baseline_candidates
+    from ckplan.planner.strategies import _safety_net
+    from ckplan.planner.synthetic import with_tails
+    weak = plan_every_k(40, 1)  # recomputes everything: baselines that fit beat it
+    swapped = 0
+    for seed, f in itertools.product(range(3), (0.0, 0.05, 0.2, 0.5, 0.9)):
+        ch = with_tails(random_chain(40, seed, max_size=10_007), seed)
+        lo, hi = min_peak(ch), simulate(ch, plan_none(40)).peak_bytes
+        b = int(lo + f * (hi - lo))
+        for start in (plan_chain(ch, "dp", b).plan, weak):
+            best, best_sc = start, simulate(ch, start)
+            for cand in baseline_candidates(ch, 2):
+                sc = simulate(ch, cand)
+                if sc.peak_bytes <= b and sc.recompute_ms < best_sc.recompute_ms * (1 - 1e-12):
+                    best, best_sc = cand, sc
+            got, _ = _safety_net(ch, start, b, 2)
+            assert got.items == best.items, (seed, f)
+            swapped += best is not start
+    assert swapped  # the net had something to do
