@@ -638,7 +638,7 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
 
     ``trim``: the tails' frontiers thinned (``ParetoTable``): within ``(1 - trim) ** -U`` of
-    the band's optimum instead of equal to it (long chains, ``TAIL_TRIM``).
+    the band's optimum instead of equal to it (long chains: ``tail_trim``).
 
     Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
     t = layer_tables(chain)
