@@ -200,6 +200,9 @@ COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 4000
 # the band's optimum (measured: 0.00-0.05%); 1000 layers with options at the smallest peak:
 # the table 2.6 s -> 1.0 s; 400 option-heavy blocks 10% up: 2.0 s -> 0.8 s.
 TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
+# The banded DP's note suggests ``--exact`` up to this many layers (3-4 s at 300; at 1000 the
+# exact tables outgrow 24 GB).
+EXACT_PROOF_LAYERS = 400
 CAST_READS = 8  # mixed precision: table reads at lowered budgets before the guaranteed one
 SCAN_READS, CAST_SCAN_READS = 64, 4  # slot-plan reads per table read (copies make most overshoot)
 
@@ -835,10 +838,12 @@ def _band_note(b: Banded) -> str:
     if b.trim:  # the bound of ParetoTable's trim: (1 - trim) ** -U
         bound = math.expm1(-math.log1p(-b.trim) * (b.plan.n_layers + 1))
         within = f"within {bound:.1%} of "
+    proof = ("--exact proves the optimum" if b.plan.n_layers <= EXACT_PROOF_LAYERS else
+             "--exact would prove the optimum, but its O(U^3) tables are out of reach at this length")
     return (f"near-optimal, not proven: {within}the best plan whose checkpoints span at most "
             f"{b.band} layers (longer ones only at the top level, storing their layers; this "
             f"plan's longest: {b.longest})" + (" (frontiers thinned to plan a long chain fast)"
-                                               if b.trim else "") + "; --exact proves the optimum")
+                                               if b.trim else "") + f"; {proof}")
 
 
 def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
