@@ -243,9 +243,10 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
 # this small; the bound is then loose enough to fail only when the recursion is wrong.
 
 
-def _trim_cases(trim: float, numba: bool, monkeypatch) -> int:
-    """Check the claim on a few chains at a grid of budgets; return how many answers the
-    trimming changed (the test must see some, or it checks nothing)."""
+def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1) -> int:
+    """Check the claim on a few chains at a grid of budgets, every ``every``-th tail thinned
+    (k: the optimal plan's top-level items starting at a thinned tail); return how many answers
+    the trimming changed (the test must see some, or it checks nothing)."""
     if numba:
         pytest.importorskip("numba")
     monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
@@ -258,14 +259,15 @@ def _trim_cases(trim: float, numba: bool, monkeypatch) -> int:
         lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
         top = hi - base_bytes(ch)
         exact = T.ParetoTable(u, pc, t.peaks.R, top)
-        trimmed = T.ParetoTable(u, pc, t.peaks.R, top, trim=trim)
+        trimmed = T.ParetoTable(u, pc, t.peaks.R, top, trim=trim, trim_every=every)
         assert trimmed.total_points < exact.total_points
         for f in (0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9):
             b = int(lo + f * (hi - lo))
             avail = b - base_bytes(ch)
             want = exact.cost(avail)
             got = trimmed.cost(avail)
-            k = len(plan_from(ch, u, *exact.parts(avail), {}).items) + 1
+            items = plan_from(ch, u, *exact.parts(avail), {}).items
+            k = sum((it.layer if isinstance(it, Store) else it.start) % every == 0 for it in items) + 1
             assert want - 1e-9 <= got <= want * (1 - trim) ** -k + 1e-9, (n, f)
             plan = plan_from(ch, u, *trimmed.parts(avail), {})
             sc = simulate(ch, plan)
@@ -279,6 +281,28 @@ def _trim_cases(trim: float, numba: bool, monkeypatch) -> int:
 def test_trimmed_tails_fit_and_stay_within_their_bound(monkeypatch, numba):
     assert _trim_cases(0.2, numba, monkeypatch) > 0
     _trim_cases(0.05, numba, monkeypatch)
+    assert _trim_cases(0.3, numba, monkeypatch, every=3) > 0  # every third tail, thinned more
+
+
+@pytest.mark.parametrize("numba", [False, True], ids=["numpy", "numba"])
+def test_only_every_nth_tail_is_thinned(monkeypatch, numba):
+    """``trim_every`` past the last tail thins only tail 0: every other frontier is the
+    untrimmed table's, point for point."""
+    if numba:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    ch = with_tails(random_chain(20, 5, max_size=1_000_003, options=2), 5)
+    t = layer_tables(ch)
+    u, pc = t.units, t.pairs
+    top = simulate(ch, plan_none(20)).peak_bytes - base_bytes(ch)
+    exact = T.ParetoTable(u, pc, t.peaks.R, top)
+    one = T.ParetoTable(u, pc, t.peaks.R, top, trim=0.3, trim_every=u.size + 1)
+    assert exact.F.keys() == one.F.keys()
+    for key, f in exact.F.items():
+        if key != (0, u.size):
+            assert all((a == b).all() for a, b in zip(one.F[key], f)), key
+    assert len(one.F[(0, u.size)][0]) < len(exact.F[(0, u.size)][0])
 
 
 def test_trim_is_refused_outside_zero_to_one():

@@ -51,11 +51,12 @@ layers, options included, in 0.02-0.1 s at 100 layers and 0.1-0.3 s at 300 (the 
 and 3-4 s). ``mode="exact"`` still asks for the proof.
 
 On chains of over ``TRIM_MIN_LAYERS`` layers the tails' frontiers ``F(s, U)``, where long chains
-spend their time, are thinned (``tail_trim``): a tail keeps a breakpoint only when it is at
-least ``TAIL_TRIM_ERROR / U`` cheaper than the last one kept. Every point left is a real plan's
-exact (bytes, recompute), so plans fit as before; each tail of an optimal plan's top-level path
-(at most U of them) costs at most ``1 / (1 - trim)`` more, so the plan is within
-``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.00-0.05%;
+spend their time, are thinned (``tail_trim``): every ``TRIM_EVERY``-th tail keeps a breakpoint
+only when it is at least ``TAIL_TRIM_ERROR / ceil(U / TRIM_EVERY)`` cheaper than the last one
+kept. Every point left is a real plan's exact (bytes, recompute), so plans fit as before; each
+thinned tail that an item of an optimal plan's top-level path starts at (at most
+``ceil(U / TRIM_EVERY)`` of them) costs at most ``1 / (1 - trim)`` more, so the plan is within
+``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.0-0.4%;
 ``scripts/bench_planner.py --band-gap``). Chains of over ``BAND_MAX_LAYERS`` layers with selective
 options take this path at every budget (the grouped tables below cannot use options: their
 plans recomputed 7% to 5.5x as much at 1000 layers), up to ``BAND_OPTIONS_MAX_LAYERS`` layers, and
@@ -196,10 +197,14 @@ BAND_OPTIONS_MAX_LAYERS = 1200
 # prunes what the smallest-peak plan cannot (400 option-heavy layers half-way up: 13 s -> 2 s).
 COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 4000
 # Chains over TRIM_MIN_LAYERS: the banded DP thins its tails' frontiers (``ParetoTable``'s
-# ``trim``) by TAIL_TRIM_ERROR / U each, so a plan is within exp(TAIL_TRIM_ERROR) - 1 = 4.6% of
-# the band's optimum (measured: 0.00-0.05%); 1000 layers with options at the smallest peak:
-# the table 2.6 s -> 1.0 s; 400 option-heavy blocks 10% up: 2.0 s -> 0.8 s.
+# ``trim``), so a plan is within exp(TAIL_TRIM_ERROR) - 1 = 4.6% of the band's optimum. Every
+# tail by TAIL_TRIM_ERROR / U (measured: 0.00-0.05%): 1000 layers with options at the smallest
+# peak, the table 2.6 s -> 1.0 s; 400 option-heavy blocks 10% up: 2.0 s -> 0.8 s.
 TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
+# Only every TRIM_EVERY-th tail is thinned, by TRIM_EVERY times as much (the same bound): at 1000
+# layers with options the table 1.07 -> 0.67 s at the smallest peak, 2.8 -> 1.1 s half-way up
+# (measured gaps 0.02-0.4%, from 0.00-0.05%; 4 and 16 were slower).
+TRIM_EVERY = 8
 # The banded DP's note suggests ``--exact`` up to this many layers (3-4 s at 300; at 1000 the
 # exact tables outgrow 24 GB).
 EXACT_PROOF_LAYERS = 400
@@ -614,12 +619,13 @@ class Banded:
     band: int
     exact: bool
     longest: int  # the most layers one checkpoint of the plan spans
-    trim: float = 0.0  # the tails' frontiers were thinned (``ParetoTable``'s ``trim``)
+    trim: float = 0.0  # the tails' frontiers were thinned (``ParetoTable``'s ``trim``)...
+    trim_every: int = 1  # ... every this many
 
 
 def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 max_work: int = BAND_WORK, bound: Plan | None = None,
-                trim: float = 0.0) -> Banded | None:
+                trim: float = 0.0, trim_every: int = 1) -> Banded | None:
     """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
     checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
     which may span any number of layers when they store every layer inside (one long
@@ -640,8 +646,9 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     built (none reaches the budget within the limit, or the first frontier outgrows
     ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
 
-    ``trim``: the tails' frontiers thinned (``ParetoTable``): within ``(1 - trim) ** -U`` of
-    the band's optimum instead of equal to it (long chains: ``tail_trim``).
+    ``trim``, ``trim_every``: the tails' frontiers thinned (``ParetoTable``): within
+    ``(1 - trim) ** -ceil(U / trim_every)`` of the band's optimum instead of equal to it (long
+    chains: ``tail_trim``).
 
     Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
     t = layer_tables(chain)
@@ -673,7 +680,7 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 cost = simulate(chain, first).recompute_ms
                 best = Banded(first, L, False, _longest(first))
             pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=n,
-                             trim=trim, max_total=BAND_MAX_TOTAL)
+                             trim=trim, max_total=BAND_MAX_TOTAL, trim_every=trim_every)
             if not pt.ok and not slot_tried and n <= BAND_MAX_LAYERS:
                 slot_tried = True  # the bound prunes too little: the slot table's plan
                 alt = _slot_plan(chain, budget_bytes)
@@ -681,13 +688,14 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 if sc.peak_bytes <= budget_bytes and sc.recompute_ms < cost:
                     cost, best = sc.recompute_ms, Banded(alt, 0, False, _longest(alt))
                     pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L,
-                                     top_len=n, trim=trim, max_total=BAND_MAX_TOTAL)
+                                     top_len=n, trim=trim, max_total=BAND_MAX_TOTAL,
+                                     trim_every=trim_every)
             if not pt.ok:
                 break
             work, solved = pt.total_points, True
             assert best is not None
             # no plan of this band is cheaper (the cap), or (trimmed) much cheaper
-            best = replace(best, band=L, exact=full and not trim, trim=trim)
+            best = replace(best, band=L, exact=full and not trim, trim=trim, trim_every=trim_every)
             if pt.cost(avail) < INF:
                 plan = plan_from(chain, u, *pt.parts(avail), params)
                 sc = simulate(chain, plan)
@@ -696,7 +704,7 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                                        f"{budget_bytes}: planner bug")
                 if sc.recompute_ms <= cost:
                     cost, best = sc.recompute_ms, Banded(plan, L, full and not trim, _longest(plan),
-                                                         trim)
+                                                         trim, trim_every)
             if full or _longest(best.plan, L) < L:
                 break
         if full or 4 * work > max_work:
@@ -789,7 +797,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
             lowest = min_peak(chain)
             if budget_bytes - lowest >= COARSE_MIN_FRAC * (none_peak - lowest):
                 bound = _coarse_plan(chain, budget_bytes)
-        banded = banded_plan(chain, budget_bytes, bound=bound, trim=tail_trim(chain))
+        banded = banded_plan(chain, budget_bytes, bound=bound, trim=tail_trim(chain),
+                             trim_every=TRIM_EVERY)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -827,16 +836,23 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
 
 def tail_trim(chain: Chain) -> float:
     """The ``trim`` of the banded DP's tails on a chain of over ``TRIM_MIN_LAYERS`` layers
-    (else 0): ``TAIL_TRIM_ERROR`` shared out over the at most U top-level items of a plan, so
-    the plan is within ``exp(TAIL_TRIM_ERROR)`` of the band's optimum."""
+    (else 0), every ``TRIM_EVERY``-th tail thinned: ``TAIL_TRIM_ERROR`` shared out over the at
+    most ``ceil(U / TRIM_EVERY)`` top-level items of a plan that start at a thinned tail, so the
+    plan is within ``exp(TAIL_TRIM_ERROR)`` of the band's optimum."""
     n = chain.n_layers
-    return TAIL_TRIM_ERROR / (n + 1) if n > TRIM_MIN_LAYERS else 0.0
+    return TAIL_TRIM_ERROR / _thinned_items(n + 1, TRIM_EVERY) if n > TRIM_MIN_LAYERS else 0.0
+
+
+def _thinned_items(units: int, every: int) -> int:
+    """The most top-level items of a plan that start at a thinned tail (starts ``s < units``
+    with ``s % every == 0``)."""
+    return -(-units // every)
 
 
 def _band_note(b: Banded) -> str:
     within = ""
-    if b.trim:  # the bound of ParetoTable's trim: (1 - trim) ** -U
-        bound = math.expm1(-math.log1p(-b.trim) * (b.plan.n_layers + 1))
+    if b.trim:  # the bound of ParetoTable's trim: (1 - trim) ** -ceil(U / trim_every)
+        bound = math.expm1(-math.log1p(-b.trim) * _thinned_items(b.plan.n_layers + 1, b.trim_every))
         within = f"within {bound:.1%} of "
     proof = ("--exact proves the optimum" if b.plan.n_layers <= EXACT_PROOF_LAYERS else
              "--exact would prove the optimum, but its O(U^3) tables are out of reach at this length")
@@ -862,7 +878,8 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         lowest = min_peak(chain)
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
-        banded = banded_plan(chain, budget_bytes, trim=tail_trim(chain)) if band else None
+        banded = (banded_plan(chain, budget_bytes, trim=tail_trim(chain), trim_every=TRIM_EVERY)
+                  if band else None)
         if banded is not None:
             found, exact = banded.plan, banded.exact
             how = _band_note(banded)

@@ -730,22 +730,27 @@ class ParetoTable:
     ``PeakTable(u, pc, max_len, top_len).R``).
 
     ``trim`` (0: off) thins the tails' frontiers ``F[(s, U)]``, where long chains spend their
-    time: of their points (bytes up, recompute down) only the first and each one at least
-    ``trim`` (relative) cheaper than the last kept survive (:func:`_trim`). Every point left is
-    still a real plan's exact (bytes, recompute), so plans fit exactly as before; a tail's least
-    recompute at any budget is at most ``1 / (1 - trim)`` times what its parts give, so the
-    whole chain's is within ``(1 - trim) ** -k`` of the optimum, k the number of top-level items
-    (stored units and checkpoints) of an optimal plan, at most ``U``. The table is then not
-    exact."""
+    time, at every ``trim_every``-th start ``s`` (``s % trim_every == 0``): of their points (bytes
+    up, recompute down) only the first and each one at least ``trim`` (relative) cheaper than the
+    last kept survive (:func:`_trim`). Every point left is still a real plan's exact (bytes,
+    recompute), so plans fit exactly as before; a thinned tail's least recompute at any budget is
+    at most ``1 / (1 - trim)`` times what its parts give, and an untrimmed tail's is exactly what
+    its parts give, so the whole chain's is within ``(1 - trim) ** -k`` of the optimum, k the
+    number of top-level items (stored units and checkpoints) of an optimal plan that start at a
+    thinned tail: at most ``ceil(U / trim_every)``. Thinning every 8th tail by 8 times as much
+    keeps that bound and builds half the points (the tails in between grow little). The table
+    is then not exact."""
 
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                  max_points: int | None = None, max_cost: float | None = None,
                  max_len: int | None = None, top_len: int | None = None, trim: float = 0.0,
-                 max_total: int | None = None):
+                 max_total: int | None = None, trim_every: int = 1):
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         if not 0.0 <= trim < 1.0:
             raise ValueError(f"trim must be in [0, 1), not {trim}")
-        self.trim = float(trim)
+        if trim_every < 1:
+            raise ValueError(f"trim_every must be at least 1, not {trim_every}")
+        self.trim, self.trim_every = float(trim), int(trim_every)
         U = u.size
         L, LT = band(U, max_len, top_len)
         self.max_len, self.top_len = L, LT
@@ -773,7 +778,8 @@ class ParetoTable:
         off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
                                                   -1 if max_points is None else int(max_points),
                                                   L, LT, sa, self.trim,
-                                                  -1 if max_total is None else int(max_total))
+                                                  -1 if max_total is None else int(max_total),
+                                                  self.trim_every)
         self._flat = (off, ln, mem, cost, ch)
         self.ok, self.n_points, self.total_points = bool(ok), int(most), len(mem)
 
@@ -831,7 +837,8 @@ class ParetoTable:
                         chs.append(np.full(len(rm), U + j, dtype=i64))
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
                               c_se, k_se) if mems else _EMPTY
-                if self.trim > 0 and e == U and len(f[0]) > 1:  # fresh arrays: trimmed in place
+                if self.trim > 0 and e == U and s % self.trim_every == 0 and len(f[0]) > 1:
+                    # fresh arrays: trimmed in place
                     k = _trim(f[0], f[1], f[2], len(f[0]), self.trim)
                     f = (f[0][:k], f[1][:k], f[2][:k])
                 F[(s, e)] = f
@@ -1207,7 +1214,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
                    L: int, LT: int, sa: np.ndarray, trim: float = 0.0,
-                   max_total: int = -1) -> tuple:
+                   max_total: int = -1, trim_every: int = 1) -> tuple:
     """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
     ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
     offset -1 where skipped."""
@@ -1371,7 +1378,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
-            if trim > 0.0 and e == U and ne > 1:  # thin the tails (``ParetoTable``'s trim)
+            if trim > 0.0 and e == U and s % trim_every == 0 and ne > 1:  # ``ParetoTable``'s trim
                 ne = _trim(em, ec, ech, ne, trim)
             if used + ne > len(mem):
                 mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
