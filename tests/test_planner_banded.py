@@ -314,15 +314,20 @@ def test_trim_is_refused_outside_zero_to_one():
 
 
 @pytest.mark.parametrize("frac", [0.0, 0.01, 0.3])
-def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch, frac):
+@pytest.mark.parametrize("over_band", [False, True], ids=["every-tail", "every-8th-tail"])
+def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch, frac, over_band):
     """``plan_dp`` on a chain over TRIM_MIN_LAYERS (lowered here to a chain the exact DP can
-    check): the plan fits, says it is within 4.6%, and is, against the exact DP."""
+    check; and over BAND_MAX_LAYERS, where every 8th tail is thinned): the plan fits, says it
+    is within 4.6%, and is, against the exact DP."""
     from ckplan.planner import dp as D
     monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    if over_band:
+        monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     ch = random_chain(BAND_MIN_LAYERS + 6, 7, max_size=1_000_003, options=2)
     n = ch.n_layers
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
+    assert D.tail_trim(ch)[1] == (D.TRIM_EVERY if over_band else 1)
     got = plan_dp(ch, b)
     ref = plan_dp(ch, b, mode="exact")
     assert ref.exact and not got.exact

@@ -51,16 +51,18 @@ layers, options included, in 0.02-0.1 s at 100 layers and 0.1-0.3 s at 300 (the 
 and 3-4 s). ``mode="exact"`` still asks for the proof.
 
 On chains of over ``TRIM_MIN_LAYERS`` layers the tails' frontiers ``F(s, U)``, where long chains
-spend their time, are thinned (``tail_trim``): every ``TRIM_EVERY``-th tail keeps a breakpoint
-only when it is at least ``TAIL_TRIM_ERROR / ceil(U / TRIM_EVERY)`` cheaper than the last one
-kept. Every point left is a real plan's exact (bytes, recompute), so plans fit as before; each
-thinned tail that an item of an optimal plan's top-level path starts at (at most
-``ceil(U / TRIM_EVERY)`` of them) costs at most ``1 / (1 - trim)`` more, so the plan is within
-``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.0-0.4%;
-``scripts/bench_planner.py --band-gap``). Chains of over ``BAND_MAX_LAYERS`` layers with selective
-options take this path at every budget (the grouped tables below cannot use options: their
-plans recomputed 7% to 5.5x as much at 1000 layers), up to ``BAND_OPTIONS_MAX_LAYERS`` layers, and
-fall back to the grouped tables when the frontiers outgrow ``BAND_MAX_TOTAL`` points.
+spend their time, are thinned (``tail_trim``): a thinned tail keeps a breakpoint only when it is
+at least ``TAIL_TRIM_ERROR / k`` cheaper than the last one kept, k the most top-level items of a
+plan that start at a thinned tail: every tail up to ``BAND_MAX_LAYERS`` layers (k = U), every
+``TRIM_EVERY``-th above (k = ceil(U / TRIM_EVERY), each thinned 8 times as much: half the
+points). Every point left is a real plan's exact (bytes, recompute), so plans fit as before;
+each such item costs at most ``1 / (1 - trim)`` more, so the plan is within
+``exp(TAIL_TRIM_ERROR)`` = 4.6% of the band's optimum (measured 0.00-0.05% up to 400 layers,
+0.0-0.1% at 1000; ``scripts/bench_planner.py --gap``, ``--band-gap``). Chains of over
+``BAND_MAX_LAYERS`` layers with selective options take this path at every budget (the grouped
+tables below cannot use options: their plans recomputed 7% to 5.5x as much at 1000 layers), up
+to ``BAND_OPTIONS_MAX_LAYERS`` layers, and fall back to the grouped tables when the frontiers
+outgrow ``BAND_MAX_TOTAL`` points.
 
 **Selective options (``Layer.options``).** Storing a layer may keep less than its ``xbar`` and
 redo part of its forward in its backward. In the exact DP, ``Store(s)`` with option ``o`` keeps
@@ -201,9 +203,10 @@ COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 4000
 # tail by TAIL_TRIM_ERROR / U (measured: 0.00-0.05%): 1000 layers with options at the smallest
 # peak, the table 2.6 s -> 1.0 s; 400 option-heavy blocks 10% up: 2.0 s -> 0.8 s.
 TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
-# Only every TRIM_EVERY-th tail is thinned, by TRIM_EVERY times as much (the same bound): at 1000
-# layers with options the table 1.07 -> 0.67 s at the smallest peak, 2.8 -> 1.1 s half-way up
-# (measured gaps 0.02-0.4%, from 0.00-0.05%; 4 and 16 were slower).
+# Over BAND_MAX_LAYERS only every TRIM_EVERY-th tail is thinned, by TRIM_EVERY times as much (the
+# same bound): at 1000 layers with options the table 1.07 -> 0.67 s at the smallest peak, 2.8 ->
+# 1.1 s half-way up (4 and 16 were slower); measured gaps 0.0-0.1% (at 250-400 layers it would
+# be 0.0-0.5% instead of 0.00-0.05%, for no time to speak of: not there).
 TRIM_EVERY = 8
 # The banded DP's note suggests ``--exact`` up to this many layers (3-4 s at 300; at 1000 the
 # exact tables outgrow 24 GB).
@@ -797,8 +800,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
             lowest = min_peak(chain)
             if budget_bytes - lowest >= COARSE_MIN_FRAC * (none_peak - lowest):
                 bound = _coarse_plan(chain, budget_bytes)
-        banded = banded_plan(chain, budget_bytes, bound=bound, trim=tail_trim(chain),
-                             trim_every=TRIM_EVERY)
+        trim, every = tail_trim(chain)
+        banded = banded_plan(chain, budget_bytes, bound=bound, trim=trim, trim_every=every)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -834,13 +837,17 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
 
 
-def tail_trim(chain: Chain) -> float:
-    """The ``trim`` of the banded DP's tails on a chain of over ``TRIM_MIN_LAYERS`` layers
-    (else 0), every ``TRIM_EVERY``-th tail thinned: ``TAIL_TRIM_ERROR`` shared out over the at
-    most ``ceil(U / TRIM_EVERY)`` top-level items of a plan that start at a thinned tail, so the
-    plan is within ``exp(TAIL_TRIM_ERROR)`` of the band's optimum."""
+def tail_trim(chain: Chain) -> tuple[float, int]:
+    """``(trim, trim_every)`` of the banded DP's tails: none up to ``TRIM_MIN_LAYERS`` layers;
+    every tail up to ``BAND_MAX_LAYERS`` (planning is fast there, and the plans nearer the
+    optimum); every ``TRIM_EVERY``-th above. ``TAIL_TRIM_ERROR`` is shared out over the most
+    top-level items of a plan that start at a thinned tail, so the plan is within
+    ``exp(TAIL_TRIM_ERROR)`` of the band's optimum."""
     n = chain.n_layers
-    return TAIL_TRIM_ERROR / _thinned_items(n + 1, TRIM_EVERY) if n > TRIM_MIN_LAYERS else 0.0
+    if n <= TRIM_MIN_LAYERS:
+        return 0.0, 1
+    every = TRIM_EVERY if n > BAND_MAX_LAYERS else 1
+    return TAIL_TRIM_ERROR / _thinned_items(n + 1, every), every
 
 
 def _thinned_items(units: int, every: int) -> int:
@@ -878,8 +885,8 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         lowest = min_peak(chain)
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
-        banded = (banded_plan(chain, budget_bytes, trim=tail_trim(chain), trim_every=TRIM_EVERY)
-                  if band else None)
+        trim, every = tail_trim(chain)
+        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every) if band else None
         if banded is not None:
             found, exact = banded.plan, banded.exact
             how = _band_note(banded)
