@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,38 +30,43 @@ def _nested_within(items: tuple, most: int) -> bool:
                or (it.stop - it.start <= most and _nested_within(it.inner, most)) for it in items)
 
 
-def in_band(items: tuple, most: int, long_top: bool) -> bool:
+def in_band(items: tuple, most: int, long_top: bool, top: int | None = None) -> bool:
     """A plan of the band: checkpoints span at most ``most`` layers, except (``long_top``)
-    top-level ones whose layers are all stored with ``store``."""
+    top-level ones (of at most ``top`` layers, when given) whose layers are all stored with
+    ``store``."""
     for it in items:
         if not isinstance(it, Checkpoint):
             continue
         if it.stop - it.start > most:
-            if not (long_top and all(isinstance(x, Store) and x.option == STORE for x in it.inner)):
+            if not (long_top and (top is None or it.stop - it.start <= top)
+                    and all(isinstance(x, Store) and x.option == STORE for x in it.inner)):
                 return False
         elif not _nested_within(it.inner, most):
             return False
     return True
 
 
-def brute_band(chain: Chain, most: int, long_top: bool) -> list[tuple[int, float]]:
+def brute_band(chain: Chain, most: int, long_top: bool,
+               top: int | None = None) -> list[tuple[int, float]]:
     choices = [(STORE, *(o.name for o in ly.options)) for ly in chain.layers]
     out = []
     for items in plans(chain.n_layers):
         for names in itertools.product(*choices):
             full = _assign(items, names)
-            if in_band(full, most, long_top):
+            if in_band(full, most, long_top, top):
                 out.append(peak_of(chain, full))
     return out
 
 
-def check_band_against_brute(chain: Chain, most: int, long_top: bool) -> None:
+def check_band_against_brute(chain: Chain, most: int, long_top: bool,
+                             longest: int | None = None) -> None:
+    """``longest``: long top-level checkpoints of at most this many layers (``top_len``)."""
     n = chain.n_layers
-    scores = brute_band(chain, most, long_top)
+    scores = brute_band(chain, most, long_top, longest)
     best = Best(scores)
     t = layer_tables(chain)
     u, pc = t.units, t.pairs
-    top = n if long_top else most
+    top = (longest or n) if long_top else most
     peaks = T.PeakTable(u, pc, most, top)
     lowest = min(p for p, _ in scores)
     assert max(fixed_peak(chain), base_bytes(chain) + int(peaks.R[0, u.size])) == lowest
@@ -74,7 +80,7 @@ def check_band_against_brute(chain: Chain, most: int, long_top: bool) -> None:
         avail = min(b - base_bytes(chain), top_avail)
         assert pt.cost(avail) == pytest.approx(want, rel=1e-9, abs=1e-9), b
         plan = plan_from(chain, u, *pt.parts(avail), {})
-        assert in_band(plan.items, most, long_top), plan.describe()
+        assert in_band(plan.items, most, long_top, longest), plan.describe()
         sc = simulate(chain, plan)
         assert sc.peak_bytes <= b
         assert sc.recompute_ms == pytest.approx(want, rel=1e-9, abs=1e-9), (b, plan.describe())
@@ -99,6 +105,13 @@ def test_banded_tables_on_seven_layers(seed):
     ch = random_chain(7, seed, max_size=997)
     for most, long_top in ((2, True), (3, False), (3, True)):
         check_band_against_brute(ch, most, long_top)
+
+
+
+def test_banded_tables_with_long_checkpoints_cut_short():
+    """Long top-level checkpoints of at most ``top_len`` layers (``BAND_TOP``), on a chain whose
+    optimum takes longer ones well above the smallest peak."""
+    check_band_against_brute(_mlp_like(7), 1, True, longest=3)
 
 
 @pytest.mark.parametrize("n,seed,size,opts", [(6, 2, 7, 0), (13, 3, 1_000_003, 2), (24, 4, 7, 2),
@@ -223,7 +236,7 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
     ch = random_chain(COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + frac * (hi - lo))
-    bound = _coarse_plan(ch, b)
+    bound = _coarse_plan(ch, b).plan
     assert bound is not None and simulate(ch, bound).peak_bytes <= b
     plain = banded_plan(ch, b)
     got = plan_dp(ch, b)  # with the coarse bound
@@ -232,7 +245,8 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
     assert simulate(ch, got.plan).recompute_ms == pytest.approx(simulate(ch, plain.plan).recompute_ms,
                                                                rel=1e-9)
     assert simulate(ch, got.plan).recompute_ms <= simulate(ch, bound).recompute_ms
-    assert _coarse_plan(ch, lo) is None or simulate(ch, _coarse_plan(ch, lo)).peak_bytes <= lo
+    low = _coarse_plan(ch, lo)
+    assert low is None or simulate(ch, low.plan).peak_bytes <= lo
 
 
 # ---- Trimmed tails (long chains, ``ParetoTable``'s ``trim``) ------------------------------------
@@ -243,10 +257,12 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
 # this small; the bound is then loose enough to fail only when the recursion is wrong.
 
 
-def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1) -> int:
+def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1, eps_share: float = 0.0) -> int:
     """Check the claim on a few chains at a grid of budgets, every ``every``-th tail thinned
     (k: the optimal plan's top-level items starting at a thinned tail); return how many answers
-    the trimming changed (the test must see some, or it checks nothing)."""
+    the trimming changed (the test must see some, or it checks nothing). ``eps_share``: thin by
+    an absolute ``eps`` too (``trim_abs``: this share of the chain's forward time), the bound
+    then ``(optimum + k eps) / (1 - trim) ** k``."""
     if numba:
         pytest.importorskip("numba")
     monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
@@ -259,7 +275,8 @@ def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1) -> int:
         lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
         top = hi - base_bytes(ch)
         exact = T.ParetoTable(u, pc, t.peaks.R, top)
-        trimmed = T.ParetoTable(u, pc, t.peaks.R, top, trim=trim, trim_every=every)
+        eps = eps_share * sum(ly.fwd_ms for ly in ch.layers)
+        trimmed = T.ParetoTable(u, pc, t.peaks.R, top, trim=trim, trim_every=every, trim_abs=eps)
         assert trimmed.total_points < exact.total_points
         for f in (0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9):
             b = int(lo + f * (hi - lo))
@@ -268,7 +285,7 @@ def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1) -> int:
             got = trimmed.cost(avail)
             items = plan_from(ch, u, *exact.parts(avail), {}).items
             k = sum((it.layer if isinstance(it, Store) else it.start) % every == 0 for it in items) + 1
-            assert want - 1e-9 <= got <= want * (1 - trim) ** -k + 1e-9, (n, f)
+            assert want - 1e-9 <= got <= (want + k * eps) * (1 - trim) ** -k + 1e-9, (n, f)
             plan = plan_from(ch, u, *trimmed.parts(avail), {})
             sc = simulate(ch, plan)
             assert sc.peak_bytes <= b, (n, f)
@@ -282,6 +299,15 @@ def test_trimmed_tails_fit_and_stay_within_their_bound(monkeypatch, numba):
     assert _trim_cases(0.2, numba, monkeypatch) > 0
     _trim_cases(0.05, numba, monkeypatch)
     assert _trim_cases(0.3, numba, monkeypatch, every=3) > 0  # every third tail, thinned more
+
+
+@pytest.mark.parametrize("numba", [False, True], ids=["numpy", "numba"])
+def test_tails_thinned_by_an_absolute_amount_stay_within_k_eps(monkeypatch, numba):
+    """``trim_abs``: a thinned tail keeps a point only when it is eps ms cheaper than the last
+    kept, so the least recompute is within k x eps of the optimum (alone, and with ``trim``)."""
+    assert _trim_cases(0.0, numba, monkeypatch, eps_share=0.02) > 0
+    assert _trim_cases(0.0, numba, monkeypatch, every=3, eps_share=0.05) > 0
+    assert _trim_cases(0.1, numba, monkeypatch, eps_share=0.01) > 0
 
 
 @pytest.mark.parametrize("numba", [False, True], ids=["numpy", "numba"])
@@ -317,10 +343,12 @@ def test_trim_is_refused_outside_zero_to_one():
 @pytest.mark.parametrize("over_band", [False, True], ids=["every-tail", "every-8th-tail"])
 def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch, frac, over_band):
     """``plan_dp`` on a chain over TRIM_MIN_LAYERS (lowered here to a chain the exact DP can
-    check; and over BAND_MAX_LAYERS, where every 8th tail is thinned): the plan fits, says it
-    is within 4.6%, and is, against the exact DP."""
+    check; and over BAND_MAX_LAYERS, where every 8th tail is thinned, by an absolute amount
+    from the coarse plan's recompute away from the smallest peak): the plan fits, says it is
+    within some bound of at most 4.6%, and is, against the exact DP."""
     from ckplan.planner import dp as D
     monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    monkeypatch.setattr(D, "COARSE_MIN_LAYERS", BAND_MIN_LAYERS)
     if over_band:
         monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     ch = random_chain(BAND_MIN_LAYERS + 6, 7, max_size=1_000_003, options=2)
@@ -331,10 +359,100 @@ def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch
     got = plan_dp(ch, b)
     ref = plan_dp(ch, b, mode="exact")
     assert ref.exact and not got.exact
-    assert any("within 4.6%" in note for note in got.notes), got.notes
+    stated = [float(m.group(1)) for x in got.notes for m in [re.search(r"within (\d+\.\d)%", x)] if m]
+    assert len(stated) == 1 and stated[0] <= 4.6, got.notes
+    if not over_band or frac < D.COARSE_MIN_FRAC:
+        assert stated[0] == 4.6  # relative thinning: the bound known beforehand
+    else:
+        assert stated[0] < 4.6  # absolute thinning, its bound proven after the fact
     sg, sr = simulate(ch, got.plan), simulate(ch, ref.plan)
     assert sg.peak_bytes <= b
-    assert sr.recompute_ms - 1e-9 <= sg.recompute_ms <= sr.recompute_ms * math.exp(D.TAIL_TRIM_ERROR) + 1e-9
+    assert sr.recompute_ms - 1e-9 <= sg.recompute_ms <= sr.recompute_ms * (1 + (stated[0] + 0.05) / 100)
+
+
+def _thinned(chain: Chain, budget: int, bound, monkeypatch, **kw):
+    from ckplan.planner import dp as D
+    monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
+    trim, every = D.tail_trim(chain)
+    return banded_plan(chain, budget, bound=bound, trim=trim, trim_every=every, **kw), trim, every
+
+
+@pytest.mark.parametrize("frac", [0.1, 0.5, 0.9])
+def test_absolute_thinning_proves_its_bound_after_the_fact(monkeypatch, frac):
+    """``banded_plan``'s ``trim_abs``: eps from the bound plan's recompute; the answer R is within
+    k eps of the optimum, so ``within`` = k eps / (R - k eps), which must hold against the
+    exact DP; a bound far above the optimum (the smallest-peak plan, half-way up) makes that
+    too loose, and the table is built again with eps from R."""
+    from ckplan.planner import dp as D
+    ch = random_chain(BAND_MIN_LAYERS + 6, 11, max_size=1_000_003, options=2)
+    n = ch.n_layers
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    ref = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
+    absolute = 0
+    for bound in (D._coarse_plan(ch, b).plan, D.min_peak_plan(ch)):
+        got, trim, every = _thinned(ch, b, bound, monkeypatch, trim_abs=D.TAIL_TRIM_ABS)
+        sc = simulate(ch, got.plan)
+        assert sc.peak_bytes <= b and not got.exact
+        relative = math.expm1(-math.log1p(-trim) * -(-(n + 1) // every))
+        assert 0 < got.within <= relative + 1e-12
+        absolute += got.within < relative - 1e-12
+        assert ref - 1e-9 <= sc.recompute_ms <= ref * (1 + got.within) + 1e-9
+    assert absolute  # some answer carries the bound proven after the fact
+
+
+def test_absolute_thinning_falls_back_to_relative_when_its_bound_is_too_loose(monkeypatch):
+    """When no absolute thinning proves as much as the relative trim would, the table is built
+    with the relative trim and the plan carries that bound, (1 - trim) ** -k - 1."""
+    from ckplan.planner import dp as D
+    ch = random_chain(BAND_MIN_LAYERS + 6, 11, max_size=1_000_003, options=2)
+    n = ch.n_layers
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + 0.5 * (hi - lo))
+    trim, every = D.TAIL_TRIM_ERROR / -(-(n + 1) // D.TRIM_EVERY), D.TRIM_EVERY
+    got = banded_plan(ch, b, bound=D._coarse_plan(ch, b).plan, trim=trim, trim_every=every,
+                      trim_abs=0.5)  # k eps = half the optimum: never as good as relative
+    k = -(-(n + 1) // every)
+    assert got.within == pytest.approx(math.expm1(-math.log1p(-trim) * k))
+    ref = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
+    assert simulate(ch, got.plan).recompute_ms <= ref * (1 + got.within) + 1e-9
+
+
+def test_coarse_plan_is_reproducible():
+    """Stochastic rounding with a fixed seed: the same chain and budget give the same plan."""
+    from ckplan.planner import dp as D
+    ch = random_chain(D.COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = int(lo + 0.4 * (hi - lo))
+    first = D._coarse_plan(ch, b)
+    layer_tables.cache_clear()
+    assert first is not None and D._coarse_plan(ch, b) == first
+
+
+def test_long_top_level_checkpoints_cut_short_fit_and_cost_no_less():
+    """``banded_plan``'s ``top``: long top-level checkpoints of at most ``top`` layers; on a chain
+    whose plan without the limit takes a longer one, the plan with it spans less and recomputes
+    no less (a smaller plan space), and its note says so."""
+    from dataclasses import replace as dc_replace
+
+    import numpy as np
+
+    from ckplan.planner.dp import _band_note
+    base = random_chain(60, 4, max_size=1_000_003)
+    rng = np.random.default_rng(4)
+    ch = dc_replace(base, layers=tuple(dc_replace(ly, x_bytes=1_000_003,
+                                                  xbar_bytes=1_000_003 + int(50_000 * rng.random()) + 7)
+                                       for ly in base.layers))
+    lo, hi = min_peak(ch), simulate(ch, plan_none(60)).peak_bytes
+    b = int(lo + 0.5 * (hi - lo))
+    free, cut = banded_plan(ch, b, start=8), banded_plan(ch, b, start=8, top=12)
+    assert free.band == cut.band == 8 and cut.top == 12 and free.top is None
+    assert max(r.stop - r.start for r in free.plan.recomputed_ranges()) > 12
+    assert max(r.stop - r.start for r in cut.plan.recomputed_ranges()) <= 12
+    sf, sc = simulate(ch, free.plan), simulate(ch, cut.plan)
+    assert sc.peak_bytes <= b and sc.recompute_ms >= sf.recompute_ms - 1e-9
+    assert "of up to 12" in _band_note(cut) and "of up to" not in _band_note(free)
 
 
 @pytest.mark.parametrize("frac", [0.05, 0.4])

@@ -38,6 +38,27 @@ def _both(monkeypatch, build):
 
 
 @pytest.mark.parametrize("n,seed,size,opts", CASES)
+@pytest.mark.parametrize("extras", ["plain", "lead-breaks-loss"])
+def test_pair_costs_compiled_equal_numpy(monkeypatch, n, seed, size, opts, extras):
+    """``PairCosts``' store needs, inner extras and forward-without-saving peaks (with options,
+    lead bytes, breaks and a loss beside the top level's backward)."""
+    from dataclasses import replace
+
+    from ckplan.planner.synthetic import with_loss
+    ch = _chain(n, seed, size, opts)
+    if extras != "plain":
+        rng = np.random.default_rng(seed)
+        ch = with_loss(replace(ch, layers=tuple(replace(ly, lead_bytes=int(rng.integers(0, size)))
+                                                for ly in ch.layers),
+                               breaks=tuple(b for b in (2, n - 1) if 0 < b < n)), seed)
+    u = make_units(ch)
+    a, b = _both(monkeypatch, lambda: T.PairCosts(u))
+    for name in ("opt_store_req", "store_req", "inner_extra", "fnone", "grads", "store_all"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(a.grads[:, -1], b.grads_to_end)
+
+
+@pytest.mark.parametrize("n,seed,size,opts", CASES)
 def test_peak_table_compiled_equals_numpy(monkeypatch, n, seed, size, opts):
     u = make_units(_chain(n, seed, size, opts))
     pc = T.PairCosts(u)

@@ -194,10 +194,12 @@ BAND_MAX_TOTAL = 60_000_000
 # BAND_MAX_TOTAL after 15 s).
 BAND_OPTIONS_MAX_LAYERS = 1200
 # Chains of at least COARSE_MIN_LAYERS layers, at budgets at least COARSE_MIN_FRAC of the way up
-# from the smallest peak, start the banded DP from the plan of the same band solved with every
-# size rounded up to avail / COARSE_SLOTS bytes (``_coarse_plan``): 0.1-0.25 s, a bound that
-# prunes what the smallest-peak plan cannot (400 option-heavy layers half-way up: 13 s -> 2 s).
-COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 4000
+# from the smallest peak, start the banded DP from the plan of band COARSE_BAND (long top-level
+# checkpoints up to COARSE_TOP layers) solved with every size rounded to avail / COARSE_SLOTS
+# bytes (``_coarse_plan``): a bound that prunes what the smallest-peak plan cannot (400
+# option-heavy layers half-way up: 13 s -> 2 s).
+COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 2000
+COARSE_BAND, COARSE_TOP, COARSE_READS = 4, 64, 6
 # Chains over TRIM_MIN_LAYERS: the banded DP thins its tails' frontiers (``ParetoTable``'s
 # ``trim``), so a plan is within exp(TAIL_TRIM_ERROR) - 1 = 4.6% of the band's optimum. Every
 # tail by TAIL_TRIM_ERROR / U (measured: 0.00-0.05%): 1000 layers with options at the smallest
@@ -208,6 +210,14 @@ TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
 # 1.1 s half-way up (4 and 16 were slower); measured gaps 0.0-0.1% (at 250-400 layers it would
 # be 0.0-0.5% instead of 0.00-0.05%, for no time to speak of: not there).
 TRIM_EVERY = 8
+# There, with a bound plan (``_coarse_plan``), the thinning is absolute: TAIL_TRIM_ABS of the
+# bound's recompute shared out over the thinned items (``banded_plan``'s ``trim_abs``; proven
+# within 4.2% when the bound is the optimum, 4.6% when it is 10% above, else relative again).
+TAIL_TRIM_ABS = 0.04
+# Over BAND_MAX_LAYERS, long top-level checkpoints span at most BAND_TOP layers: trying every
+# length cost 20-40% of the table's time at 1000 layers for plans no cheaper (random, mlp and
+# blocks chains, 1-90% of the range: equal to 0.005%).
+BAND_TOP = 64
 # The banded DP's note suggests ``--exact`` up to this many layers (3-4 s at 300; at 1000 the
 # exact tables outgrow 24 GB).
 EXACT_PROOF_LAYERS = 400
@@ -622,19 +632,23 @@ class Banded:
     band: int
     exact: bool
     longest: int  # the most layers one checkpoint of the plan spans
-    trim: float = 0.0  # the tails' frontiers were thinned (``ParetoTable``'s ``trim``)...
-    trim_every: int = 1  # ... every this many
+    # The tails' frontiers were thinned (``ParetoTable``'s ``trim``/``trim_abs``): the plan is
+    # proven within this much (relative) of the band's optimum; 0.0 when not thinned.
+    within: float = 0.0
+    top: int | None = None  # the most layers a long top-level checkpoint may span (None: any)
 
 
 def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 max_work: int = BAND_WORK, bound: Plan | None = None,
-                trim: float = 0.0, trim_every: int = 1) -> Banded | None:
+                trim: float = 0.0, trim_every: int = 1, trim_abs: float = 0.0,
+                trim_scale: float | None = None, top: int | None = None) -> Banded | None:
     """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
     checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
-    which may span any number of layers when they store every layer inside (one long
-    checkpoint that keeps its layers is what chains whose layers keep little besides their
-    output want at budgets well above the smallest peak). L is widened until the plan no longer
-    needs it.
+    which may span any number of layers (at most ``top`` when given) when they store every
+    layer inside (one long checkpoint that keeps its layers is what chains whose layers keep
+    little besides their output want at budgets well above the smallest peak; consecutive
+    ones of at most ``top`` layers recompute less, and hold a few more boundaries). L is
+    widened until the plan no longer needs it.
 
     The exact DP in bytes (``ParetoTable``) restricted to such plans needs only the tails
     ``[s, U)`` and the sub-chains of at most L layers: O(U L^2 + U^2) splits instead of O(U^3),
@@ -650,8 +664,15 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
 
     ``trim``, ``trim_every``: the tails' frontiers thinned (``ParetoTable``): within
-    ``(1 - trim) ** -ceil(U / trim_every)`` of the band's optimum instead of equal to it (long
-    chains: ``tail_trim``).
+    ``(1 - trim) ** -k`` of the band's optimum instead of equal to it, ``k = ceil(U /
+    trim_every)`` (long chains: ``tail_trim``). ``trim_abs`` (with ``trim``, and a ``bound`` that
+    fits): thin by ``eps = trim_abs x scale / k`` ms instead (``ParetoTable``'s ``trim_abs``;
+    ``scale``: the bound's recompute, or ``trim_scale``, an estimate of the optimum, when
+    lower), which keeps fewer points where the tails' recompute is small; the answer R is then
+    at most the optimum + ``k x eps``, so within ``k eps / (R - k eps)`` of it, checked once R
+    is known: past the relative trim's bound (the scale far above the optimum) the table is
+    built again with eps from R, and past it again with the relative ``trim``
+    (``Banded.within`` says which bound held).
 
     Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
     t = layer_tables(chain)
@@ -661,6 +682,7 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     if budget_bytes < fixed_peak(chain) or avail < 0:
         return None
     L = max(1, min(start, n))
+    LT = n if top is None else min(top, n)
     work = 0  # breakpoints of the last band's table
     solved = False  # some band's table was built (else the bound alone is no answer)
     slot_tried = False
@@ -672,42 +694,71 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
         if sc.peak_bytes <= budget_bytes:
             bound = replace(bound, params=params)
             best, cost = Banded(bound, 0, False, _longest(bound)), sc.recompute_ms
+    k = _thinned_items(U, trim_every)
+    rel_within = math.expm1(-math.log1p(-trim) * k) if trim else 0.0
+    scale = cost if trim_scale is None else min(cost, trim_scale)
+    eps = trim_abs * scale / k if trim and trim_abs > 0 and cost < INF else 0.0
+    limit = rel_within  # absolute thinning only where it proves as much as relative would
+
+    def table(L: int, R: np.ndarray, absolute: bool) -> ParetoTable:
+        return ParetoTable(u, pc, R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=max(L, LT),
+                           trim=0.0 if absolute else trim, trim_abs=eps if absolute else 0.0,
+                           max_total=BAND_MAX_TOTAL, trim_every=trim_every)
+
+    def read(pt: ParetoTable, L: int, full: bool) -> None:
+        nonlocal best, cost
+        assert best is not None
+        # no plan of this band is cheaper (the cap), or (thinned) much cheaper
+        best = replace(best, band=L)
+        if pt.cost(avail) < INF:
+            plan = plan_from(chain, u, *pt.parts(avail), params)
+            sc = simulate(chain, plan)
+            if sc.peak_bytes > budget_bytes:
+                raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
+                                   f"{budget_bytes}: planner bug")
+            if sc.recompute_ms <= cost:
+                cost, best = sc.recompute_ms, Banded(plan, L, False, _longest(plan))
+
     while True:
         full = n <= L
-        peaks = t.peaks if full else PeakTable(u, pc, L, n)
+        peaks = t.peaks if full else PeakTable(u, pc, L, max(L, LT))
         if int(peaks.R[0, U]) <= avail:
             if best is None:  # a plan of this band that fits bounds every band's optimum
                 first = plan_from(chain, u, *reconstruct_options(
                     u.bounds, U, avail,
-                    exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, n))), params)
+                    exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, max(L, LT)))), params)
                 cost = simulate(chain, first).recompute_ms
                 best = Banded(first, L, False, _longest(first))
-            pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=n,
-                             trim=trim, max_total=BAND_MAX_TOTAL, trim_every=trim_every)
+            pt = table(L, peaks.R, eps > 0)
             if not pt.ok and not slot_tried and n <= BAND_MAX_LAYERS:
                 slot_tried = True  # the bound prunes too little: the slot table's plan
                 alt = _slot_plan(chain, budget_bytes)
                 sc = simulate(chain, alt)
                 if sc.peak_bytes <= budget_bytes and sc.recompute_ms < cost:
                     cost, best = sc.recompute_ms, Banded(alt, 0, False, _longest(alt))
-                    pt = ParetoTable(u, pc, peaks.R, avail, BAND_MAX_POINTS, cost, max_len=L,
-                                     top_len=n, trim=trim, max_total=BAND_MAX_TOTAL,
-                                     trim_every=trim_every)
+                    pt = table(L, peaks.R, eps > 0)
             if not pt.ok:
                 break
             work, solved = pt.total_points, True
+            read(pt, L, full)
+            within = rel_within
+            if eps > 0:  # R <= optimum + k eps: proven within k eps / (R - k eps)
+                within = _abs_within(k * eps, cost)
+                if within > limit:  # the bound was far above the optimum: eps from R, again
+                    eps = trim_abs * cost / k
+                    pt = table(L, peaks.R, True)
+                    if pt.ok:
+                        read(pt, L, full)
+                        within = _abs_within(k * eps, cost)
+                if within > limit:  # (rarely) relative
+                    eps = 0.0
+                    pt = table(L, peaks.R, False)
+                    if pt.ok:
+                        read(pt, L, full)
+                        within = rel_within
             assert best is not None
-            # no plan of this band is cheaper (the cap), or (trimmed) much cheaper
-            best = replace(best, band=L, exact=full and not trim, trim=trim, trim_every=trim_every)
-            if pt.cost(avail) < INF:
-                plan = plan_from(chain, u, *pt.parts(avail), params)
-                sc = simulate(chain, plan)
-                if sc.peak_bytes > budget_bytes:
-                    raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
-                                       f"{budget_bytes}: planner bug")
-                if sc.recompute_ms <= cost:
-                    cost, best = sc.recompute_ms, Banded(plan, L, full and not trim, _longest(plan),
-                                                         trim, trim_every)
+            best = replace(best, exact=full and not within, within=within,
+                           top=None if n <= LT else LT)
             if full or _longest(best.plan, L) < L:
                 break
         if full or 4 * work > max_work:
@@ -716,33 +767,88 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     return best if solved else None
 
 
-def _coarse_plan(chain: Chain, budget_bytes: int, band: int = BAND_START,
-                 slots: int = COARSE_SLOTS) -> Plan | None:
-    """The banded DP's plan (band ``band``) on the chain with every size in units of
-    ``avail / slots`` bytes, rounded up: frontiers of at most ``slots`` points, so fast; a plan
-    that fits (checked by the simulator, else None) and prunes the exact banded DP as its first
-    bound. Not optimal (rounding): a bound only."""
+def _scale(coarse: Coarse | None) -> float | None:
+    """An estimate of the optimum for absolute thinning: the geometric mean of the coarse plan's
+    recompute (above the optimum: 1-40% at 1000 layers, most at high budgets) and the rounded
+    table's estimate (below it by about as much); measured within 15% of the answer."""
+    if coarse is None or coarse.estimate_ms <= 0:
+        return None
+    return math.sqrt(coarse.recompute_ms * coarse.estimate_ms)
+
+
+def _abs_within(slack: float, found: float) -> float:
+    """How far (relative) a plan of ``found`` ms is at most from an optimum it exceeds by at
+    most ``slack`` ms."""
+    return slack / (found - slack) if found > slack else INF
+
+
+@dataclass(frozen=True)
+class Coarse:
+    """``_coarse_plan``'s answer: a plan that fits, and the rounded table's least recompute at
+    the budget itself (an estimate of the optimum, not a bound: ``banded_plan``'s
+    ``trim_scale``)."""
+
+    plan: Plan
+    recompute_ms: float  # the plan's, simulated
+    estimate_ms: float
+
+
+def _coarse_plan(chain: Chain, budget_bytes: int, band: int = COARSE_BAND,
+                 slots: int = COARSE_SLOTS, top: int = COARSE_TOP) -> Coarse | None:
+    """A plan that fits ``budget_bytes``, near the banded DP's, fast: the banded DP (band
+    ``band``, long top-level checkpoints of up to ``top`` layers) on the chain with every size
+    in units of ``avail / slots`` bytes, rounded stochastically (frontiers of at most ``slots``
+    points). Rounded sizes do not add up to the exact ones, so the plan read at the budget may
+    not fit: the same table is read again lower by the overshoot the simulator found (plus 1,
+    2, 4, ... units, at most ``COARSE_READS`` reads) until a plan fits; None when none does.
+    Not optimal: a bound (``banded_plan``'s ``bound``) and, with the table's least recompute
+    at the budget itself, a scale for absolute thinning (``_scale``).
+
+    Rounding every size up instead always fits but loses ``layers x unit / 2`` bytes: at 1000
+    layers half-way up the range its plan recomputed 28% more than the optimum, against 1.5-7%
+    this way (0-4% at 10%, 4-40% at 90%: random, MLP-like and block chains, two seeds each); band
+    4 and ``top`` 64 build the table in 60% of band 16's time for a bound as good."""
     t = layer_tables(chain)
     u = t.units
     avail = budget_bytes - base_bytes(chain)
     q = max(1, avail // slots)
+    rng = np.random.default_rng(0)
 
-    def up(a):
-        return None if a is None else -(-np.asarray(a, dtype=np.int64) // q)
-    ru = replace(u, hold=up(u.hold), fwd_req=up(u.fwd_req), bwd_req=up(u.bwd_req), x_out=up(u.x_out),
-                 fn_first=up(u.fn_first), fn_next=up(u.fn_next), grad=up(u.grad),
-                 opt_hold=up(u.opt_hold), opt_fwd_req=up(u.opt_fwd_req), opt_bwd_req=up(u.opt_bwd_req),
-                 bwd_extra=int(-(-u.bwd_extra // q)), fwd_req_stop=up(u.fwd_req_stop), lead=up(u.lead))
+    def near(a):
+        # stochastic rounding (seeded: plans reproducible): rounding errors of like-sized
+        # layers cancel instead of adding up (nearest rounding of 1000 equal layers is off by
+        # the same amount 1000 times)
+        if a is None:
+            return None
+        a = np.asarray(a, dtype=np.int64)
+        lo, rest = a // q, a % q
+        return lo + (rng.random(a.shape) * q < rest)
+    ru = replace(u, hold=near(u.hold), fwd_req=near(u.fwd_req), bwd_req=near(u.bwd_req),
+                 x_out=near(u.x_out), fn_first=near(u.fn_first), fn_next=near(u.fn_next),
+                 grad=near(u.grad), opt_hold=near(u.opt_hold), opt_fwd_req=near(u.opt_fwd_req),
+                 opt_bwd_req=near(u.opt_bwd_req), bwd_extra=int(near(u.bwd_extra)),
+                 fwd_req_stop=near(u.fwd_req_stop), lead=near(u.lead))
     rpc = PairCosts(ru)
     n, a = chain.n_layers, avail // q
-    peaks = PeakTable(ru, rpc, band, n)
+    band, top = min(band, n), min(max(top, band), n)
+    peaks = PeakTable(ru, rpc, band, top)
     if int(peaks.R[0, ru.size]) > a:
         return None
-    pt = ParetoTable(ru, rpc, peaks.R, a, BAND_MAX_POINTS, None, max_len=band, top_len=n)
-    if not pt.ok or pt.cost(a) == INF:
+    pt = ParetoTable(ru, rpc, peaks.R, a, BAND_MAX_POINTS, None, max_len=band, top_len=top)
+    if not pt.ok:
         return None
-    plan = plan_from(chain, u, *pt.parts(a), {"budget_bytes": budget_bytes})
-    return plan if simulate(chain, plan).peak_bytes <= budget_bytes else None
+    at, extra = a, 1
+    for _ in range(COARSE_READS):
+        if pt.cost(at) == INF:
+            return None
+        plan = plan_from(chain, u, *pt.parts(at), {"budget_bytes": budget_bytes})
+        sc = simulate(chain, plan)
+        over = sc.peak_bytes - budget_bytes
+        if over <= 0:
+            return Coarse(plan, sc.recompute_ms, float(pt.cost(a)))
+        # the next read lower by this plan's overshoot (plans near it err alike), and then some
+        at, extra = at - (over + q - 1) // q - extra, 2 * extra
+    return None
 
 
 def _longest(plan: Plan, most: int | None = None) -> int:
@@ -795,13 +901,17 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     banded = None
     band_ok = mode == "auto" and max_slots is None and not chain.has_casts
     if plans_banded(chain, max_slots=max_slots, mode=mode):
-        bound = None
+        coarse = None
         if chain.n_layers >= COARSE_MIN_LAYERS:
             lowest = min_peak(chain)
             if budget_bytes - lowest >= COARSE_MIN_FRAC * (none_peak - lowest):
-                bound = _coarse_plan(chain, budget_bytes)
+                coarse = _coarse_plan(chain, budget_bytes)
         trim, every = tail_trim(chain)
-        banded = banded_plan(chain, budget_bytes, bound=bound, trim=trim, trim_every=every)
+        long_chain = chain.n_layers > BAND_MAX_LAYERS
+        banded = banded_plan(chain, budget_bytes, bound=coarse.plan if coarse else None, trim=trim,
+                             trim_every=every, trim_abs=TAIL_TRIM_ABS if long_chain else 0.0,
+                             trim_scale=_scale(coarse),
+                             top=BAND_TOP if long_chain else None)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -857,16 +967,14 @@ def _thinned_items(units: int, every: int) -> int:
 
 
 def _band_note(b: Banded) -> str:
-    within = ""
-    if b.trim:  # the bound of ParetoTable's trim: (1 - trim) ** -ceil(U / trim_every)
-        bound = math.expm1(-math.log1p(-b.trim) * _thinned_items(b.plan.n_layers + 1, b.trim_every))
-        within = f"within {bound:.1%} of "
+    within = f"within {b.within:.1%} of " if b.within else ""
     proof = ("--exact proves the optimum" if b.plan.n_layers <= EXACT_PROOF_LAYERS else
              "--exact would prove the optimum, but its O(U^3) tables are out of reach at this length")
+    longer = "longer ones" if b.top is None else f"longer ones, of up to {b.top}"
     return (f"near-optimal, not proven: {within}the best plan whose checkpoints span at most "
-            f"{b.band} layers (longer ones only at the top level, storing their layers; this "
+            f"{b.band} layers ({longer} only at the top level, storing their layers; this "
             f"plan's longest: {b.longest})" + (" (frontiers thinned to plan a long chain fast)"
-                                               if b.trim else "") + f"; {proof}")
+                                               if b.within else "") + f"; {proof}")
 
 
 def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
@@ -886,7 +994,8 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
         trim, every = tail_trim(chain)
-        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every) if band else None
+        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every,
+                             top=BAND_TOP) if band else None
         if banded is not None:
             found, exact = banded.plan, banded.exact
             how = _band_note(banded)

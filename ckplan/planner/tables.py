@@ -119,33 +119,34 @@ class PairCosts:
     def __init__(self, u: Units):
         U = u.size
         gp = np.concatenate([[0], np.cumsum(u.grad)])
-        self.grads = gp[None, :] - gp[:, None]  # grads[j, e] = grads of units j..e-1
+        self._gp = gp
         self.fwd_prefix_ms = np.concatenate([[0.0], np.cumsum(u.fwd_ms)])
         # Q: a checkpoint [s, j) recomputes ckpt_end_ms[j] - fwd_prefix_ms[s], its units' forward
         # less the tail of unit j-1 (Layer.tail_ms); Q[0] = 0
         self.ckpt_end_ms = self.fwd_prefix_ms - np.concatenate([[0.0], u.tail_ms])
         xo = u.x_out
-        # store_req[s, e]: what Store(s) needs (its forward, and its backward once the rest of a
-        # sequence ending at e is done).
-        self.store_req = np.zeros((U, U + 1), dtype=np.int64)
-        # inner_extra[j, e]: how much more the inner plan of a checkpoint ending at j starts with
-        # than the sequence [., e) it belongs to: the rest's gradients and x[j-1]'s gradient are
-        # there, x[e-1]'s gradient is gone.
-        self.inner_extra = np.zeros((U + 1, U + 1), dtype=np.int64)
         n_opt = u.n_options
-        self.opt_store_req = np.zeros((n_opt, U, U + 1), dtype=np.int64)  # [0] is store_req
+        xe = np.concatenate([[0], xo]).astype(np.int64)  # xe[e] = x_out[e - 1]
+        lead = np.zeros(U + 1, dtype=np.int64)  # lead[j] = Units.lead[j - 1]
+        if u.lead is not None:
+            lead[1:] = u.lead[:U]
+        # store_req[s, e]: what Store(s) needs (its forward, and its backward once the rest of a
+        # sequence ending at e is done); opt_store_req[o] the same with option o (BIG + small
+        # where unit s has no option o). inner_extra[j, e] (1 <= j < e): how much more the inner
+        # plan of a checkpoint ending at j starts with than the sequence [., e) it belongs to:
+        # the rest's gradients and x[j-1]'s gradient are there (and Units.lead), x[e-1]'s
+        # gradient is gone. fnone[s, j] (j <= U-1): forward-without-saving peak of units
+        # s..j-1, max(fn_first[s], fn_next[s+1..j-1]).
+        fr = np.ascontiguousarray(np.column_stack([u.fwd_req] + [u.opt_fwd_req[:, o] for o in range(1, n_opt)]),
+                                  dtype=np.int64)
+        br = np.ascontiguousarray(np.column_stack([u.bwd_req] + [u.opt_bwd_req[:, o] for o in range(1, n_opt)]),
+                                  dtype=np.int64)
+        kernel = jitted("_pair_kernel", U)
+        args = (U, np.ascontiguousarray(gp, dtype=np.int64), xe, lead, fr, br,
+                np.ascontiguousarray(u.fn_first, dtype=np.int64),
+                np.ascontiguousarray(u.fn_next, dtype=np.int64))
+        self.opt_store_req, self.inner_extra, self.fnone = (kernel or _pair_numpy)(*args)
         self.store_req = self.opt_store_req[0]
-        for e in range(1, U + 1):
-            starts = np.arange(e)
-            later = self.grads[starts + 1, e] - xo[e - 1]
-            self.store_req[:e, e] = np.maximum(u.fwd_req[:e], u.bwd_req[:e] + later)
-            for o in range(1, n_opt):  # BIG (+ small) where unit s has no option o
-                self.opt_store_req[o, :e, e] = np.maximum(u.opt_fwd_req[:e, o],
-                                                          u.opt_bwd_req[:e, o] + later)
-            j = np.arange(1, e)
-            self.inner_extra[1:e, e] = self.grads[j, e] - xo[e - 1] + xo[j - 1]
-            if u.lead is not None:  # beside the recompute (Units.lead): its forwards need it
-                self.inner_extra[1:e, e] += u.lead[j - 1]
         # A sub-chain ending before the post ends a recompute (only inner plans reach it): a unit
         # stored last there runs as PyTorch's early stop leaves it (Units.fwd_req_stop).
         if u.fwd_req_stop is not None and U > 1:
@@ -161,13 +162,8 @@ class PairCosts:
                 self.opt_store_req[o, :U - 1, U] = np.maximum(
                     u.opt_fwd_req[:U - 1, o] if o else u.fwd_req[:U - 1],
                     (u.opt_bwd_req[:U - 1, o] if o else u.bwd_req[:U - 1])
-                    + self.grads[np.arange(1, U), U] - xo[U - 1] + c)
+                    + self.grads_to_end[1:U] - xo[U - 1] + c)
             self.inner_extra[1:U, U] += c
-        # fnone[s, j]: forward-without-saving peak of units s..j-1 (j <= U-1).
-        self.fnone = np.full((U, U + 1), BIG, dtype=np.int64)
-        for s in range(U - 1):
-            run = np.maximum.accumulate(np.concatenate([[u.fn_first[s]], u.fn_next[s + 1:U - 1]]))
-            self.fnone[s, s + 1:U] = run
         # A checkpoint cannot span a break (Chain.breaks): such ranges need more than any budget.
         for b in u.breaks:
             from_before = np.array([a for a, _ in u.bounds]) < b
@@ -175,6 +171,16 @@ class PairCosts:
             span = from_before[:U - 1, None] & to_after[None, :U - 1]  # span[s, j - 1]: [s, j) crosses b
             self.fnone[:U - 1, 1:U][span] = BIG
         self.hold = u.hold
+
+    @cached_property
+    def grads(self) -> np.ndarray:
+        """``grads[j, e]``: the parameter gradients of units j..e-1 ((U+1) x (U+1), on first use)."""
+        return self._gp[None, :] - self._gp[:, None]
+
+    @property
+    def grads_to_end(self) -> np.ndarray:
+        """``grads[j, U]`` for j = 0..U."""
+        return self._gp[-1] - self._gp
 
     @cached_property
     def store_all(self) -> np.ndarray:
@@ -189,6 +195,56 @@ class PairCosts:
             if s + 2 <= U:
                 out[s, s + 2:] = np.maximum(sr[s, s + 2:], self.hold[s] + out[s + 1, s + 2:])
         return out
+
+
+def _pair_numpy(U: int, gp: np.ndarray, xe: np.ndarray, lead: np.ndarray, fr: np.ndarray,
+                br: np.ndarray, fn_first: np.ndarray, fn_next: np.ndarray) -> tuple:
+    """``PairCosts``' (opt_store_req, inner_extra, fnone), vectorised (``_pair_kernel``'s
+    numpy twin: tests compare them)."""
+    n_opt = fr.shape[1]
+    cols = np.arange(U + 1)
+    below = cols[None, :] > np.arange(U)[:, None]  # below[s, e]: s < e
+    later = gp[None, :] - gp[1:U + 1, None] - xe[None, :]  # grads of s+1..e-1, less x[e-1]
+    osr = np.zeros((n_opt, U, U + 1), dtype=np.int64)
+    for o in range(n_opt):
+        np.copyto(osr[o], np.maximum(fr[:U, o, None], br[:U, o, None] + later), where=below)
+    inner = np.zeros((U + 1, U + 1), dtype=np.int64)
+    np.copyto(inner, gp[None, :] - gp[:, None] - xe[None, :] + (xe + lead)[:, None],
+              where=(cols[None, :] > cols[:, None]) & (cols[:, None] >= 1))
+    fnone = np.full((U, U + 1), BIG, dtype=np.int64)
+    if U > 1:
+        run = np.where(cols[None, 1:U] - 1 > np.arange(U - 1)[:, None], fn_next[None, :U - 1],
+                       np.iinfo(np.int64).min)
+        run[np.arange(U - 1), np.arange(U - 1)] = fn_first[:U - 1]
+        np.maximum.accumulate(run, axis=1, out=run)
+        fnone[:U - 1, 1:U] = np.where(below[:U - 1, 1:U], run, BIG)
+    return osr, inner, fnone
+
+
+def _pair_kernel(U: int, gp: np.ndarray, xe: np.ndarray, lead: np.ndarray, fr: np.ndarray,
+                 br: np.ndarray, fn_first: np.ndarray, fn_next: np.ndarray) -> tuple:
+    """:func:`_pair_numpy`, compiled (one pass, no temporaries: 1000 units 0.09 -> 0.02 s)."""
+    n_opt = fr.shape[1]
+    osr = np.zeros((n_opt, U, U + 1), dtype=np.int64)
+    inner = np.zeros((U + 1, U + 1), dtype=np.int64)
+    fnone = np.full((U, U + 1), BIG, dtype=np.int64)
+    for s in range(U):
+        for e in range(s + 1, U + 1):
+            later = gp[e] - gp[s + 1] - xe[e]
+            for o in range(n_opt):
+                osr[o, s, e] = max(fr[s, o], br[s, o] + later)
+    for j in range(1, U + 1):
+        base = xe[j] + lead[j] - gp[j]
+        for e in range(j + 1, U + 1):
+            inner[j, e] = gp[e] - xe[e] + base
+    for s in range(U - 1):
+        run = fn_first[s]
+        fnone[s, s + 1] = run
+        for j in range(s + 2, U):
+            if fn_next[j - 1] > run:
+                run = fn_next[j - 1]
+            fnone[s, j] = run
+    return osr, inner, fnone
 
 
 def reconstruct(bounds: tuple[tuple[int, int], ...], stop: int, m0: int, choose: Chooser,
@@ -739,17 +795,27 @@ class ParetoTable:
     number of top-level items (stored units and checkpoints) of an optimal plan that start at a
     thinned tail: at most ``ceil(U / trim_every)``. Thinning every 8th tail by 8 times as much
     keeps that bound and builds half the points (the tails in between grow little). The table
-    is then not exact."""
+    is then not exact.
+
+    ``trim_abs`` (ms, 0: off) thins the same tails by an absolute amount: a point survives only
+    when it is ``trim_abs`` cheaper than the last kept (with ``trim`` too: cheaper than
+    ``last x (1 - trim) - trim_abs``). The least recompute is then within ``k x trim_abs`` of
+    the optimum (``(optimum + k trim_abs) / (1 - trim) ** k`` with both). Where the tails'
+    recompute is small (their last layers), relative thinning keeps points a few microseconds
+    apart; absolute thinning keeps at most ``max_cost / trim_abs`` per tail."""
 
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                  max_points: int | None = None, max_cost: float | None = None,
                  max_len: int | None = None, top_len: int | None = None, trim: float = 0.0,
-                 max_total: int | None = None, trim_every: int = 1):
+                 max_total: int | None = None, trim_every: int = 1, trim_abs: float = 0.0):
+        self.trim_abs = float(trim_abs)
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         if not 0.0 <= trim < 1.0:
             raise ValueError(f"trim must be in [0, 1), not {trim}")
         if trim_every < 1:
             raise ValueError(f"trim_every must be at least 1, not {trim_every}")
+        if not trim_abs >= 0.0:
+            raise ValueError(f"trim_abs must be at least 0 ms, not {trim_abs}")
         self.trim, self.trim_every = float(trim), int(trim_every)
         U = u.size
         L, LT = band(U, max_len, top_len)
@@ -779,7 +845,7 @@ class ParetoTable:
                                                   -1 if max_points is None else int(max_points),
                                                   L, LT, sa, self.trim,
                                                   -1 if max_total is None else int(max_total),
-                                                  self.trim_every)
+                                                  self.trim_every, self.trim_abs)
         self._flat = (off, ln, mem, cost, ch)
         self.ok, self.n_points, self.total_points = bool(ok), int(most), len(mem)
 
@@ -837,9 +903,9 @@ class ParetoTable:
                         chs.append(np.full(len(rm), U + j, dtype=i64))
                 f = _envelope(np.concatenate(mems), np.concatenate(costs), np.concatenate(chs),
                               c_se, k_se) if mems else _EMPTY
-                if self.trim > 0 and e == U and s % self.trim_every == 0 and len(f[0]) > 1:
+                if (self.trim > 0 or self.trim_abs > 0) and e == U and s % self.trim_every == 0 and len(f[0]) > 1:
                     # fresh arrays: trimmed in place
-                    k = _trim(f[0], f[1], f[2], len(f[0]), self.trim)
+                    k = _trim(f[0], f[1], f[2], len(f[0]), self.trim, self.trim_abs)
                     f = (f[0][:k], f[1][:k], f[2][:k])
                 F[(s, e)] = f
                 k = len(f[0])
@@ -1196,14 +1262,15 @@ def _shifted_candidates(mem: np.ndarray, cost: np.ndarray, ba: int, la: int, xa:
     return nc
 
 
-def _trim(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int, trim: float) -> int:
+def _trim(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int, trim: float,
+          eps: float = 0.0) -> int:
     """Keep the first point and each point at least ``trim`` (relative) cheaper than the last
     point kept, in place; returns how many are kept."""
     n = 1
     last = ec[0]
     for i in range(1, ne):
         c = ec[i]
-        if c < last * (1.0 - trim):
+        if c < last * (1.0 - trim) - eps:
             em[n], ec[n], ech[n] = em[i], c, ech[i]
             n += 1
             last = c
@@ -1214,7 +1281,7 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
                    L: int, LT: int, sa: np.ndarray, trim: float = 0.0,
-                   max_total: int = -1, trim_every: int = 1) -> tuple:
+                   max_total: int = -1, trim_every: int = 1, trim_abs: float = 0.0) -> tuple:
     """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
     ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
     offset -1 where skipped."""
@@ -1378,8 +1445,8 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
-            if trim > 0.0 and e == U and s % trim_every == 0 and ne > 1:  # ``ParetoTable``'s trim
-                ne = _trim(em, ec, ech, ne, trim)
+            if (trim > 0.0 or trim_abs > 0.0) and e == U and s % trim_every == 0 and ne > 1:
+                ne = _trim(em, ec, ech, ne, trim, trim_abs)  # ``ParetoTable``'s trim
             if used + ne > len(mem):
                 mem, cost, ch = _grow(mem, used + ne), _grow(cost, used + ne), _grow(ch, used + ne)
             mem[used:used + ne] = em[:ne]
