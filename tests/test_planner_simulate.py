@@ -103,3 +103,25 @@ def test_article_four_layer_example():
 def test_plan_for_another_chain_is_rejected():
     with pytest.raises(SpecError, match="plan is for 4 layers but the chain has 3"):
         simulate(small_chain(), plan_none(4))
+
+
+def test_recent_scores_are_remembered_by_identity_only():
+    """``simulate`` remembers the last few (chain, plan) objects it scored: the same objects give
+    the same score, another chain with the same plan its own, and the memory stays bounded."""
+    import importlib
+    from dataclasses import replace
+
+    from ckplan.planner.baselines import plan_every_k
+    from ckplan.planner.synthetic import random_chain
+    S = importlib.import_module("ckplan.planner.simulate")  # the module: the package re-exports the function
+    a = random_chain(12, 1, max_size=1000)
+    b = replace(a, layers=tuple(replace(ly, xbar_bytes=ly.xbar_bytes * 3) for ly in a.layers))
+    p = plan_every_k(12, 3)
+    first = S.simulate(a, p)
+    assert S.simulate(a, p) is first
+    other = S.simulate(b, p)
+    assert other.peak_bytes > first.peak_bytes  # not a's score
+    assert S.simulate(a, replace(p)) == first  # an equal plan object: scored again, same score
+    for k in range(1, 40):
+        S.simulate(a, plan_every_k(12, 1 + k % 12))
+    assert len(S._RECENT) <= S.RECENT_SCORES

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 from ..errors import UsageError
 from .chain import Chain
@@ -52,6 +53,7 @@ def cut_at_breaks(plan: Plan, breaks: tuple[int, ...]) -> Plan:
     return plan if items == plan.items else replace(plan, items=items)
 
 
+@lru_cache(maxsize=32)  # the same (frozen) plan each time: its score is remembered too
 def plan_none(n_layers: int) -> Plan:
     return Plan("none", n_layers, tuple(Store(i) for i in range(n_layers)))
 
