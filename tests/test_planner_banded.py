@@ -484,3 +484,21 @@ def test_long_chains_with_options_take_the_banded_dp_and_fall_back_when_it_outgr
     assert simulate(ch, small.plan).peak_bytes <= b
     assert D.OPTIONS_IGNORED in small.notes or any("smallest peak" in x for x in small.notes)
     assert simulate(ch, small.plan).recompute_ms >= sg.recompute_ms - 1e-9
+
+
+@pytest.mark.parametrize("frac", [0.2, 0.7])
+def test_inner_frontiers_built_beside_the_coarse_plan_change_nothing(monkeypatch, frac):
+    """``plan_dp`` builds the banded table's inner frontiers on a second thread while it looks
+    for the coarse plan (``_coarse_beside_inner``): the plan equals the one built on one CPU."""
+    pytest.importorskip("numba")
+    from ckplan.planner import dp as D
+    ch = random_chain(D.COARSE_MIN_LAYERS + 10, 6, max_size=1_000_003, options=2)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    coarse, pre = D._coarse_beside_inner(ch, b, None)
+    assert pre is not None and pre.inner is not None and coarse is not None
+    two = plan_dp(ch, b)
+    monkeypatch.setattr(D.os, "cpu_count", lambda: 1)
+    assert D._coarse_beside_inner(ch, b, None)[1] is None
+    one = plan_dp(ch, b)
+    assert two.plan == one.plan and two.notes == one.notes

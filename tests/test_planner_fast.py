@@ -132,3 +132,41 @@ def test_pareto_kernel_gallop_keeps_long_chains_identical(monkeypatch, frac):
     for k, f in x.F.items():
         for got, want in zip(y.F[k], f):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,seed,size,opts", [(13, 3, 1_000_003, 2), (24, 4, 7, 2), (30, 5, 1_000_003, 0)])
+@pytest.mark.parametrize("frac,bounded,thin", [(0.0, True, False), (0.3, True, True), (0.6, False, False),
+                                               (0.9, True, True)])
+def test_tails_on_a_prebuilt_inner_part_equal_a_table_built_whole(monkeypatch, n, seed, size, opts,
+                                                                  frac, bounded, thin):
+    """``ParetoTable.inner_part`` (built with no recompute bound, as ``dp.plan_dp`` builds it
+    beside the coarse plan) then the tails with a bound (and thinning): every tail's frontier,
+    and the plan read, equal those of the table built in one go; a part built for another
+    table is refused."""
+    ch = _chain(n, seed, size, opts)
+    t = layer_tables(ch)
+    u, pc = t.units, t.pairs
+    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
+    b = int(lo + frac * (hi - lo))
+    avail = b - base_bytes(ch)
+    ub = simulate(ch, min_peak_plan(ch, b)).recompute_ms if bounded else None
+    L = max(2, n // 4)
+    pk = T.PeakTable(u, pc, L, n)
+    kw = dict(max_len=L, top_len=n, max_total=10**7)
+    thin_kw = dict(trim_every=3, trim_abs=0.05 * sum(ly.fwd_ms for ly in ch.layers)) if thin else {}
+    whole = T.ParetoTable(u, pc, pk.R, avail, 10**6, ub, **kw, **thin_kw)
+    part = T.ParetoTable.inner_part(u, pc, pk.R, avail, 10**6, **kw)
+    assert part is not None
+    for _ in range(2):  # one part serves several tables
+        split = T.ParetoTable(u, pc, pk.R, avail, 10**6, ub, **kw, **thin_kw, inner=part)
+        assert split.ok and whole.ok
+        tails = [k for k in whole.F if k[1] == u.size]
+        assert tails and tails == [k for k in split.F if k[1] == u.size]
+        for k in tails:
+            for got, want in zip(split.F[k], whole.F[k]):
+                np.testing.assert_array_equal(got, want)
+        assert split.cost(avail) == whole.cost(avail)
+        assert split.parts(avail) == whole.parts(avail)
+    with pytest.raises(ValueError, match="another table"):
+        T.ParetoTable(u, pc, pk.R, avail - 1, 10**6, ub, **kw, inner=part)

@@ -765,6 +765,47 @@ Frontier = tuple[np.ndarray, np.ndarray, np.ndarray]  # (bytes, recompute ms, ch
 _EMPTY: Frontier = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
 
 
+def _kernel_args(u: Units, pc: PairCosts) -> tuple:
+    """The pair costs and unit columns ``_pareto_kernel`` and ``_caps_kernel`` read."""
+    i64 = np.int64
+    return (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
+            np.ascontiguousarray(u.opt_ms, dtype=np.float64), np.ascontiguousarray(pc.fnone, dtype=i64),
+            np.ascontiguousarray(u.x_out, dtype=i64), np.ascontiguousarray(pc.inner_extra, dtype=i64),
+            np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64),
+            np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
+
+
+def _fresh_state(U: int) -> tuple:
+    """``_pareto_kernel``'s state before any frontier: (off, ln, mem, cost, ch, used, ok, most)."""
+    return (np.full((U + 1, U + 1), -1, dtype=np.int64), np.zeros((U + 1, U + 1), dtype=np.int64),
+            np.empty(1 << 12, dtype=np.int64), np.empty(1 << 12, dtype=np.float64),
+            np.empty(1 << 12, dtype=np.int64), 0, True, 0)
+
+
+class InnerPart:
+    """``ParetoTable.inner_part``'s frontiers (the kernel's state), for one table's arguments."""
+
+    def __init__(self, key: tuple, held: tuple, state: tuple):
+        self._key, self._held, self._state = key, held, state  # held: the keyed objects stay alive
+
+    def check(self, u: Units, pc: PairCosts, R: np.ndarray, top: int, L: int, LT: int,
+              max_points: int | None, max_total: int | None) -> None:
+        if self._key != (id(u), id(pc), id(R), top, L, LT, max_points, max_total):
+            raise ValueError("inner part built for another table (units, pair costs, R, top "
+                             "bytes, band or limits differ)")
+
+    def copy_state(self) -> tuple:
+        """A copy: the tails are added in place, and one part may serve several tables."""
+        off, ln, mem, cost, ch, used, ok, most = self._state
+        room = used + max(used, 1 << 12)
+        grown = []
+        for a in (mem, cost, ch):
+            b = np.empty(room, dtype=a.dtype)
+            b[:used] = a[:used]
+            grown.append(b)
+        return (off.copy(), ln.copy(), *grown, used, ok, most)
+
+
 class ParetoTable:
     """Exact frontiers ``F[(s, e)] = (mem, cost, choice)`` of the sub-chains a plan of the whole
     chain with at most ``top_bytes`` available can reach; ``choice`` is ``-1 - o`` for
@@ -807,7 +848,8 @@ class ParetoTable:
     def __init__(self, u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                  max_points: int | None = None, max_cost: float | None = None,
                  max_len: int | None = None, top_len: int | None = None, trim: float = 0.0,
-                 max_total: int | None = None, trim_every: int = 1, trim_abs: float = 0.0):
+                 max_total: int | None = None, trim_every: int = 1, trim_abs: float = 0.0,
+                 inner: InnerPart | None = None):
         self.trim_abs = float(trim_abs)
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         if not 0.0 <= trim < 1.0:
@@ -821,8 +863,6 @@ class ParetoTable:
         L, LT = band(U, max_len, top_len)
         self.max_len, self.top_len = L, LT
         sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
-        P = pc.fwd_prefix_ms
-        xo = u.x_out
         # A plan's parts cost no more than the plan: with an upper bound on the optimum (a
         # plan that fits), dearer breakpoints and checkpoints are never part of an optimal plan.
         ub = np.inf if max_cost is None else float(max_cost) * (1 + 1e-9) + 1e-9
@@ -833,21 +873,52 @@ class ParetoTable:
         if kernel is None or caps is None:
             self._build_numpy(R, ub, max_points, L, LT, sa, max_total)
             return
-        i64 = np.int64
-        args = (np.ascontiguousarray(pc.opt_store_req, dtype=i64), np.ascontiguousarray(u.opt_hold, dtype=i64),
-                np.ascontiguousarray(u.opt_ms, dtype=np.float64), np.ascontiguousarray(pc.fnone, dtype=i64),
-                np.ascontiguousarray(xo, dtype=i64), np.ascontiguousarray(pc.inner_extra, dtype=i64),
-                np.ascontiguousarray(P, dtype=np.float64),
-                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64))
-        Ri = np.ascontiguousarray(R, dtype=i64)
+        args = _kernel_args(u, pc)
+        Ri = np.ascontiguousarray(R, dtype=np.int64)
         cap, kcap = caps(U, Ri, self.top, ub, *args, L, LT, sa)
-        off, ln, mem, cost, ch, ok, most = kernel(U, Ri, cap, kcap, *args,
-                                                  -1 if max_points is None else int(max_points),
-                                                  L, LT, sa, self.trim,
-                                                  -1 if max_total is None else int(max_total),
-                                                  self.trim_every, self.trim_abs)
-        self._flat = (off, ln, mem, cost, ch)
-        self.ok, self.n_points, self.total_points = bool(ok), int(most), len(mem)
+        limits = (-1 if max_points is None else int(max_points), L, LT, sa, self.trim,
+                  -1 if max_total is None else int(max_total), self.trim_every, self.trim_abs)
+        if inner is None:
+            state = _fresh_state(U)
+            e_lo = 1
+        else:  # the sub-chains ending before the last unit, built beforehand
+            inner.check(u, pc, R, self.top, L, LT, max_points, max_total)
+            state = inner.copy_state()
+            e_lo = U
+            if not state[6]:
+                e_lo = U + 1  # the inner part alone outgrew the limits: nothing more to build
+        off, ln, mem, cost, ch, used, ok, most = (
+            kernel(U, Ri, cap, kcap, *args, *limits, e_lo, U, *state[:6], state[7])
+            if e_lo <= U else state)
+        self._flat = (off, ln, mem[:used], cost[:used], ch[:used])
+        self.ok, self.n_points, self.total_points = bool(ok), int(most), int(used)
+
+    @staticmethod
+    def inner_part(u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
+                   max_points: int | None = None, max_len: int | None = None,
+                   top_len: int | None = None, max_total: int | None = None) -> InnerPart | None:
+        """The frontiers of the sub-chains ``[s, e)`` with ``e < U`` of the table with these
+        arguments at *any* recompute bound (caps from ``top_bytes`` alone), for
+        ``ParetoTable(..., inner=...)`` to build only the tails ``[s, U)`` on: the tails it then
+        builds equal those of a table built whole (a sub-chain's frontier within the caps of a
+        bound is its frontier at no bound cut to them, and the tails cut what they read to their
+        own caps). They need no bound, so a caller can build them while it looks for one
+        (``dp.plan_dp``: beside the coarse plan). None without the compiled kernels."""
+        U = u.size
+        kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
+        if kernel is None or caps is None:
+            return None
+        L, LT = band(U, max_len, top_len)
+        sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
+        args = _kernel_args(u, pc)
+        Ri = np.ascontiguousarray(R, dtype=np.int64)
+        cap, kcap = caps(U, Ri, int(top_bytes), np.inf, *args, L, LT, sa)
+        state = _fresh_state(U)
+        out = kernel(U, Ri, cap, kcap, *args, -1 if max_points is None else int(max_points), L, LT,
+                     sa, 0.0, -1 if max_total is None else int(max_total), 1, 0.0, 1, U - 1,
+                     *state[:6], state[7])
+        return InnerPart((id(u), id(pc), id(R), int(top_bytes), L, LT, max_points, max_total),
+                         (u, pc, R), out)
 
     def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None, L: int,
                      LT: int, sa: np.ndarray, max_total: int | None = None) -> None:
@@ -1280,25 +1351,22 @@ def _trim(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int, trim: float,
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
-                   L: int, LT: int, sa: np.ndarray, trim: float = 0.0,
-                   max_total: int = -1, trim_every: int = 1, trim_abs: float = 0.0) -> tuple:
-    """``ParetoTable``'s frontiers, compiled: returns (offset, length, mem, cost, choice,
-    ok, most points); frontier ``(s, e)`` is ``[offset, offset + length)`` of the flat arrays,
-    offset -1 where skipped."""
+                   L: int, LT: int, sa: np.ndarray, trim: float, max_total: int,
+                   trim_every: int, trim_abs: float, e_lo: int, e_hi: int, off: np.ndarray,
+                   ln: np.ndarray, mem: np.ndarray, cost: np.ndarray, ch: np.ndarray,
+                   used: int, most: int) -> tuple:
+    """``ParetoTable``'s frontiers of the sub-chains ``[s, e)`` with ``e_lo <= e <= e_hi``,
+    compiled, added to the flat arrays (``mem``/``cost``/``ch``: ``used`` points; frontier
+    ``(s, e)`` is ``[off, off + ln)``, offset -1 where skipped): returns (off, ln, mem, cost,
+    ch, used, ok, most points). Ends ``e < U`` never read the tails, so they can be built
+    first, apart (``ParetoTable.inner_part``)."""
     n_opt = osr.shape[0]
-    off = np.full((U + 1, U + 1), -1, dtype=np.int64)
-    ln = np.zeros((U + 1, U + 1), dtype=np.int64)
-    mem = np.empty(1 << 12, dtype=np.int64)
-    cost = np.empty(1 << 12, dtype=np.float64)
-    ch = np.empty(1 << 12, dtype=np.int64)
-    used = 0
     em = np.empty(64, dtype=np.int64)
     ec = np.empty(64, dtype=np.float64)
     ech = np.empty(64, dtype=np.int64)
     tm, tc, tch = em.copy(), ec.copy(), ech.copy()
     cm, cc, cch = em.copy(), ec.copy(), ech.copy()
-    most = 0
-    for e in range(1, U + 1):
+    for e in range(e_lo, e_hi + 1):
         for s in range(e - 1, -1, -1):
             c_se, k_se = cap[s, e], kcap[s, e]
             if c_se < R[s, e] or k_se < 0:
@@ -1456,8 +1524,8 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
             used += ne
             most = max(most, ne)
             if (max_points >= 0 and ne > max_points) or (max_total >= 0 and used > max_total):
-                return off, ln, mem[:used], cost[:used], ch[:used], False, most
-    return off, ln, mem[:used], cost[:used], ch[:used], True, most
+                return off, ln, mem, cost, ch, used, False, most
+    return off, ln, mem, cost, ch, used, True, most
 
 
 def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
@@ -1641,7 +1709,8 @@ def _masked_min(S: np.ndarray, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
 def jitted(name: str, units: int) -> Any:
     """The compiled kernel ``name`` for a table on ``units`` units, or None for the numpy path
     (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units while no
-    kernel is loaded yet). Compiled once per process, cached on disk by numba."""
+    kernel is loaded yet). Compiled once per process, cached on disk by numba; they release the
+    GIL (``nogil``: ``dp.plan_dp`` builds two tables at once on two threads)."""
     if not USE_NUMBA or (units < NUMBA_MIN_UNITS and not _JIT):
         return None
     if name not in _JIT:
@@ -1655,6 +1724,6 @@ def jitted(name: str, units: int) -> Any:
         for helper in ("_grow", "_merge_into", "_first_at_most", "_first_mem", "_shifted",
                        "_gallop_width", "_shifted_candidates", "_trim"):
             if helper not in _JIT:
-                _JIT[helper] = g[helper] = numba.njit(cache=True)(g[helper])
-        _JIT[name] = numba.njit(cache=True)(g[name])
+                _JIT[helper] = g[helper] = numba.njit(cache=True, nogil=True)(g[helper])
+        _JIT[name] = numba.njit(cache=True, nogil=True)(g[name])
     return _JIT[name]
