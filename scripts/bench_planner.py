@@ -53,6 +53,7 @@ import argparse
 import importlib.metadata
 import os
 import platform
+import re
 import statistics
 import time
 from dataclasses import replace
@@ -221,10 +222,11 @@ def bench_band_gap(n: int, seeds: int, fracs: list[float], options: int = 0,
                    family: str = "random") -> None:
     """Chains too long for the exact reference: the gap of ``plan_chain``'s plan to the banded DP
     without trimming (``banded_plan(..., trim=0)``, bounded by that plan: the optimum among the
-    band's plans, which the trimmed tails of long chains approximate)."""
+    band's plans, long top-level checkpoints of any length included, which the thinned tails of
+    long chains approximate); ``stated``: the bound the plan's note states."""
     header(f"gap to the untrimmed banded DP at {n} layers, {seeds} {family} chains"
            + (f", {options} selective options per layer" if options else ""))
-    print("layers seed  budget  after_s  after_gap  ref_s  band")
+    print("layers seed  budget  after_s  after_gap  stated  ref_s  band")
     for seed in range(seeds):
         ch = make_chain(n, seed, False, options, family)
         lo = min_peak(ch)
@@ -239,13 +241,16 @@ def bench_band_gap(n: int, seeds: int, fracs: list[float], options: int = 0,
                 ref, t_ref = timed(lambda: banded_plan(ch, b, bound=new.plan, trim=0.0))
             finally:
                 dp.BAND_MAX_TOTAL = limit
+            stated = next((m.group(1) + "%" for x in new.notes
+                           for m in [re.search(r"within (\d+\.\d)%", x)] if m), "-")
             if ref is None:
-                print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {'no ref':>9}  {t_ref:5.1f}  -")
+                print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {'no ref':>9}  {stated:>6}  "
+                      f"{t_ref:5.1f}  -")
                 continue
             r0 = simulate(ch, ref.plan).recompute_ms
             g = new.score.recompute_ms / r0 - 1 if r0 > 0 else 0.0
-            print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {g:9.3%}  {t_ref:5.1f}  {ref.band}",
-                  flush=True)
+            print(f"{n:6d} {seed:4d}  {f:6.1%}  {t_new:7.2f}  {g:9.3%}  {stated:>6}  {t_ref:5.1f}  "
+                  f"{ref.band}", flush=True)
 
 
 def bench_breakpoints(n: int, seeds: int, scaled: bool, family: str = "random") -> None:
