@@ -433,7 +433,8 @@ def test_coarse_plan_is_reproducible():
 def test_long_top_level_checkpoints_cut_short_fit_and_cost_no_less():
     """``banded_plan``'s ``top``: long top-level checkpoints of at most ``top`` layers; on a chain
     whose plan without the limit takes a longer one, the plan with it spans less and recomputes
-    no less (a smaller plan space), and its note says so."""
+    no less (a smaller plan space), and its note says so; with ``widen_top`` (as ``plan_dp``
+    calls it) the limit grows until the plan no longer uses it all."""
     from dataclasses import replace as dc_replace
 
     import numpy as np
@@ -452,7 +453,11 @@ def test_long_top_level_checkpoints_cut_short_fit_and_cost_no_less():
     assert max(r.stop - r.start for r in cut.plan.recomputed_ranges()) <= 12
     sf, sc = simulate(ch, free.plan), simulate(ch, cut.plan)
     assert sc.peak_bytes <= b and sc.recompute_ms >= sf.recompute_ms - 1e-9
-    assert "of up to 12" in _band_note(cut) and "of up to" not in _band_note(free)
+    assert "of up to 12," in _band_note(cut) and "of up to" not in _band_note(free)
+    # widened while the plan has one as long as allowed (12 -> 48): the plan without the limit's
+    wide = banded_plan(ch, b, start=8, top=12, widen_top=True)
+    assert wide.top == 48
+    assert simulate(ch, wide.plan).recompute_ms == pytest.approx(sf.recompute_ms, rel=1e-12)
 
 
 @pytest.mark.parametrize("frac", [0.05, 0.4])

@@ -218,9 +218,11 @@ TRIM_EVERY = 8
 # bound's recompute shared out over the thinned items (``banded_plan``'s ``trim_abs``; proven
 # within 4.2% when the bound is the optimum, 4.6% when it is 10% above, else relative again).
 TAIL_TRIM_ABS = 0.04
-# Over BAND_MAX_LAYERS, long top-level checkpoints span at most BAND_TOP layers: trying every
-# length cost 20-40% of the table's time at 1000 layers for plans no cheaper (random, mlp and
-# blocks chains, 1-90% of the range: equal to 0.005%).
+# Over BAND_MAX_LAYERS, long top-level checkpoints span at most BAND_TOP layers, 4x more while the
+# plan has one of more than half that (``banded_plan``'s ``widen_top``): trying every length cost 10-40% of the
+# table's time at 1000 layers for plans no cheaper on random and blocks chains (1-90% of the
+# range: equal to 0.005%; 256 instead of 64 was 8% slower); mlp-100's MLP at depth 1000 takes
+# 250-layer ones (64 alone made its plans 0.8-1.1% dearer; widened, equal).
 BAND_TOP = 64
 # The banded DP's note suggests ``--exact`` up to this many layers (3-4 s at 300; at 1000 the
 # exact tables outgrow 24 GB).
@@ -646,14 +648,17 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 max_work: int = BAND_WORK, bound: Plan | None = None,
                 trim: float = 0.0, trim_every: int = 1, trim_abs: float = 0.0,
                 trim_scale: float | None = None, top: int | None = None,
-                prebuilt: Prebuilt | None = None) -> Banded | None:
+                widen_top: bool = False, prebuilt: Prebuilt | None = None) -> Banded | None:
     """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
     checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
     which may span any number of layers (at most ``top`` when given) when they store every
     layer inside (one long checkpoint that keeps its layers is what chains whose layers keep
     little besides their output want at budgets well above the smallest peak; consecutive
     ones of at most ``top`` layers recompute less, and hold a few more boundaries). L is
-    widened until the plan no longer needs it.
+    widened until the plan no longer needs it; with ``widen_top``, ``top`` too (x4 while the
+    plan has a long checkpoint of more than half ``top``: the limit can make the best plan
+    shorten one that would pay to be longer, as on an MLP-like chain of 60 layers limited to
+    12, whose plan then spans 10 and recomputes 1.4% more than with 15).
 
     The exact DP in bytes (``ParetoTable``) restricted to such plans needs only the tails
     ``[s, U)`` and the sub-chains of at most L layers: O(U L^2 + U^2) splits instead of O(U^3),
@@ -707,7 +712,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     limit = rel_within  # absolute thinning only where it proves as much as relative would
 
     def table(L: int, R: np.ndarray, absolute: bool) -> ParetoTable:
-        inner = prebuilt.inner if prebuilt is not None and prebuilt.band == L else None
+        inner = (prebuilt.inner if prebuilt is not None
+                 and (prebuilt.band, prebuilt.top) == (L, max(L, LT)) else None)
         return ParetoTable(u, pc, R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=max(L, LT),
                            trim=0.0 if absolute else trim, trim_abs=eps if absolute else 0.0,
                            max_total=BAND_MAX_TOTAL, trim_every=trim_every, inner=inner)
@@ -728,7 +734,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
 
     while True:
         full = n <= L
-        peaks = (t.peaks if full else prebuilt.peaks if prebuilt is not None and prebuilt.band == L
+        ready = prebuilt is not None and (prebuilt.band, prebuilt.top) == (L, max(L, LT))
+        peaks = (t.peaks if full else prebuilt.peaks if ready and prebuilt is not None
                  else PeakTable(u, pc, L, max(L, LT)))
         if int(peaks.R[0, U]) <= avail:
             if best is None:  # a plan of this band that fits bounds every band's optimum
@@ -768,6 +775,9 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
             best = replace(best, exact=full and not within, within=within,
                            top=None if n <= LT else LT)
             if full or _longest(best.plan, L) < L:
+                if widen_top and n > LT and 2 * best.longest > LT:
+                    LT = min(4 * LT, n)  # a long top-level checkpoint near the limit: widen
+                    continue
                 break
         if full or 4 * work > max_work:
             break
@@ -781,6 +791,7 @@ class Prebuilt:
     frontiers (``ParetoTable.inner_part``, which need no bound)."""
 
     band: int
+    top: int  # the most layers of a long top-level checkpoint (the band's ``top_len``)
     peaks: PeakTable
     inner: InnerPart | None
 
@@ -804,7 +815,7 @@ def _coarse_beside_inner(chain: Chain, budget_bytes: int,
 
     def inner() -> Prebuilt:
         peaks = PeakTable(u, pc, L, LT)
-        return Prebuilt(L, peaks, ParetoTable.inner_part(u, pc, peaks.R, avail, BAND_MAX_POINTS,
+        return Prebuilt(L, LT, peaks, ParetoTable.inner_part(u, pc, peaks.R, avail, BAND_MAX_POINTS,
                                                          max_len=L, top_len=LT,
                                                          max_total=BAND_MAX_TOTAL))
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -957,7 +968,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         trim, every = tail_trim(chain)
         banded = banded_plan(chain, budget_bytes, bound=coarse.plan if coarse else None, trim=trim,
                              trim_every=every, trim_abs=TAIL_TRIM_ABS if long_chain else 0.0,
-                             trim_scale=_scale(coarse), top=top, prebuilt=prebuilt)
+                             trim_scale=_scale(coarse), top=top, widen_top=True,
+                             prebuilt=prebuilt)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -1016,7 +1028,7 @@ def _band_note(b: Banded) -> str:
     within = f"within {b.within:.1%} of " if b.within else ""
     proof = ("--exact proves the optimum" if b.plan.n_layers <= EXACT_PROOF_LAYERS else
              "--exact would prove the optimum, but its O(U^3) tables are out of reach at this length")
-    longer = "longer ones" if b.top is None else f"longer ones, of up to {b.top}"
+    longer = "longer ones" if b.top is None else f"longer ones, of up to {b.top},"
     return (f"near-optimal, not proven: {within}the best plan whose checkpoints span at most "
             f"{b.band} layers ({longer} only at the top level, storing their layers; this "
             f"plan's longest: {b.longest})" + (" (frontiers thinned to plan a long chain fast)"
@@ -1040,8 +1052,8 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
         if budget_bytes < lowest:
             raise infeasible_error(chain, budget_bytes, lowest)
         trim, every = tail_trim(chain)
-        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every,
-                             top=BAND_TOP) if band else None
+        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every, top=BAND_TOP,
+                             widen_top=True) if band else None
         if banded is not None:
             found, exact = banded.plan, banded.exact
             how = _band_note(banded)
