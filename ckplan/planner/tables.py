@@ -787,6 +787,7 @@ class InnerPart:
 
     def __init__(self, key: tuple, held: tuple, state: tuple):
         self._key, self._held, self._state = key, held, state  # held: the keyed objects stay alive
+        self._taken = False
 
     def check(self, u: Units, pc: PairCosts, R: np.ndarray, top: int, L: int, LT: int,
               max_points: int | None, max_total: int | None) -> None:
@@ -794,16 +795,23 @@ class InnerPart:
             raise ValueError("inner part built for another table (units, pair costs, R, top "
                              "bytes, band or limits differ)")
 
-    def copy_state(self) -> tuple:
-        """A copy: the tails are added in place, and one part may serve several tables."""
+    def take_state(self) -> tuple:
+        """The state to add the tails to, in place (column ``U`` of ``off``/``ln``, the flat
+        arrays past ``used``): the part's own arrays the first time (copying them cost 0.08 s at
+        1000 layers), then copies with column ``U`` cleared, so one part serves several tables."""
         off, ln, mem, cost, ch, used, ok, most = self._state
+        if not self._taken:
+            self._taken = True
+            return self._state
+        off, ln = off.copy(), ln.copy()
+        off[:, -1], ln[:, -1] = -1, 0
         room = used + max(used, 1 << 12)
         grown = []
         for a in (mem, cost, ch):
             b = np.empty(room, dtype=a.dtype)
             b[:used] = a[:used]
             grown.append(b)
-        return (off.copy(), ln.copy(), *grown, used, ok, most)
+        return (off, ln, *grown, used, ok, most)
 
 
 class ParetoTable:
@@ -883,7 +891,7 @@ class ParetoTable:
             e_lo = 1
         else:  # the sub-chains ending before the last unit, built beforehand
             inner.check(u, pc, R, self.top, L, LT, max_points, max_total)
-            state = inner.copy_state()
+            state = inner.take_state()
             e_lo = U
             if not state[6]:
                 e_lo = U + 1  # the inner part alone outgrew the limits: nothing more to build
