@@ -148,3 +148,26 @@ def test_accum_is_refused():
     from dataclasses import replace
     with pytest.raises(UsageError, match="accum"):
         per_rank_chain_from_profile(replace(toy_profile(), accum=2), 2, "fsdp")
+
+
+def test_fsdp_options_hold_their_units_buffers():
+    """A layer stored with a selective option runs the same FSDP unit: an option that keeps and
+    holds what the layer does gets exactly the layer's per-rank transients, so storing every layer
+    with it peaks where storing them plainly does; a leaner option gets the same buffers on top of
+    its own transients (by hand, the middle layer: 3P in the forward, 3P in the backward)."""
+    from ckplan.planner.chain import Option
+    from ckplan.planner.plan import Plan, Store
+    base = chain3()
+    same = Option("same", xbar_bytes=6, recompute_ms=0.0, fwd_tmp_bytes=1, bwd_tmp_bytes=3)
+    lean = Option("lean", xbar_bytes=3, recompute_ms=0.5, fwd_tmp_bytes=2, bwd_tmp_bytes=5)
+    ch0 = replace(base, layers=tuple(replace(ly, options=(same, lean)) for ly in base.layers))
+    for w in (1, W):
+        ch = per_rank_chain(ch0, world_size=w, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R)
+        for ly in ch.layers:
+            as_same = ly.option("same")
+            assert (as_same.fwd_tmp_bytes, as_same.bwd_tmp_bytes) == (ly.fwd_tmp_bytes, ly.bwd_tmp_bytes)
+        plan = Plan("dp", 3, tuple(Store(i, "same") for i in range(3)))
+        assert simulate(ch, plan).peak_bytes == simulate(ch, plan_none(3)).peak_bytes
+    ch = per_rank_chain(ch0, world_size=W, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R)
+    mid = ch.layers[1].option("lean")
+    assert (mid.fwd_tmp_bytes, mid.bwd_tmp_bytes) == (2 + 3 * P, 5 + 3 * P)

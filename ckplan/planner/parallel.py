@@ -79,6 +79,18 @@ def _shard(nbytes: int, world_size: int) -> int:
     return -(-nbytes // world_size)
 
 
+def _with_buffers(fwd_tmp: int, bwd_tmp: int, xbar: int, own: int, flat: int, prefetch: int,
+                  retained: int, gathered_before: int) -> tuple[int, int]:
+    """A unit's forward and backward transients with its FSDP buffers on top: ``own`` unsharded
+    parameter bytes, the flat all-gather buffer (``flat``: 0 on one rank), the next unit's
+    prefetch, the reduce-scatter input ``retained`` from the unit after, and the flat buffer
+    ``gathered_before`` still live at this unit's all-gather."""
+    fwd = max(fwd_tmp + (1 + flat) * own,  # first forward: unsharded + flat buffer
+              fwd_tmp + own + prefetch + retained,  # recompute inside backward
+              gathered_before + own - xbar)
+    return max(0, fwd), max(0, bwd_tmp + own + prefetch + retained)
+
+
 def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_bytes: Sequence[int],
                    root_param_bytes: int) -> Chain:
     """The chain one rank runs under ``kind`` on ``world_size`` ranks (see the module doc).
@@ -127,17 +139,22 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
         prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
         retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
         gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
-        fwd = max(ly.fwd_tmp_bytes + (1 + flat) * P[i],  # first forward: unsharded + flat buffer
-                  ly.fwd_tmp_bytes + P[i] + prefetch + retained,  # recompute inside backward
-                  gathered_before + P[i] - ly.xbar_bytes)
-        bwd = ly.bwd_tmp_bytes + P[i] + prefetch + retained
+
+        around = (P[i], flat, prefetch, retained, gathered_before)
+        fwd, bwd = _with_buffers(ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.xbar_bytes, *around)
         # (the early stop's shorter recompute is not modelled per rank: the whole forward)
         # a checkpoint's first forward: the measured no-save peak, with the same buffers on top
-        nosave = None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + max(0, fwd) - ly.fwd_tmp_bytes
-        layers.append(replace(ly, fwd_tmp_bytes=max(0, fwd), bwd_tmp_bytes=max(0, bwd),
+        nosave = None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + fwd - ly.fwd_tmp_bytes
+        # a layer stored with a selective option runs the same unit: its forward, and its
+        # backward (which starts with the option's recompute), hold the same buffers
+        options = []
+        for o in ly.options:
+            o_fwd, o_bwd = _with_buffers(o.fwd_tmp_bytes, o.bwd_tmp_bytes, o.xbar_bytes, *around)
+            options.append(replace(o, fwd_tmp_bytes=o_fwd, bwd_tmp_bytes=o_bwd))
+        layers.append(replace(ly, fwd_tmp_bytes=fwd, bwd_tmp_bytes=bwd,
                               grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
                               early_xbar_bytes=None, early_fwd_tmp_bytes=None,
-                              nosave_peak_bytes=nosave))
+                              nosave_peak_bytes=nosave, options=tuple(options)))
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
                   # the last reduce-scatter input (layer 0's) is held until the root's own
