@@ -826,9 +826,12 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
 def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strategies: list[str],
                       budget: str | int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
                       device: str | Device | None = "auto", memory_limit: str | int | None = None,
-                      timeout_s: float = 600.0, note: Note | None = None):
+                      timeout_s: float = 600.0, note: Note | None = None,
+                      options: bool | Sequence[str] = False):
     """Run ``nproc`` ranks of ``parallel`` (torchrun's launcher; gloo on CPU, NCCL on CUDA) and
-    gather per-rank predicted and measured peaks (:func:`ckplan.distributed.bench_distributed`)."""
+    gather per-rank predicted and measured peaks (:func:`ckplan.distributed.bench_distributed`).
+    ``options``: the profile also measures selective options (as :func:`profile`), which the
+    per-rank plans may then use (each option with its FSDP unit's buffers)."""
     from .distributed import bench_distributed as _bench
     from .distributed import rank_chain
     from .planner import parse_budget
@@ -836,8 +839,9 @@ def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strateg
     check_positive("nproc", nproc)
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     prof, budget_bytes = None, None
+    if budget is not None or options:
+        prof = profile(spec, device=dev.type, note=note, options=options)
     if budget is not None:  # per rank: a share is of one rank's peak
-        prof = profile(spec, device=dev.type, note=note)
         budget_bytes = parse_budget(budget, rank_chain(prof, spec, nproc, str(parallel)), what="budget").bytes
     return _bench(spec, nproc=nproc, kind=str(parallel), strategies=strategies, budget_bytes=budget_bytes,
                   k=k, steps=steps, warmup=warmup, device=dev.type, timeout_s=timeout_s,

@@ -445,7 +445,7 @@ def bench(
                 raise UsageError("--plan with --nproc",
                                  tip="the distributed bench plans per rank itself; drop --plan")
             _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
-                               out_dir, fmt, wide)
+                               out_dir, fmt, wide, options)
             return
         if s.name:
             dev_type = api.resolve_device(device).type
@@ -504,12 +504,12 @@ def _exit_if_infeasible(rows, budget) -> None:
 
 
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
-                       out_dir, fmt, wide) -> None:
+                       out_dir, fmt, wide, options) -> None:
     from . import api, render, report
     with _working(f"running {nproc} ranks ({parallel})") as (_progress, note):
         res = api.bench_distributed(s, nproc=nproc, parallel=parallel, strategies=strategies, budget=budget, k=k,
                                     steps=steps, warmup=warmup, device=device, memory_limit=memory_limit,
-                                    note=note)
+                                    note=note, options=options)
     _emit(fmt, report.dist_bench_doc(res), res.to_frame(), lambda: render.dist_bench_table(res, wide=wide))
     files = report.write_dist_bench(out_dir, res)
     render.info("wrote " + ", ".join(str(f) for f in files))

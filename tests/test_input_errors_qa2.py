@@ -208,3 +208,17 @@ def test_layers_called_through_forward_are_named(tmp_path):
         api.profile_model(Net(), (torch.randn(4, 8),), {}, name="fwd", chain="layers", device="cpu",
                           optimizer="sgd", repeats=1, warmup=0)
     assert "instead of `layer.forward" in err.value.tip
+
+
+def test_distributed_bench_profiles_options_when_asked(tiny_gpt_spec, tmp_path, monkeypatch):
+    """``bench --nproc`` (``api.bench_distributed``) passes ``--options`` on to its profile, as the
+    one-process bench does; without it (and without a budget) the ranks profile for themselves."""
+    from ckplan import distributed
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=2))
+    seen = []
+    monkeypatch.setattr(distributed, "bench_distributed", lambda spec, **kw: seen.append(kw.get("profile")))
+    api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu", options=True)
+    api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu")
+    with_options, without = seen
+    assert with_options is not None and any(r.options for r in with_options.chain_layers)
+    assert without is None
