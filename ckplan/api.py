@@ -269,7 +269,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         times_estimated=dev.type == "meta", layers=m.rows, totals=totals,
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
-        chain_breaks=m.chain_breaks,
+        chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 
@@ -565,6 +565,9 @@ def profile_problem(data: Any) -> str | None:
     if (not isinstance(breaks, list)
             or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b < n for b in breaks)):
         return f"chain_breaks is {breaks!r}, not a list of chain layer indices 1..{n - 1}"
+    ops = data.get("flops_estimated", [])  # optional
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        return f"flops_estimated is {ops!r}, not a list of op names"
     return _bytes_total_problem(data)
 
 
