@@ -54,6 +54,7 @@ import torch.nn as nn
 
 from .chainfind import first_tensor, resolve_chain, tensor_leaves
 from .errors import ModelRunError, UsageError
+from .execute import apply_plan, spans_layers
 from .flops import FlopCounter, estimated_note
 from .measure import (
     KEPT_MEMORY_NOTE,
@@ -728,7 +729,11 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(outside.items())[:8])
         notes += (f"{OUTSIDE_NOTE}: {names}{' and more' if len(outside) > 8 else ''}",)
     breaks = tuple(sorted(measured.breaks))
-    if breaks:
+    if not spans_layers() and len(layers) > 1:
+        # Plans made here must be what the executor runs here: one-layer checkpoints.
+        breaks = tuple(range(1, len(layers)))
+        notes += (SPAN_NOTE.format(version=torch.__version__),)
+    elif breaks:
         names = ", ".join(str(b) for b in breaks[:12]) + (" ..." if len(breaks) > 12 else "")
         notes += (f"{BREAKS_NOTE}: {names}",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
@@ -736,6 +741,8 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                            tuple(sorted(inst.flops_estimated)))
 
 
+SPAN_NOTE = ("torch {version}'s checkpoint frames cannot span several layers here (ckplan.execute."
+             "spans_layers): every checkpoint is one layer, in the plans and their predicted peaks")
 LEFT_NOTE = ("layers whose recompute leaves tensors alive after the backward (a tensor of the forward "
              "kept on the module, as `self.last_attn = attn` does, holds the recompute's graph until "
              "the layer's next forward): planned as kept to the end of the step with the layer's input, "
@@ -899,7 +906,6 @@ def _recompute_kept_pass(inst: _Instrument, step: _Step, params: list[nn.Paramet
     keeps the recompute's instead, and the recompute's graph behind it (back through the layers
     recomputed before it in the same checkpoint) until its next forward: no plan without
     checkpoints shows it. Empty when the model cannot run that way."""
-    from .execute import apply_plan
     from .planner.baselines import cut_at_breaks
     from .planner.plan import Checkpoint, Plan, Store
 
