@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 VERSIONS=("$@")
 if [ ${#VERSIONS[@]} -eq 0 ]; then
-  VERSIONS=(2.5.1 2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1)
+  VERSIONS=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1)
 fi
 OUT=reports/torch-matrix
 mkdir -p "$OUT"
@@ -32,10 +32,7 @@ for v in "${VERSIONS[@]}"; do
   if ! "$py" -c "import sys, torch, ckplan; sys.exit(torch.__version__.split('+')[0] != '$v')" 2>/dev/null; then
     rm -rf "$current"
     python3 -m venv "$current"
-    # transformers 5 needs torch >= 2.6: torch 2.5 gets the last transformers 4
-    hf='transformers>=4.40'
-    case "$v" in 2.5.*) hf='transformers>=4.40,<5' ;; esac
-    if ! { "$py" -m pip install -q --no-cache-dir "torch==$v" "$hf" \
+    if ! { "$py" -m pip install -q --no-cache-dir "torch==$v" \
            && "$py" -m pip install -q --no-cache-dir -e '.[test,hf]'; } >&2; then
       echo "torch $v: install failed" >&2
       status=1
