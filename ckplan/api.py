@@ -346,14 +346,26 @@ def _read_json(p: Path, what: str, tip: str) -> Any:
         raise SpecError(f"{what} file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
 
 
-def read_plan(path: str | Path):
+def read_plan(path: str | Path, *, chain_layers: int | None = None, chain: str | None = None,
+              chain_tip: str | None = None, where: str | None = None):
     """The plan in a file written by ``ckplan plan -o plan.json`` (or a bare ``Plan.to_dict()``),
     and the document around it (``{}`` for a bare plan): ``(Plan, doc)``.
 
     Raises :class:`SpecError` naming the file for anything else: a folder, not UTF-8 JSON, another
-    ckplan document (a profile, a per-rank table), or a broken plan.
+    ckplan document (a profile, a per-rank table), or a broken plan. With ``chain`` (the model's
+    chain path) and ``chain_layers`` (its length), a plan made for another chain is refused
+    (:func:`check_plan_chain`) before any of its layers is built.
     """
-    from .planner import Plan
+    body, doc = read_plan_document(path, where=where)
+    check_plan_chain(doc, chain, where or str(path), tip=chain_tip)
+    return plan_of(body, where or str(path), chain_layers=chain_layers), doc
+
+
+def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[dict, dict]:
+    """``(plan object, the document around it or {})`` of a plan file, its header checked
+    (keys, format, option names: :func:`ckplan.planner.plan.check_plan_header`), no layer built
+    yet (:func:`plan_of` checks ``n_layers`` against the chain, then builds it)."""
+    from .planner.plan import check_plan_header
     p = Path(path)
     data = _read_json(p, "plan", PLAN_TIP)
     other = _other_document(data, "plan")
@@ -370,23 +382,36 @@ def read_plan(path: str | Path):
     if not isinstance(body, dict):
         raise SpecError(f"{p}: the plan must be a JSON object, not {type(body).__name__}", tip=PLAN_TIP)
     try:
-        plan = Plan.from_dict(body)
+        check_plan_header(body, chain_layers=None, limit=False)
     except SpecError as e:
-        raise SpecError(f"{p}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
-    return plan, (data if body is not data else {})
+        raise SpecError(f"{where or p}: {e.message}",
+                        tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
+    return body, (data if body is not data else {})
+
+
+def plan_of(body: dict, where: str, *, chain_layers: int | None = None):
+    """The :class:`ckplan.planner.Plan` of a plan object read by :func:`read_plan_document`;
+    ``chain_layers``: the chain's length, checked before any layer is built."""
+    from .planner import Plan
+    try:
+        return Plan.from_dict(body, chain_layers=chain_layers)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
 
 
 def check_plan_chain(doc: dict, chain: str | None, where: str, *, tip: str | None = None) -> None:
     """Refuse a plan document whose recorded chain is not ``chain`` (the model's chain path):
-    its layer indices would checkpoint another model's layers."""
+    its layer indices would checkpoint another model's layers. ``tip`` may name the recorded
+    chain as ``{recorded}``."""
     recorded = doc.get("chain")
     if chain is None or not isinstance(recorded, str) or recorded == chain:
         return
     model = doc.get("model")
     made_for = f" for model {model!r}" if isinstance(model, str) else ""
+    default = ("make the plan for this model (the same spec, the same chain): "
+               "`ckplan plan SPEC --budget ... -o plan.json`")
     raise SpecError(f"{where}: the plan was made{made_for} with chain {recorded!r}, but this model's chain is "
-                    f"{chain!r}", tip=tip or "make the plan for this model (the same spec, the same chain): "
-                                             "`ckplan plan SPEC --budget ... -o plan.json`")
+                    f"{chain!r}", tip=tip.format(recorded=recorded) if tip else default)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -628,7 +653,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
                          options=names, compile=compile)
     for text in held:
         _note(note, text)
-    if plan_path is not None:  # the chain found in the model (the spec may not name one)
+    if plan_path is not None:  # the chain the profile found (where the meta build could not tell)
         check_plan_chain(plan_doc, prof.chain, where)
         n = len(prof.chain_layers)
         if p.n_layers != n:
@@ -658,9 +683,26 @@ def _check_bench(spec: Spec, *, k, steps, warmup, budget, memory_limit, device, 
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     plan_read = None
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
-        plan_read = read_plan(plan_path)
-        check_plan_chain(plan_read[1], spec.chain, f"--plan {plan_path}")
+        where = f"--plan {plan_path}"
+        body, doc = read_plan_document(plan_path, where=where)
+        check_plan_chain(doc, spec.chain, where)  # the spec names its chain: nothing built yet
+        chain, n = _meta_chain(spec)
+        check_plan_chain(doc, chain, where)
+        plan_read = plan_of(body, where, chain_layers=n), doc
     return limit, dev, plan_read
+
+
+def _meta_chain(spec: Spec) -> tuple[str | None, int | None]:
+    """The spec's chain path and length, from its model built on the meta device (nothing is
+    allocated); ``(spec.chain, None)`` when it cannot be built there (the real run will say why)."""
+    from .chainfind import resolve_chain
+    try:
+        path, container, _ = resolve_chain(build_model(spec, "meta"), spec.chain)
+    except (SpecError, UsageError, DependencyError):
+        raise
+    except Exception:  # a model that cannot be built on meta: checked after the real build
+        return spec.chain, None
+    return path, len(container)
 
 
 def check_budget(budget: str | int | None) -> None:

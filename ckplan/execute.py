@@ -533,13 +533,14 @@ def apply_plan(model: nn.Module, plan: Plan | dict | str, *, chain: str | None =
     """Checkpoint ``model``'s chain as ``plan`` says (a Plan, its dict, or a plan.json path).
 
     Returns the executor; call ``.remove()`` (or use it as a context manager) to undo. Applying a
-    new plan replaces the previous one.
+    new plan replaces the previous one. A plan read from a dict or a file is checked against the
+    chain's length before any of its layers is built.
     """
-    plan = _as_plan(plan)
+    path, container, _ = resolve_chain(model, chain)
+    plan = _as_plan(plan, len(container))
     old = getattr(model, _ATTR, None)
     if old is not None:
         old.remove()
-    path, container, _ = resolve_chain(model, chain)
     return PlanExecutor(model, list(container), plan, path)
 
 
@@ -549,16 +550,17 @@ def remove_plan(model: nn.Module) -> None:
         old.remove()
 
 
-def _as_plan(plan) -> Plan:
+def _as_plan(plan, chain_layers: int | None = None) -> Plan:
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, dict):
-        return Plan.from_dict(plan.get("plan", plan))
-    return load_plan(plan)
+        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers)
+    return load_plan(plan, chain_layers=chain_layers)
 
 
-def load_plan(path) -> Plan:
-    """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict())."""
+def load_plan(path, *, chain_layers: int | None = None) -> Plan:
+    """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict()); with
+    ``chain_layers``, refuse a plan for another number of layers before building it."""
     import json
     from pathlib import Path
     p = Path(path)
@@ -569,4 +571,4 @@ def load_plan(path) -> Plan:
         doc = json.loads(p.read_text())
     except ValueError as e:
         raise SpecError(f"{p}: not JSON ({e})") from None
-    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc)
+    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers)

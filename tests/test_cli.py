@@ -365,3 +365,17 @@ def test_meta_target_picks_the_device_a_meta_profile_stands_for(tiny_gpt_spec, t
     assert r.exit_code == 2 and "target='cuda'" in r.output
     r = run("plan", spec, "--device", "meta", "--target", "cuda", "-f", "json")
     assert r.exit_code == 0, r.output
+
+
+def test_bench_plan_for_another_chain_fails_before_any_profile(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def no_profile(*a, **k):
+        raise AssertionError("profiled before the plan file was checked")
+    monkeypatch.setattr(ckplan.api, "profile_model", no_profile)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"n_layers": 1000, "checkpoints": [[0, 2]]}))
+    r = run("bench", tiny_gpt_spec(tmp_path), "--plan", plan, "--device", "cpu", "--out-dir", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert "the plan is for 1000 layers but the chain has 3" in r.output
+    assert not (tmp_path / "out").exists()

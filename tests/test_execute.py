@@ -66,3 +66,22 @@ def test_changed_hidden_state_between_layers_is_refused():
             m(torch.randn(2, 4, requires_grad=True))
     with apply_plan(m, Plan("custom", 3, items_from_ranges(3, [(0, 1), (1, 2), (2, 3)]))):
         m(torch.randn(2, 4, requires_grad=True)).sum().backward()  # one-layer checkpoints are fine
+
+
+def test_a_plan_for_another_chain_is_refused_before_its_layers_are_built(tiny_gpt_spec, tmp_path):
+    import json
+    import time
+
+    import ckplan
+    from ckplan.errors import SpecError
+    model = build_model(api.load(tiny_gpt_spec(tmp_path)))
+    huge = {"n_layers": 10**12, "checkpoints": [[0, 2]]}
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(huge))
+    start = time.perf_counter()
+    for plan in (huge, {"plan": huge}, str(path)):
+        for apply in (apply_plan, ckplan.apply_plan):
+            with pytest.raises(SpecError, match="the plan is for about 10\\^12 layers but the chain has 3"):
+                apply(model, plan)
+    assert time.perf_counter() - start < 2.0
+    assert all("forward" not in layer.__dict__ for layer in model.blocks)
