@@ -50,6 +50,11 @@ Known limits:
   backward. Elsewhere it runs in place, as measured (``Layer.in_place`` in the planner).
 * Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
   RNG states when a GPU is in use) until the segment's backward.
+* A recompute leaves every buffer the layer's forward changes (BatchNorm's and InstanceNorm's
+  running statistics, ``F.batch_norm`` on the layer's own buffers, a moving average or counter)
+  as the first forward left them (:mod:`ckplan.recompute`); those buffers, a few KiB as a rule,
+  are copied during the layer's recompute. The recompute sees them updated once, so a layer whose
+  output depends on a buffer it updates computes something else there (bench: wrong-gradients).
 * The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
   on the chain layers themselves run in the first forward only (hooks on their submodules run in
   both, as with torch's checkpoint).
@@ -79,7 +84,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
 from .planner.plan import STORE, Checkpoint, Item, Plan, Store
-from .recompute import running_stats_kept
+from .recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
 from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
@@ -367,7 +372,8 @@ class PlanExecutor:
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not _CAN_SPAN:
-            return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+            return checkpoint(recompute_keeping_stats(orig), *args, use_reentrant=False, preserve_rng_state=True,
+                              **kwargs)
         _refuse_kv_cache(i, args, kwargs)
         tls = self._tls
         seg: _Segment | None = getattr(tls, "seg", None)
@@ -412,7 +418,7 @@ class PlanExecutor:
                 _save_inputs(own, inputs)
             hook = _checkpoint_hook(own)
         try:
-            with hook:
+            with hook, buffer_changes_noted(self.layers[i]):
                 # Without a frame of its own: stored, or a compiled layer with its option compiled in.
                 if own is not None:
                     out = orig(*args, **kwargs)
@@ -504,7 +510,7 @@ class PlanExecutor:
         outer, outer_option = getattr(tls, "replaying", False), getattr(tls, "option", STORE)
         tls.replaying, tls.option = True, _ckplan_option
         try:
-            with running_stats_kept(self.layers[j]):
+            with recompute_state_kept(self.layers[j]):
                 return self.layers[j](*args, **kwargs)
         finally:
             tls.replaying, tls.option = outer, outer_option
