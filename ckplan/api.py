@@ -61,8 +61,9 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
               progress: Progress | None = None, note: Note | None = None, hold: list[str] | None = None):
     """Predict the step's peak with a meta pass and refuse a real-device run that cannot fit.
 
-    Returns the :class:`ckplan.preflight.Verdict`, or None when nothing was checked (meta device;
-    a model the meta pass cannot run, e.g. one that reads tensor values). Raises
+    Returns the :class:`ckplan.preflight.Verdict`, or None when the peak could not be predicted
+    (meta device; a model the meta pass cannot run, e.g. one that reads tensor values: then what
+    is known without it, the batch and the parameters, must still fit). Raises
     :class:`UsageError` naming the predicted peak, the available memory and the fixes, unless
     ``force``. ``hold``: the "preflight skipped" note goes there instead of to ``note``, for the
     caller to show only when the real run works (when it fails too, its error says it once).
@@ -72,6 +73,7 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     if dev.type not in ("cpu", "cuda"):
         return None
     _tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
+    model = None
     try:
         model = build_model(spec, "meta")
         args, kwargs = make_batch(spec, "meta")
@@ -86,8 +88,9 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
         text = str(getattr(e, "message", e)).strip()
         first = text.splitlines()[0] if text else ""
         first = first if len(first) <= 240 else first[:240] + "..."
-        skipped = (f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
-                   f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
+        why = f"the meta pass failed ({type(e).__name__}: {first})"
+        _known_part_fits(spec, model, dev.type, why, force, note)
+        skipped = f"preflight skipped: {why}, so ckplan cannot tell beforehand whether one step fits on {dev.type}"
         if hold is not None:
             hold.append(skipped)
         else:
@@ -99,6 +102,29 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
             raise UsageError(verdict.message(), tip=verdict.tip())
         _note(note, f"running anyway (force): {verdict.message()}")
     return verdict
+
+
+def _known_part_fits(spec: Spec, model, device_type: str, why: str, force: bool, note: Note | None) -> None:
+    """When the meta pass fails, what is known without it must still fit: the batch (from its
+    shape) and the parameters and buffers (of the meta model, when it was built). Raises
+    :class:`UsageError` (unless ``force``) before the real run allocates them."""
+    from .preflight import available_memory, decide
+    from .units import format_bytes
+    known = spec.input.nbytes()
+    what = "the batch"
+    if model is not None:
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+        known += sum(t.numel() * t.element_size() for t in tensors.values())
+        what = "the parameters, buffers and batch"
+    verdict = decide(known, available_memory(device_type), device_type)
+    if verdict.fits:
+        return
+    message = (f"{why}, and {what} alone take {format_bytes(known)} ({format_bytes(verdict.needed_bytes)} with "
+               f"the {device_type} allocator's margin), more than the {format_bytes(verdict.available_bytes)} "
+               f"available ({verdict.source})")
+    if not force:
+        raise UsageError(message, tip=verdict.tip())
+    _note(note, f"running anyway (force): {message}")
 
 
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
@@ -616,7 +642,7 @@ def _bytes_total_problem(data: dict) -> str | None:
             f"2**62 = {MAX_PROFILE_INT} (larger than any machine's memory)")
 
 
-def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
+def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None = None, k: int = 2,
           steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
           plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
           force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False,
@@ -670,7 +696,8 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
                      extra_plans=extra, memory_limit_bytes=limit, progress=progress)
 
 
-def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1, budget: str | int | None = None,
+def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1,
+                     budget: str | int | float | None = None,
                      memory_limit: str | int | None = None, device: str | Device | None = "auto",
                      plan_path: str | Path | None = None) -> None:
     """Raise now what :func:`bench` would raise for its arguments and its plan file, before it starts."""
@@ -705,7 +732,7 @@ def _meta_chain(spec: Spec) -> tuple[str | None, int | None]:
     return path, len(container)
 
 
-def check_budget(budget: str | int | None) -> None:
+def check_budget(budget: str | int | float | None) -> None:
     """Raise :class:`UsageError` now for a budget that could never be resolved (``12 parsecs``,
     ``1e400``, ``0%``), before any profile runs."""
     if budget is not None:
@@ -713,7 +740,7 @@ def check_budget(budget: str | int | None) -> None:
         check_budget_text(budget, what="budget")
 
 
-def resolve_budget(budget: str | int, prof: Profile):
+def resolve_budget(budget: str | int | float, prof: Profile):
     """The :class:`ckplan.planner.Budget` for ``budget`` (``12GB``, ``12GiB``, bytes, ``40%`` of
     the no-checkpoint peak, ``50%act``: persistent memory plus half the activations)."""
     from .planner import chain_from_profile, parse_budget
@@ -721,7 +748,7 @@ def resolve_budget(budget: str | int, prof: Profile):
 
 
 def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
-         budget: str | int | None = None, strategy: str = "dp", k: int = 2,
+         budget: str | int | float | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
@@ -840,7 +867,7 @@ def _parallel_note(world_size: int, parallel: str) -> str | None:
 
 
 def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int], parallel: str = "fsdp",
-                profile_path: str | Path | None = None, budget: str | int | None = None,
+                profile_path: str | Path | None = None, budget: str | int | float | None = None,
                 strategy: str = "dp", k: int = 2, device: str | Device | None = None,
                 overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
                 note: Note | None = None, meta_target: str | None = None):
@@ -866,7 +893,7 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
 
 
 def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strategies: list[str],
-                      budget: str | int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
+                      budget: str | int | float | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
                       device: str | Device | None = "auto", memory_limit: str | int | None = None,
                       timeout_s: float = 600.0, note: Note | None = None,
                       options: bool | Sequence[str] = False):

@@ -20,7 +20,7 @@ try:  # typer 0.2x vendors click as typer._click; older typer uses click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
-from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .errors import CkplanError, InfeasibleBudgetError, UsageError, first_line
 from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll, Target
 
 __all__ = ["Fmt", "app", "main"]
@@ -77,7 +77,9 @@ def guarded(fn):
         except CkplanError as e:
             if debug:
                 raise
-            _fail(str(e), e.exit_code)
+            # an error raised from another (the model's own) has a traceback worth seeing
+            _fail(str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""),
+                  e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial report was written", 130)
         except typer.Exit:
@@ -85,7 +87,7 @@ def guarded(fn):
         except Exception as e:  # a bug in ckplan or the model: one line, traceback with --debug
             if debug:
                 raise
-            _fail(f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+            _fail(f"{type(e).__name__}: {first_line(str(e))} (run with --debug for the traceback)", 1)
     return wrapper
 
 

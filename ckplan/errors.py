@@ -73,3 +73,12 @@ class WrongResultError(CkplanError):
     """A result that must not be trusted: a plan changed the loss or gradients, or NaN/inf appeared."""
 
     exit_code = 4
+
+
+def first_line(text: str) -> str:
+    """The first line of an exception's text, ``...`` marking the rest: PyTorch's C++ errors
+    append a stack dump ("Exception raised from ... frame #0: ...") to their message."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] + (" ..." if len(lines) > 1 else "")

@@ -54,7 +54,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain, tensor_leaves
-from .errors import ModelRunError, UsageError
+from .errors import ModelRunError, UsageError, first_line
 from .measure import (
     KEPT_MEMORY_NOTE,
     AllocatorTimeline,
@@ -807,8 +807,9 @@ def _model_errors(meta: bool):
                 f"the model reads tensor values in its forward or backward ({str(e).splitlines()[0]}), "
                 "which fake (meta) tensors cannot provide",
                 tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
-        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {e}",
-                            tip="run with --debug for the traceback") from e
+        # the model's traceback is this error's __cause__ (the CLI shows it with --debug)
+        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: "
+                            f"{first_line(str(e))}") from e
 
 
 @contextmanager

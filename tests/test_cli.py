@@ -379,3 +379,49 @@ def test_bench_plan_for_another_chain_fails_before_any_profile(tiny_gpt_spec, tm
     assert r.exit_code == 2, r.output
     assert "the plan is for 1000 layers but the chain has 3" in r.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("over,needle", [
+    (("-b", "99999999999999999999"), "larger than any machine's memory"),
+    (("--seq-len", "150000000"), "the sequence length, is 150000000, above the 32 positions the model takes"),
+    (("--seq-len", "99999999999"), "use a sequence length of at most 32 (--seq-len 32"),
+])
+def test_a_batch_the_model_or_machine_cannot_take_exits_2_in_one_line(tiny_gpt_spec, tmp_path, over, needle):
+    r = run("profile", tiny_gpt_spec(tmp_path), "--device", "cpu", "--no-options", *over)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and needle in errors[0] and "frame #" not in r.output
+
+
+def test_an_unexpected_error_is_one_line_without_pytorchs_stack_dump(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def boom(*a, **k):
+        raise RuntimeError("shape overflow\nException raised from f at x.cpp:79 (most recent call first):\n"
+                           "frame #0: c10::Error::Error() + 0x9d")
+    monkeypatch.setattr(ckplan.api, "profile", boom)
+    r = run("profile", tiny_gpt_spec(tmp_path), "--device", "meta")
+    assert r.exit_code == 1
+    assert r.output.strip().endswith("Error: RuntimeError: shape overflow ... (run with --debug for the traceback)")
+
+
+def test_a_model_error_points_to_debug_on_the_command_line_only(write_spec, tmp_path, monkeypatch):
+    (tmp_path / "raises_in_forward.py").write_text(
+        "import torch.nn as nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('broken model')\n"
+        "def make():\n    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, "model: {target: 'raises_in_forward:make'}\ninput: {batch_size: 2, shape: [4]}\n"
+                                "chain: layers\n")
+    r = run("profile", spec, "--device", "cpu", "--no-options")
+    assert r.exit_code == 1
+    assert "broken model (run with --debug for the traceback)" in r.output
+    from ckplan import api
+    from ckplan.errors import ModelRunError
+    with pytest.raises(ModelRunError) as e:
+        api.profile(api.load(spec), device="cpu", repeats=1, warmup=0)
+    assert "--debug" not in str(e.value) and isinstance(e.value.__cause__, ValueError)

@@ -17,6 +17,7 @@ feasible peak and the peak without checkpointing, so the planners have a trade-o
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -76,11 +77,22 @@ def none_peak(chain: Chain) -> int:
     return simulate(chain, plan_none(chain.n_layers)).peak_bytes
 
 
-def check_budget_text(text: str | int, *, what: str = "--budget") -> None:
-    """Check a budget's syntax and limits before anything runs (no chain needed): the same
-    UsageError that :func:`parse_budget` would raise later, raised now."""
+def _whole(text: str | int | float, what: str) -> str | int:
+    """A budget as text or whole bytes: a float such as ``12e9`` (what Python users write for
+    12 GB) is its whole number of bytes; a float with a fraction, NaN or inf is refused."""
+    if isinstance(text, float):
+        if not math.isfinite(text) or text != int(text):
+            raise UsageError(f"{what} {text!r} is not a whole number of bytes", tip=f"use {ACCEPTED_BUDGETS}")
+        return int(text)
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    return text
+
+
+def check_budget_text(text: str | int | float, *, what: str = "--budget") -> None:
+    """Check a budget's syntax and limits before anything runs (no chain needed): the same
+    UsageError that :func:`parse_budget` would raise later, raised now."""
+    text = _whole(text, what)
     raw = str(text).strip()
     if "%" in raw:
         _share_of(raw, what)
@@ -112,14 +124,14 @@ def _share_of(raw: str, what: str) -> tuple[Fraction, bool, str]:
     return pct, of_act, m.group(1)
 
 
-def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Budget:
-    """Resolve a budget text (see the module docstring) against ``chain``.
+def parse_budget(text: str | int | float, chain: Chain, *, what: str = "--budget") -> Budget:
+    """Resolve a budget text (see the module docstring) against ``chain``; a number is bytes
+    (a float such as ``12e9`` must be a whole number).
 
     Raises :class:`ckplan.errors.UsageError` naming the value and the accepted forms for
     anything else: 0%, negative, NaN, overflowing numbers, shares above the limits.
     """
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    text = _whole(text, what)
     if isinstance(text, int):
         b = _size_of(text, what)
         return Budget(b, str(text), "size", fb(b))
