@@ -813,7 +813,8 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
     from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
-    check_positive("points", points, minimum=2)
+    from .planner.strategies import check_sweep_points
+    check_sweep_points(points, what="points")
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
                              meta_target)

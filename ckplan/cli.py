@@ -239,7 +239,8 @@ def plan(
                                                 "overrides or --device with it)."),
     sweep: bool = typer.Option(False, "--sweep", help="Every strategy's memory/overhead frontier: CSV and "
                                "PNG under --out-dir."),
-    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep."),
+    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep (at most "
+                               "10000; the DP runs once per distinct plan)."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
     device: Optional[Device] = typer.Option(None, "--device", help="auto (the default), cpu, cuda or meta "
                                             "(fake tensors: nothing allocated)."),

@@ -425,3 +425,14 @@ def test_a_model_error_points_to_debug_on_the_command_line_only(write_spec, tmp_
     with pytest.raises(ModelRunError) as e:
         api.profile(api.load(spec), device="cpu", repeats=1, warmup=0)
     assert "--debug" not in str(e.value) and isinstance(e.value.__cause__, ValueError)
+
+
+def test_sweep_points_above_the_limit_exit_2_before_any_profile(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def no_profile(*a, **k):
+        raise AssertionError("profiled before --points was checked")
+    monkeypatch.setattr(ckplan.api, "profile", no_profile)
+    r = run("plan", tiny_gpt_spec(tmp_path), "--sweep", "--points", "200000", "--out-dir", tmp_path / "o")
+    assert r.exit_code == 2, r.output
+    assert "points 200000 is not a number of budgets from 2 to 10000" in r.output
