@@ -391,6 +391,7 @@ def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[d
     """``(plan object, the document around it or {})`` of a plan file, its header checked
     (keys, format, option names: :func:`ckplan.planner.plan.check_plan_header`), no layer built
     yet (:func:`plan_of` checks ``n_layers`` against the chain, then builds it)."""
+    from .options import SELECTIVE_OPTIONS
     from .planner.plan import check_plan_header
     p = Path(path)
     data = _read_json(p, "plan", PLAN_TIP)
@@ -408,7 +409,7 @@ def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[d
     if not isinstance(body, dict):
         raise SpecError(f"{p}: the plan must be a JSON object, not {type(body).__name__}", tip=PLAN_TIP)
     try:
-        check_plan_header(body, chain_layers=None, limit=False)
+        check_plan_header(body, chain_layers=None, limit=False, known_options=SELECTIVE_OPTIONS)
     except SpecError as e:
         raise SpecError(f"{where or p}: {e.message}",
                         tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
@@ -418,9 +419,10 @@ def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[d
 def plan_of(body: dict, where: str, *, chain_layers: int | None = None):
     """The :class:`ckplan.planner.Plan` of a plan object read by :func:`read_plan_document`;
     ``chain_layers``: the chain's length, checked before any layer is built."""
+    from .options import SELECTIVE_OPTIONS
     from .planner import Plan
     try:
-        return Plan.from_dict(body, chain_layers=chain_layers)
+        return Plan.from_dict(body, chain_layers=chain_layers, known_options=SELECTIVE_OPTIONS)
     except SpecError as e:
         raise SpecError(f"{where}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
 

@@ -85,7 +85,7 @@ from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
 from .planner.plan import STORE, Checkpoint, Item, Plan, Store
 from .recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
-from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
+from .sac import MINCUT, OPTIONS, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
 
@@ -560,7 +560,7 @@ def _as_plan(plan, chain_layers: int | None = None) -> Plan:
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, dict):
-        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers)
+        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers, known_options=OPTIONS)
     return load_plan(plan, chain_layers=chain_layers)
 
 
@@ -577,4 +577,5 @@ def load_plan(path, *, chain_layers: int | None = None) -> Plan:
         doc = json.loads(p.read_text())
     except ValueError as e:
         raise SpecError(f"{p}: not JSON ({e})") from None
-    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers)
+    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers,
+                          known_options=OPTIONS)

@@ -64,7 +64,7 @@ def test_deep_nesting_needs_no_recursion():
     ({"format": "profile", "n_layers": 2, "checkpoints": []}, "format 'profile'"),
     ({"n_layers": 2, "checkpoints": [], "checkpoint": [[0, 2]]}, "plan key 'checkpoint' is not one of"),
     ({"n_layers": 2, "checkpoints": [], "items": [{"store": 0}, {"store": 1}]}, "not both"),
-    ({"n_layers": 2, "checkpoints": [], "options": ["store", "sac-everything"]}, "option 'sac-everything'"),
+    ({"n_layers": 2, "checkpoints": [], "options": ["store", 7]}, "option 7 must be a name"),
     ({"n_layers": 2, "checkpoints": [], "options": ["store"]}, "options list 1 layers but the plan has 2"),
     ({"n_layers": 10**12, "checkpoints": [[0, 2]]}, "n_layers about 10\\^12 is above the most ckplan plans, 100000"),
 ])
@@ -95,3 +95,11 @@ def test_plan_for_another_chain_is_refused_before_any_layer_is_built():
     # a long plan builds its own stores: nothing per layer stays cached after the plan is freed
     long = Plan.from_dict({"n_layers": 50_000, "checkpoints": [[0, 2]]}, chain_layers=50_000)
     assert long.n_layers == 50_000 and len(plan_module._STORES) <= plan_module._SHARED
+
+
+def test_plan_files_name_only_ckplans_options():
+    from ckplan.options import SELECTIVE_OPTIONS
+    d = {"n_layers": 2, "checkpoints": [], "options": ["store", "sac-everything"]}
+    assert Plan.from_dict(d).options() == ("store", "sac-everything")  # a synthetic chain's option
+    with pytest.raises(SpecError, match="plan option 'sac-everything' is not one of store, sac-compute"):
+        Plan.from_dict(d, known_options=SELECTIVE_OPTIONS)

@@ -197,14 +197,16 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any, *, chain_layers: int | None = None) -> Plan:
+    def from_dict(cls, d: Any, *, chain_layers: int | None = None,
+                  known_options: tuple[str, ...] | None = None) -> Plan:
         """The plan of a JSON object (:meth:`to_dict`, or the nested ``items`` form).
 
-        Everything that costs nothing is checked before any layer is built: the object's keys,
-        its ``format``, ``n_layers`` (at most :data:`MAX_PLAN_LAYERS`, and equal to
-        ``chain_layers``, the length of the chain it is for, when given) and the option names.
+        Everything that costs nothing is checked before any layer is built
+        (:func:`check_plan_header`): the object's keys, its ``format``, ``n_layers`` (at most
+        :data:`MAX_PLAN_LAYERS`, and equal to ``chain_layers``, the length of the chain it is for,
+        when given) and the option names (among ``known_options`` when given).
         """
-        check_plan_header(d, chain_layers=chain_layers)
+        check_plan_header(d, chain_layers=chain_layers, known_options=known_options)
         n = d["n_layers"]
         strategy = d.get("strategy", "custom")
         params = d.get("params") or {}
@@ -228,14 +230,14 @@ PLAN_KEYS = ("format", "strategy", "n_layers", "params", "checkpoints", "items",
 _EXAMPLE = '{"n_layers": 4, "checkpoints": [[0, 2], [2, 4]]}'
 
 
-def check_plan_header(d: Any, *, chain_layers: int | None = None, limit: bool = True) -> None:
+def check_plan_header(d: Any, *, chain_layers: int | None = None, limit: bool = True,
+                      known_options: tuple[str, ...] | None = None) -> None:
     """Raise :class:`SpecError` for what is wrong with a plan object's keys, format, layer count
     (against ``chain_layers`` when given, and :data:`MAX_PLAN_LAYERS` unless ``limit`` is False:
-    for a caller that compares it with the chain next) and option names: checks that build
-    nothing per layer."""
+    for a caller that compares it with the chain next) and option names (each one of
+    ``known_options`` when given: a plan file is for ckplan's own options, ``SELECTIVE_OPTIONS``;
+    the planner's own chains may name others): checks that build nothing per layer."""
     from difflib import get_close_matches
-
-    from ..options import SELECTIVE_OPTIONS
     if not isinstance(d, dict):
         raise SpecError(f"a plan must be a JSON object, not {type(d).__name__}",
                         tip="write it with `ckplan plan SPEC --budget 12GB -o plan.json`")
@@ -283,10 +285,11 @@ def check_plan_header(d: Any, *, chain_layers: int | None = None, limit: bool = 
         names = opts
     else:
         raise SpecError("plan 'options' must be a list with one option name per layer")
-    known = (STORE, *SELECTIVE_OPTIONS)
     for name in names:
-        if name not in known:
-            raise SpecError(f"plan option {_short(name)} is not one of {', '.join(known)}",
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"plan option {_short(name)} must be a name such as 'store'")
+        if known_options is not None and name != STORE and name not in known_options:
+            raise SpecError(f"plan option {_short(name)} is not one of {', '.join((STORE, *known_options))}",
                             tip="options are written by `ckplan plan` from a profile that measured them")
 
 
