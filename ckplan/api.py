@@ -975,13 +975,28 @@ def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:
 
 # ---- output files, checked before the run ----------------------------------------------------
 
-def check_output_file(path: str | Path, *, csv: bool = True) -> None:
+def check_output_file(path: str | Path, *, csv: bool = True, inputs: dict[str, Any] | None = None) -> None:
     """Refuse, before a long run, an output file ckplan could not write (or must not replace);
-    ``csv=False``: a command that writes only JSON refuses a ``.csv`` name too."""
+    ``csv=False``: a command that writes only JSON refuses a ``.csv`` name too. ``inputs``: the
+    files the command reads (``{"--profile": path}``), which the output must not be."""
     from .report import check_output_file as _check
     if not csv and Path(path).suffix.lower() == ".csv":
         raise UsageError(f"-o {path}: this command writes JSON, not CSV", tip="use a .json file name")
+    for what, source in (inputs or {}).items():
+        if source is not None and _same_file(Path(path), Path(source)):
+            raise UsageError(f"-o {path} is the file {what} reads ({source}): writing the result there would "
+                             "replace the command's own input", tip="write the result to another file")
     _check(path, "-o")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (the same path, a link to it, or another spelling)."""
+    try:
+        if a.exists() and b.exists():
+            return a.samefile(b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def check_output_dir(path: str | Path) -> None:

@@ -211,7 +211,7 @@ def profile(
     """Per-layer parameter, output and saved-for-backward bytes, times, FLOPs and the predicted peak."""
     from . import api, render, report
     if output is not None:
-        api.check_output_file(output)
+        api.check_output_file(output, inputs={"SPEC": spec})
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
         prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
@@ -294,7 +294,8 @@ def plan(
     parallel = str(parallel or "fsdp")
     _check_world_size_options(sizes, given_parallel, export, output)
     if output is not None:
-        api.check_output_file(output, csv=False)  # plan writes JSON only: refused now, not after the run
+        # plan writes JSON only: refused now, not after the run; nor may it replace its own input
+        api.check_output_file(output, csv=False, inputs={"--profile": profile_file, "SPEC": spec})
     if len(sizes) > 1:
         if strategy == StrategyOrAll.all:
             raise UsageError("--strategy all with several --world-size values",
@@ -421,7 +422,10 @@ def bench(
     **overrides,
 ):
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
+    import time
+
     from . import api, render, report
+    started = time.time()
     listed = [x.strip() for x in compare.split(",") if x.strip()]
     strategies = list(dict.fromkeys(listed))  # each strategy runs once, in the order first given
     bad = [x for x in strategies if x not in (*STRATEGY_NAMES, *PEERS)]
@@ -467,8 +471,12 @@ def bench(
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0
     try:
+        replaced = report.replaced_note([out_dir / n for n in report.bench_filenames(res.model, res.device_tag)],
+                                        since=started)
         files = report.write_bench(out_dir, res)
         render.info("wrote " + ", ".join(str(f) for f in files))
+        if replaced:
+            render.info(replaced)
     except report.ReportsInterrupted as e:
         render.error(str(e))
         raise typer.Exit(130) from None

@@ -8,7 +8,8 @@ Exit codes (documented in README):
 
 ====  ==========================================================
 0     success
-1     a failure while running the model (:class:`ModelRunError`)
+1     a failure while running the model (:class:`ModelRunError`), or a result file that could not
+      be written (:class:`WriteError`: a full disk)
 2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
 3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`)
 4     a wrong result: bench found a plan that changed the gradients or made NaN/inf
@@ -49,6 +50,13 @@ class DependencyError(CkplanError):
 
 class ModelRunError(CkplanError):
     """The model failed while ckplan was running it (forward, backward, device)."""
+
+    exit_code = 1
+
+
+class WriteError(CkplanError):
+    """A result file could not be written (a full disk, a folder gone read-only during the run);
+    the message names the file. Nothing half-written is left (ckplan.report.write_files)."""
 
     exit_code = 1
 

@@ -436,3 +436,28 @@ def test_sweep_points_above_the_limit_exit_2_before_any_profile(tiny_gpt_spec, t
     r = run("plan", tiny_gpt_spec(tmp_path), "--sweep", "--points", "200000", "--out-dir", tmp_path / "o")
     assert r.exit_code == 2, r.output
     assert "points 200000 is not a number of budgets from 2 to 10000" in r.output
+
+
+def test_plan_output_never_replaces_its_own_input(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    prof = tmp_path / "p.json"
+    assert run("profile", spec, "--device", "meta", "-o", prof, "-f", "json").exit_code == 0
+    before = prof.read_bytes()
+    (tmp_path / "link.json").symlink_to(prof)
+    for out in (prof, tmp_path / "link.json", tmp_path / "." / "p.json"):
+        r = run("plan", "--profile", prof, "-o", out)
+        assert r.exit_code == 2 and "is the file --profile reads" in r.output, r.output
+    r = run("profile", spec, "--device", "meta", "-o", spec)
+    assert r.exit_code == 2 and "is the file SPEC reads" in r.output
+    assert prof.read_bytes() == before and spec.read_text().lstrip().startswith("model:")
+
+
+def test_a_second_bench_into_one_folder_says_what_it_replaces(tiny_gpt_spec, tmp_path):
+    args = ("bench", tiny_gpt_spec(tmp_path), "--device", "cpu", "--compare", "none", "--steps", "1",
+            "--no-options", "--out-dir", tmp_path / "out")
+    first = run(*args)
+    assert first.exit_code == 0 and "replaced" not in first.output, first.output
+    second = run(*args)
+    assert second.exit_code == 0
+    assert "note: replaced bench-tiny-gpt-cpu.csv, bench-tiny-gpt-cpu.json, bench-tiny-gpt-cpu.png, " \
+           "frontier-tiny-gpt-cpu.png in " in second.output.replace("\n", "")
