@@ -27,9 +27,9 @@ __all__ = ["Fmt", "app", "main"]
 
 
 def _error_line(message: str) -> None:
-    from .render import stderr
+    from .render import clean, stderr
     stderr.print("Error:", style="bold red", end=" ", highlight=False)
-    stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+    stderr.print(clean(message), markup=False, highlight=False, soft_wrap=True)
 
 
 class _OneLineErrors(TyperGroup):
@@ -100,9 +100,9 @@ def _working(text: str):
         render.info(text)
         yield render.info, render.info
         return
-    with render.stderr.status(text) as status:
+    with render.stderr.status(render.escape(text)) as status:
         def progress(msg: str) -> None:
-            status.update(msg)
+            status.update(render.escape(msg))
         yield progress, render.info
 
 
@@ -539,7 +539,11 @@ def _emit(fmt: Fmt, doc: dict, frame, table) -> None:
     elif fmt == Fmt.csv:
         if frame is None:
             raise UsageError("--format csv is not available for this command", tip="use --format json")
-        sys.stdout.write(frame.to_csv(index=False))
+        text = frame.to_csv(index=False)
+        if sys.stdout.isatty():  # the data as it is for a pipe or a file; a terminal gets no raw controls
+            from .render import clean
+            text = clean(text)
+        sys.stdout.write(text)
     else:
         table()
 

@@ -461,3 +461,13 @@ def test_a_second_bench_into_one_folder_says_what_it_replaces(tiny_gpt_spec, tmp
     assert second.exit_code == 0
     assert "note: replaced bench-tiny-gpt-cpu.csv, bench-tiny-gpt-cpu.json, bench-tiny-gpt-cpu.png, " \
            "frontier-tiny-gpt-cpu.png in " in second.output.replace("\n", "")
+
+
+def test_a_spec_name_with_control_characters_is_printed_escaped(write_spec, tmp_path):
+    spec = write_spec(tmp_path, 'name: "evil\\x1b]0;title\\x07\\x1b[2J"\nmodel: {builtin: mlp, args: {in_features: 4, '
+                                'depth: 2, width: 4}}\ninput: {batch_size: 2, shape: [4]}\nchain: layers\n')
+    for args in (("profile", spec, "--device", "meta", "--no-options"), ("plan", spec, "--device", "meta"),
+                 ("plan", spec, "--device", "meta", "--budget", "1KB")):  # an error line naming the model
+        r = run(*args)
+        assert "\x1b" not in r.output and "\x07" not in r.output, args
+    assert "evil\\x1b]0;title\\x07\\x1b[2J" in run("plan", spec, "--device", "meta").output
