@@ -744,7 +744,7 @@ def check_budget(budget: str | int | float | None) -> None:
 
 def resolve_budget(budget: str | int | float, prof: Profile):
     """The :class:`ckplan.planner.Budget` for ``budget`` (``12GB``, ``12GiB``, bytes, ``40%`` of
-    the no-checkpoint peak, ``50%act``: persistent memory plus half the activations)."""
+    the no-checkpoint peak, ``50%act``: that peak with half its activations)."""
     from .planner import chain_from_profile, parse_budget
     return parse_budget(budget, chain_from_profile(prof), what="budget")
 

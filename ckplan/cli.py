@@ -230,7 +230,8 @@ def plan(
     spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile instead."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
                                          "500MB, plain bytes, 40% of the no-checkpoint peak, or 50%act "
-                                         "(persistent memory + 50% of the activations)."),
+                                         "(the no-checkpoint peak with 50% of its activations: 100%act is "
+                                         "that peak)."),
     strategy: StrategyOrAll = typer.Option(StrategyOrAll.dp, "--strategy", "-s",
                                            help="One strategy, or all to compare them."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),

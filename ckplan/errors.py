@@ -72,8 +72,8 @@ class InfeasibleBudgetError(CkplanError):
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
         self.persistent_bytes = persistent_bytes
-        # How the budget was resolved ("--budget: persistent ... + 50% of the activations ..."),
-        # set by ckplan.api.plan for the CLI's budget line; None where nobody set it.
+        # How the budget was resolved ("--budget: the peak without checkpointing ... with 50% of its
+        # activations ..."), set by ckplan.api.plan for the CLI's budget line; None where nobody set it.
         self.budget_source: str | None = None
 
 
