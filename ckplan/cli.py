@@ -138,7 +138,10 @@ def _write_out(path: Path, doc: dict, frame=None) -> None:
 
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Model spec (YAML), e.g. configs/gpt2-small.yaml. A spec is code: "
                           "`target:` imports and calls any callable; run only specs you trust.")
-DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: nothing allocated).")
+META_CODE = ("; the model's code still runs on meta: a spec's `target:` is imported and called, so run only "
+             "specs you trust")
+DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: no memory "
+                          "allocated" + META_CODE + ").")
 BENCH_DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu or cuda (bench runs real training steps; "
                                 "meta cannot run them).")
 FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout: table, json or csv.")
@@ -244,7 +247,7 @@ def plan(
                                "10000; the DP runs once per distinct plan)."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
     device: Optional[Device] = typer.Option(None, "--device", help="auto (the default), cpu, cuda or meta "
-                                            "(fake tensors: nothing allocated)."),
+                                            "(fake tensors: no memory allocated" + META_CODE + ")."),
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),

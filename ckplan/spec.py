@@ -6,8 +6,9 @@ inputs, the chain of checkpointable layers and the training settings. See README
 
 A spec is code. ``target: "package.module:callable"`` imports that module (running whatever it
 runs on import) and calls the callable with ``args:``, before ckplan can look at the result:
-``target: "os:system"`` would run a shell command. Run only specs you trust, as you would a
-Python script.
+``target: "os:system"`` would run a shell command. That happens on every device, ``meta``
+included (fake tensors spare the memory, not the code), and in ``bench --plan``'s early check.
+Run only specs you trust, as you would a Python script.
 """
 from __future__ import annotations
 

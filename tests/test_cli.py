@@ -471,3 +471,12 @@ def test_a_spec_name_with_control_characters_is_printed_escaped(write_spec, tmp_
         r = run(*args)
         assert "\x1b" not in r.output and "\x07" not in r.output, args
     assert "evil\\x1b]0;title\\x07\\x1b[2J" in run("plan", spec, "--device", "meta").output
+
+
+@pytest.mark.parametrize("command", ["profile", "plan"])
+def test_device_meta_help_says_a_target_still_runs(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    r = run(command, "--help")
+    line = next(x for x in r.output.splitlines() if x.strip("│ ").startswith("--device"))
+    assert "meta (fake tensors: no memory allocated; the model's code still runs on meta: a spec's " \
+           "`target:` is imported and called, so run only specs you trust)" in " ".join(line.split())
