@@ -19,10 +19,11 @@ left them:
   lives during one layer's recompute; a buffer that the recompute changes in place although
   no first forward did is refused (:class:`ckplan.errors.ModelRunError`): it cannot be put back.
 
-Known limit: the recompute itself sees the buffers as the first forward left them (updated
+Known limits: the recompute itself sees the buffers as the first forward left them (updated
 once). A layer whose *output* depends on a buffer it updates (a counter that selects a branch)
 therefore computes something else in its recompute; ``ckplan bench``'s gradient check reports
-such a plan as ``wrong-gradients``.
+such a plan as ``wrong-gradients``. A buffer changed without a version bump (``F.batch_norm``'s
+statistics) is found only if the layer's first forward under a plan changes it.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import weakref
 
 import torch
 import torch.nn as nn
+from torch.utils import checkpoint as _checkpoint
 
 from .errors import ModelRunError
 
@@ -148,7 +150,7 @@ def buffers_kept(layer: nn.Module):
     with _no_modes():
         saved = [(m, name, b, b._version, b.clone() if name in _CHANGED.get(m, ()) else None)
                  for m, name, b in entries]
-    stop = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
+    stop = getattr(_checkpoint, "_StopRecomputationError", ())
     lost: list[str] = []
     failed = False
     try:
