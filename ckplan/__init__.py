@@ -61,22 +61,23 @@ def apply_plan(model, plan, *, chain: str | None = None):
     """Checkpoint ``model``'s chain by ``plan`` (a Plan, a PlanResult, its dict, or a plan.json path)."""
     import os
 
+    from .chainfind import resolve_chain
     from .execute import apply_plan as _apply
     plan = getattr(plan, "plan", plan)  # a PlanResult
-    doc, where = None, "the plan"
+    where = "the plan"
     if isinstance(plan, (str, os.PathLike)):  # a plan.json: checked as `ckplan bench --plan` checks it
         from .api import read_plan
         where = str(plan)
-        plan, doc = read_plan(plan)
+        path, container, _ = resolve_chain(model, chain)
+        plan, _doc = read_plan(plan, chain_layers=len(container), chain=path, chain_tip=_CHAIN_TIP)
     elif isinstance(plan, dict) and isinstance(plan.get("plan"), dict):  # a loaded `ckplan plan` document
-        doc = plan
-    if doc:
         from .api import check_plan_chain
-        from .chainfind import resolve_chain
-        check_plan_chain(doc, resolve_chain(model, chain)[0], where,
-                         tip=f"make the plan for this model, or pass chain={doc.get('chain')!r} if that is "
-                             "this model's layer container")
+        check_plan_chain(plan, resolve_chain(model, chain)[0], where, tip=_CHAIN_TIP)
     return _apply(model, plan, chain=chain)
+
+
+# {recorded}: the chain the plan was made for (filled by check_plan_chain)
+_CHAIN_TIP = "make the plan for this model, or pass chain={recorded!r} if that is this model's layer container"
 
 
 def compiled_layers(model, *, chain: str | None = None):

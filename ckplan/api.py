@@ -61,8 +61,9 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
               progress: Progress | None = None, note: Note | None = None, hold: list[str] | None = None):
     """Predict the step's peak with a meta pass and refuse a real-device run that cannot fit.
 
-    Returns the :class:`ckplan.preflight.Verdict`, or None when nothing was checked (meta device;
-    a model the meta pass cannot run, e.g. one that reads tensor values). Raises
+    Returns the :class:`ckplan.preflight.Verdict`, or None when the peak could not be predicted
+    (meta device; a model the meta pass cannot run, e.g. one that reads tensor values: then what
+    is known without it, the batch and the parameters, must still fit). Raises
     :class:`UsageError` naming the predicted peak, the available memory and the fixes, unless
     ``force``. ``hold``: the "preflight skipped" note goes there instead of to ``note``, for the
     caller to show only when the real run works (when it fails too, its error says it once).
@@ -72,6 +73,7 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     if dev.type not in ("cpu", "cuda"):
         return None
     _tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
+    model = None
     try:
         model = build_model(spec, "meta")
         args, kwargs = make_batch(spec, "meta")
@@ -86,8 +88,9 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
         text = str(getattr(e, "message", e)).strip()
         first = text.splitlines()[0] if text else ""
         first = first if len(first) <= 240 else first[:240] + "..."
-        skipped = (f"preflight skipped: the meta pass failed ({type(e).__name__}: {first}), so "
-                   f"ckplan cannot tell beforehand whether one step fits on {dev.type}")
+        why = f"the meta pass failed ({type(e).__name__}: {first})"
+        _known_part_fits(spec, model, dev.type, why, force, note)
+        skipped = f"preflight skipped: {why}, so ckplan cannot tell beforehand whether one step fits on {dev.type}"
         if hold is not None:
             hold.append(skipped)
         else:
@@ -99,6 +102,29 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
             raise UsageError(verdict.message(), tip=verdict.tip())
         _note(note, f"running anyway (force): {verdict.message()}")
     return verdict
+
+
+def _known_part_fits(spec: Spec, model, device_type: str, why: str, force: bool, note: Note | None) -> None:
+    """When the meta pass fails, what is known without it must still fit: the batch (from its
+    shape) and the parameters and buffers (of the meta model, when it was built). Raises
+    :class:`UsageError` (unless ``force``) before the real run allocates them."""
+    from .preflight import available_memory, decide
+    from .units import format_bytes
+    known = spec.input.nbytes()
+    what = "the batch"
+    if model is not None:
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+        known += sum(t.numel() * t.element_size() for t in tensors.values())
+        what = "the parameters, buffers and batch"
+    verdict = decide(known, available_memory(device_type), device_type)
+    if verdict.fits:
+        return
+    message = (f"{why}, and {what} alone take {format_bytes(known)} ({format_bytes(verdict.needed_bytes)} with "
+               f"the {device_type} allocator's margin), more than the {format_bytes(verdict.available_bytes)} "
+               f"available ({verdict.source})")
+    if not force:
+        raise UsageError(message, tip=verdict.tip())
+    _note(note, f"running anyway (force): {message}")
 
 
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
@@ -346,14 +372,27 @@ def _read_json(p: Path, what: str, tip: str) -> Any:
         raise SpecError(f"{what} file {str(p)!r} cannot be read ({e.strerror})", tip=tip) from None
 
 
-def read_plan(path: str | Path):
+def read_plan(path: str | Path, *, chain_layers: int | None = None, chain: str | None = None,
+              chain_tip: str | None = None, where: str | None = None):
     """The plan in a file written by ``ckplan plan -o plan.json`` (or a bare ``Plan.to_dict()``),
     and the document around it (``{}`` for a bare plan): ``(Plan, doc)``.
 
     Raises :class:`SpecError` naming the file for anything else: a folder, not UTF-8 JSON, another
-    ckplan document (a profile, a per-rank table), or a broken plan.
+    ckplan document (a profile, a per-rank table), or a broken plan. With ``chain`` (the model's
+    chain path) and ``chain_layers`` (its length), a plan made for another chain is refused
+    (:func:`check_plan_chain`) before any of its layers is built.
     """
-    from .planner import Plan
+    body, doc = read_plan_document(path, where=where)
+    check_plan_chain(doc, chain, where or str(path), tip=chain_tip)
+    return plan_of(body, where or str(path), chain_layers=chain_layers), doc
+
+
+def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[dict, dict]:
+    """``(plan object, the document around it or {})`` of a plan file, its header checked
+    (keys, format, option names: :func:`ckplan.planner.plan.check_plan_header`), no layer built
+    yet (:func:`plan_of` checks ``n_layers`` against the chain, then builds it)."""
+    from .options import SELECTIVE_OPTIONS
+    from .planner.plan import check_plan_header
     p = Path(path)
     data = _read_json(p, "plan", PLAN_TIP)
     other = _other_document(data, "plan")
@@ -370,23 +409,37 @@ def read_plan(path: str | Path):
     if not isinstance(body, dict):
         raise SpecError(f"{p}: the plan must be a JSON object, not {type(body).__name__}", tip=PLAN_TIP)
     try:
-        plan = Plan.from_dict(body)
+        check_plan_header(body, chain_layers=None, limit=False, known_options=SELECTIVE_OPTIONS)
     except SpecError as e:
-        raise SpecError(f"{p}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
-    return plan, (data if body is not data else {})
+        raise SpecError(f"{where or p}: {e.message}",
+                        tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
+    return body, (data if body is not data else {})
+
+
+def plan_of(body: dict, where: str, *, chain_layers: int | None = None):
+    """The :class:`ckplan.planner.Plan` of a plan object read by :func:`read_plan_document`;
+    ``chain_layers``: the chain's length, checked before any layer is built."""
+    from .options import SELECTIVE_OPTIONS
+    from .planner import Plan
+    try:
+        return Plan.from_dict(body, chain_layers=chain_layers, known_options=SELECTIVE_OPTIONS)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
 
 
 def check_plan_chain(doc: dict, chain: str | None, where: str, *, tip: str | None = None) -> None:
     """Refuse a plan document whose recorded chain is not ``chain`` (the model's chain path):
-    its layer indices would checkpoint another model's layers."""
+    its layer indices would checkpoint another model's layers. ``tip`` may name the recorded
+    chain as ``{recorded}``."""
     recorded = doc.get("chain")
     if chain is None or not isinstance(recorded, str) or recorded == chain:
         return
     model = doc.get("model")
     made_for = f" for model {model!r}" if isinstance(model, str) else ""
+    default = ("make the plan for this model (the same spec, the same chain): "
+               "`ckplan plan SPEC --budget ... -o plan.json`")
     raise SpecError(f"{where}: the plan was made{made_for} with chain {recorded!r}, but this model's chain is "
-                    f"{chain!r}", tip=tip or "make the plan for this model (the same spec, the same chain): "
-                                             "`ckplan plan SPEC --budget ... -o plan.json`")
+                    f"{chain!r}", tip=tip.format(recorded=recorded) if tip else default)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -594,7 +647,7 @@ def _bytes_total_problem(data: dict) -> str | None:
             f"2**62 = {MAX_PROFILE_INT} (larger than any machine's memory)")
 
 
-def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None, k: int = 2,
+def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None = None, k: int = 2,
           steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
           plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
           force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False,
@@ -631,7 +684,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
                          options=names, compile=compile)
     for text in held:
         _note(note, text)
-    if plan_path is not None:  # the chain found in the model (the spec may not name one)
+    if plan_path is not None:  # the chain the profile found (where the meta build could not tell)
         check_plan_chain(plan_doc, prof.chain, where)
         n = len(prof.chain_layers)
         if p.n_layers != n:
@@ -648,7 +701,8 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | None = None,
                      extra_plans=extra, memory_limit_bytes=limit, progress=progress)
 
 
-def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1, budget: str | int | None = None,
+def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1,
+                     budget: str | int | float | None = None,
                      memory_limit: str | int | None = None, device: str | Device | None = "auto",
                      plan_path: str | Path | None = None) -> None:
     """Raise now what :func:`bench` would raise for its arguments and its plan file, before it starts."""
@@ -661,12 +715,29 @@ def _check_bench(spec: Spec, *, k, steps, warmup, budget, memory_limit, device, 
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
     plan_read = None
     if plan_path is not None:  # a bad plan file fails before the (long) profile, not after
-        plan_read = read_plan(plan_path)
-        check_plan_chain(plan_read[1], spec.chain, f"--plan {plan_path}")
+        where = f"--plan {plan_path}"
+        body, doc = read_plan_document(plan_path, where=where)
+        check_plan_chain(doc, spec.chain, where)  # the spec names its chain: nothing built yet
+        chain, n = _meta_chain(spec)
+        check_plan_chain(doc, chain, where)
+        plan_read = plan_of(body, where, chain_layers=n), doc
     return limit, dev, plan_read
 
 
-def check_budget(budget: str | int | None) -> None:
+def _meta_chain(spec: Spec) -> tuple[str | None, int | None]:
+    """The spec's chain path and length, from its model built on the meta device (nothing is
+    allocated); ``(spec.chain, None)`` when it cannot be built there (the real run will say why)."""
+    from .chainfind import resolve_chain
+    try:
+        path, container, _ = resolve_chain(build_model(spec, "meta"), spec.chain)
+    except (SpecError, UsageError, DependencyError):
+        raise
+    except Exception:  # a model that cannot be built on meta: checked after the real build
+        return spec.chain, None
+    return path, len(container)
+
+
+def check_budget(budget: str | int | float | None) -> None:
     """Raise :class:`UsageError` now for a budget that could never be resolved (``12 parsecs``,
     ``1e400``, ``0%``), before any profile runs."""
     if budget is not None:
@@ -674,15 +745,15 @@ def check_budget(budget: str | int | None) -> None:
         check_budget_text(budget, what="budget")
 
 
-def resolve_budget(budget: str | int, prof: Profile):
+def resolve_budget(budget: str | int | float, prof: Profile):
     """The :class:`ckplan.planner.Budget` for ``budget`` (``12GB``, ``12GiB``, bytes, ``40%`` of
-    the no-checkpoint peak, ``50%act``: persistent memory plus half the activations)."""
+    the no-checkpoint peak, ``50%act``: that peak with half its activations)."""
     from .planner import chain_from_profile, parse_budget
     return parse_budget(budget, chain_from_profile(prof), what="budget")
 
 
 def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,
-         budget: str | int | None = None, strategy: str = "dp", k: int = 2,
+         budget: str | int | float | None = None, strategy: str = "dp", k: int = 2,
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
@@ -747,7 +818,8 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
     """Every strategy's memory/recompute frontier: (profile, frontier points)."""
     from .planner import chain_from_profile, no_gain_reason
     from .planner import sweep as _sweep
-    check_positive("points", points, minimum=2)
+    from .planner.strategies import check_sweep_points
+    check_sweep_points(points, what="points")
     names = [str(Strategy.parse(s, what="strategy")) for s in (strategies or STRATEGIES)]
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
                              meta_target)
@@ -801,7 +873,7 @@ def _parallel_note(world_size: int, parallel: str) -> str | None:
 
 
 def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int], parallel: str = "fsdp",
-                profile_path: str | Path | None = None, budget: str | int | None = None,
+                profile_path: str | Path | None = None, budget: str | int | float | None = None,
                 strategy: str = "dp", k: int = 2, device: str | Device | None = None,
                 overrides: dict | None = None, force: bool = False, progress: Progress | None = None,
                 note: Note | None = None, meta_target: str | None = None):
@@ -827,7 +899,7 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
 
 
 def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strategies: list[str],
-                      budget: str | int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
+                      budget: str | int | float | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
                       device: str | Device | None = "auto", memory_limit: str | int | None = None,
                       timeout_s: float = 600.0, note: Note | None = None,
                       options: bool | Sequence[str] = False, force: bool = False):
@@ -921,13 +993,28 @@ def _budget_for_plan(budget, prof: Profile, chain) -> tuple[int | None, str]:
 
 # ---- output files, checked before the run ----------------------------------------------------
 
-def check_output_file(path: str | Path, *, csv: bool = True) -> None:
+def check_output_file(path: str | Path, *, csv: bool = True, inputs: dict[str, Any] | None = None) -> None:
     """Refuse, before a long run, an output file ckplan could not write (or must not replace);
-    ``csv=False``: a command that writes only JSON refuses a ``.csv`` name too."""
+    ``csv=False``: a command that writes only JSON refuses a ``.csv`` name too. ``inputs``: the
+    files the command reads (``{"--profile": path}``), which the output must not be."""
     from .report import check_output_file as _check
     if not csv and Path(path).suffix.lower() == ".csv":
         raise UsageError(f"-o {path}: this command writes JSON, not CSV", tip="use a .json file name")
+    for what, source in (inputs or {}).items():
+        if source is not None and _same_file(Path(path), Path(source)):
+            raise UsageError(f"-o {path} is the file {what} reads ({source}): writing the result there would "
+                             "replace the command's own input", tip="write the result to another file")
     _check(path, "-o")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (the same path, a link to it, or another spelling)."""
+    try:
+        if a.exists() and b.exists():
+            return a.samefile(b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def check_output_dir(path: str | Path) -> None:

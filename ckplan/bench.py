@@ -346,12 +346,36 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
     none = next((e for e in entries if e.name == "none" and e.times), None)
+    rows = tuple(_row(e, none) for e in entries)
+    few = few_steps_note(steps, rows)
+    if few:
+        notes.append(few)
     return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
-                       budget_bytes=budget_bytes, k=k, rows=tuple(_row(e, none) for e in entries),
+                       budget_bytes=budget_bytes, k=k, rows=rows,
                        profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes),
                        frontier=frontier_of(chain), compiled=profile.compiled)
+
+
+# Fewer timed steps than this give a slowdown without a noise estimate worth the name.
+FEW_STEPS = 3
+
+
+def few_steps_note(steps: int, rows) -> str | None:
+    """The caveat for slowdowns from fewer than :data:`FEW_STEPS` timed steps: each is one or two
+    steps against as many of ``none``, so a cold or disturbed step decides it, and a row faster
+    than ``none`` (which does the least work) shows the noise."""
+    if steps >= FEW_STEPS:
+        return None
+    fast = [f"{r.strategy} {r.slowdown:.2f}x" for r in rows
+            if r.slowdown is not None and r.slowdown < 1.0 and r.strategy != "none"]
+    text = (f"--steps {steps}: each slowdown is {'one step' if steps == 1 else f'{steps} steps'} against "
+            f"{'one' if steps == 1 else 'as many'} of none, so the timing noise is unknown and one slow step "
+            "decides it")
+    if fast:
+        text += f" ({', '.join(fast)}: faster than none, which recomputes nothing, so that is noise)"
+    return text + f"; use --steps {max(5, FEW_STEPS)} or more (the default is 5) for slowdowns to compare"
 
 
 FRONTIER_POINTS = 16

@@ -20,7 +20,7 @@ try:  # typer 0.2x vendors click as typer._click; older typer uses click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
-from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .errors import CkplanError, InfeasibleBudgetError, UsageError, first_line
 from .launch import MAX_RANKS_PER_CPU
 from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll, Target
 
@@ -28,9 +28,9 @@ __all__ = ["Fmt", "app", "main"]
 
 
 def _error_line(message: str) -> None:
-    from .render import stderr
+    from .render import clean, stderr
     stderr.print("Error:", style="bold red", end=" ", highlight=False)
-    stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+    stderr.print(clean(message), markup=False, highlight=False, soft_wrap=True)
 
 
 class _OneLineErrors(TyperGroup):
@@ -78,7 +78,9 @@ def guarded(fn):
         except CkplanError as e:
             if debug:
                 raise
-            _fail(str(e), e.exit_code)
+            # an error raised from another (the model's own) has a traceback worth seeing
+            _fail(str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""),
+                  e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial report was written", 130)
         except typer.Exit:
@@ -86,7 +88,7 @@ def guarded(fn):
         except Exception as e:  # a bug in ckplan or the model: one line, traceback with --debug
             if debug:
                 raise
-            _fail(f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+            _fail(f"{type(e).__name__}: {first_line(str(e))} (run with --debug for the traceback)", 1)
     return wrapper
 
 
@@ -99,9 +101,9 @@ def _working(text: str):
         render.info(text)
         yield render.info, render.info
         return
-    with render.stderr.status(text) as status:
+    with render.stderr.status(render.escape(text)) as status:
         def progress(msg: str) -> None:
-            status.update(msg)
+            status.update(render.escape(msg))
         yield progress, render.info
 
 
@@ -137,7 +139,10 @@ def _write_out(path: Path, doc: dict, frame=None) -> None:
 
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Model spec (YAML), e.g. configs/gpt2-small.yaml. A spec is code: "
                           "`target:` imports and calls any callable; run only specs you trust.")
-DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: nothing allocated).")
+META_CODE = ("; the model's code still runs on meta: a spec's `target:` is imported and called, so run only "
+             "specs you trust")
+DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu, cuda or meta (fake tensors: no memory "
+                          "allocated" + META_CODE + ").")
 BENCH_DEVICE_OPT = typer.Option(Device.auto, "--device", help="auto, cpu or cuda (bench runs real training steps; "
                                 "meta cannot run them).")
 FORMAT_OPT = typer.Option(Fmt.table, "--format", "-f", help="What goes to stdout: table, json or csv.")
@@ -214,7 +219,7 @@ def profile(
     """Per-layer parameter, output and saved-for-backward bytes, times, FLOPs and the predicted peak."""
     from . import api, render, report
     if output is not None:
-        api.check_output_file(output)
+        api.check_output_file(output, inputs={"SPEC": spec})
     s = api.load(spec, **_given(overrides))
     with _working(f"profiling {s.name}") as (progress, note):
         prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
@@ -233,7 +238,8 @@ def plan(
     spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile instead."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
                                          "500MB, plain bytes, 40% of the no-checkpoint peak, or 50%act "
-                                         "(persistent memory + 50% of the activations)."),
+                                         "(the no-checkpoint peak with 50% of its activations: 100%act is "
+                                         "that peak)."),
     strategy: StrategyOrAll = typer.Option(StrategyOrAll.dp, "--strategy", "-s",
                                            help="One strategy, or all to compare them."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
@@ -242,10 +248,11 @@ def plan(
                                                 "overrides or --device with it)."),
     sweep: bool = typer.Option(False, "--sweep", help="Every strategy's memory/overhead frontier: CSV and "
                                "PNG under --out-dir."),
-    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep."),
+    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep (at most "
+                               "10000; the DP runs once per distinct plan)."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
     device: Optional[Device] = typer.Option(None, "--device", help="auto (the default), cpu, cuda or meta "
-                                            "(fake tensors: nothing allocated)."),
+                                            "(fake tensors: no memory allocated" + META_CODE + ")."),
     fmt: Fmt = FORMAT_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan JSON here "
                                           "(for `ckplan bench --plan` and `ckplan.apply_plan`)."),
@@ -296,7 +303,8 @@ def plan(
     parallel = str(parallel or "fsdp")
     _check_world_size_options(sizes, given_parallel, export, output)
     if output is not None:
-        api.check_output_file(output, csv=False)  # plan writes JSON only: refused now, not after the run
+        # plan writes JSON only: refused now, not after the run; nor may it replace its own input
+        api.check_output_file(output, csv=False, inputs={"--profile": profile_file, "SPEC": spec})
     if len(sizes) > 1:
         if strategy == StrategyOrAll.all:
             raise UsageError("--strategy all with several --world-size values",
@@ -425,7 +433,10 @@ def bench(
     **overrides,
 ):
     """Run measured training steps per strategy: real peak memory and slowdown beside the predictions."""
+    import time
+
     from . import api, render, report
+    started = time.time()
     listed = [x.strip() for x in compare.split(",") if x.strip()]
     strategies = list(dict.fromkeys(listed))  # each strategy runs once, in the order first given
     bad = [x for x in strategies if x not in (*STRATEGY_NAMES, *PEERS)]
@@ -473,8 +484,12 @@ def bench(
     _emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = 0
     try:
+        replaced = report.replaced_note([out_dir / n for n in report.bench_filenames(res.model, res.device_tag)],
+                                        since=started)
         files = report.write_bench(out_dir, res)
         render.info("wrote " + ", ".join(str(f) for f in files))
+        if replaced:
+            render.info(replaced)
     except report.ReportsInterrupted as e:
         render.error(str(e))
         raise typer.Exit(130) from None
@@ -541,7 +556,11 @@ def _emit(fmt: Fmt, doc: dict, frame, table) -> None:
     elif fmt == Fmt.csv:
         if frame is None:
             raise UsageError("--format csv is not available for this command", tip="use --format json")
-        sys.stdout.write(frame.to_csv(index=False))
+        text = frame.to_csv(index=False)
+        if sys.stdout.isatty():  # the data as it is for a pipe or a file; a terminal gets no raw controls
+            from .render import clean
+            text = clean(text)
+        sys.stdout.write(text)
     else:
         table()
 

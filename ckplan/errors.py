@@ -8,7 +8,8 @@ Exit codes (documented in README):
 
 ====  ==========================================================
 0     success
-1     a failure while running the model (:class:`ModelRunError`)
+1     a failure while running the model (:class:`ModelRunError`), or a result file that could not
+      be written (:class:`WriteError`: a full disk)
 2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
 3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`)
 4     a wrong result: bench found a plan that changed the gradients or made NaN/inf
@@ -55,6 +56,13 @@ class ModelRunError(CkplanError):
     exit_code = 1
 
 
+class WriteError(CkplanError):
+    """A result file could not be written (a full disk, a folder gone read-only during the run);
+    the message names the file. Nothing half-written is left (ckplan.report.write_files)."""
+
+    exit_code = 1
+
+
 class InfeasibleBudgetError(CkplanError):
     """No plan fits the memory budget, even recomputing everything."""
 
@@ -66,8 +74,8 @@ class InfeasibleBudgetError(CkplanError):
         self.budget_bytes = budget_bytes
         self.min_peak_bytes = min_peak_bytes
         self.persistent_bytes = persistent_bytes
-        # How the budget was resolved ("--budget: persistent ... + 50% of the activations ..."),
-        # set by ckplan.api.plan for the CLI's budget line; None where nobody set it.
+        # How the budget was resolved ("--budget: the peak without checkpointing ... with 50% of its
+        # activations ..."), set by ckplan.api.plan for the CLI's budget line; None where nobody set it.
         self.budget_source: str | None = None
 
 
@@ -88,3 +96,12 @@ class Interrupted(CkplanError):
         super().__init__(message, tip=tip)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+def first_line(text: str) -> str:
+    """The first line of an exception's text, ``...`` marking the rest: PyTorch's C++ errors
+    append a stack dump ("Exception raised from ... frame #0: ...") to their message."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] + (" ..." if len(lines) > 1 else "")

@@ -50,6 +50,11 @@ Known limits:
   backward. Elsewhere it runs in place, as measured (``Layer.in_place`` in the planner).
 * Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
   RNG states when a GPU is in use) until the segment's backward.
+* A recompute leaves every buffer the layer's forward changes (BatchNorm's and InstanceNorm's
+  running statistics, ``F.batch_norm`` on the layer's own buffers, a moving average or counter)
+  as the first forward left them (:mod:`ckplan.recompute`); those buffers, a few KiB as a rule,
+  are copied during the layer's recompute. The recompute sees them updated once, so a layer whose
+  output depends on a buffer it updates computes something else there (bench: wrong-gradients).
 * The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
   on the chain layers themselves run in the first forward only (hooks on their submodules run in
   both, as with torch's checkpoint).
@@ -81,8 +86,8 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .chainfind import resolve_chain, tensor_leaves
 from .errors import ModelRunError, SpecError
 from .planner.plan import STORE, Checkpoint, Item, Plan, Store
-from .recompute import running_stats_kept
-from .sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
+from .recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
+from .sac import MINCUT, OPTIONS, check_option, compiled_only, policy_fn, run_with_option
 
 _ATTR = "_ckplan_executor"
 
@@ -432,7 +437,8 @@ class PlanExecutor:
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not spans_layers():
-            return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+            return checkpoint(recompute_keeping_stats(orig), *args, use_reentrant=False, preserve_rng_state=True,
+                              **kwargs)
         _refuse_kv_cache(i, args, kwargs)
         tls = self._tls
         seg: _Segment | None = getattr(tls, "seg", None)
@@ -477,7 +483,7 @@ class PlanExecutor:
                 _save_inputs(own, inputs)
             hook = _checkpoint_hook(own)
         try:
-            with hook:
+            with hook, buffer_changes_noted(self.layers[i]):
                 # Without a frame of its own: stored, or a compiled layer with its option compiled in.
                 if own is not None:
                     out = orig(*args, **kwargs)
@@ -569,7 +575,7 @@ class PlanExecutor:
         outer, outer_option = getattr(tls, "replaying", False), getattr(tls, "option", STORE)
         tls.replaying, tls.option = True, _ckplan_option
         try:
-            with running_stats_kept(self.layers[j]):
+            with recompute_state_kept(self.layers[j]):
                 return self.layers[j](*args, **kwargs)
         finally:
             tls.replaying, tls.option = outer, outer_option
@@ -598,13 +604,14 @@ def apply_plan(model: nn.Module, plan: Plan | dict | str, *, chain: str | None =
     """Checkpoint ``model``'s chain as ``plan`` says (a Plan, its dict, or a plan.json path).
 
     Returns the executor; call ``.remove()`` (or use it as a context manager) to undo. Applying a
-    new plan replaces the previous one.
+    new plan replaces the previous one. A plan read from a dict or a file is checked against the
+    chain's length before any of its layers is built.
     """
-    plan = _as_plan(plan)
+    path, container, _ = resolve_chain(model, chain)
+    plan = _as_plan(plan, len(container))
     old = getattr(model, _ATTR, None)
     if old is not None:
         old.remove()
-    path, container, _ = resolve_chain(model, chain)
     return PlanExecutor(model, list(container), plan, path)
 
 
@@ -614,16 +621,17 @@ def remove_plan(model: nn.Module) -> None:
         old.remove()
 
 
-def _as_plan(plan) -> Plan:
+def _as_plan(plan, chain_layers: int | None = None) -> Plan:
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, dict):
-        return Plan.from_dict(plan.get("plan", plan))
-    return load_plan(plan)
+        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers, known_options=OPTIONS)
+    return load_plan(plan, chain_layers=chain_layers)
 
 
-def load_plan(path) -> Plan:
-    """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict())."""
+def load_plan(path, *, chain_layers: int | None = None) -> Plan:
+    """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict()); with
+    ``chain_layers``, refuse a plan for another number of layers before building it."""
     import json
     from pathlib import Path
     p = Path(path)
@@ -634,4 +642,5 @@ def load_plan(path) -> Plan:
         doc = json.loads(p.read_text())
     except ValueError as e:
         raise SpecError(f"{p}: not JSON ({e})") from None
-    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc)
+    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers,
+                          known_options=OPTIONS)

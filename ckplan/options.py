@@ -110,6 +110,10 @@ DEVICES = Device.names()
 PRECISIONS = Precision.names()
 OPTIMIZERS = Optimizer.names()
 
+# Selective recompute options a plan may give a layer besides ``store`` (ckplan.sac runs them; the
+# mincut ones only in compiled layers). Pure names here, so that a plan file is checked without torch.
+SELECTIVE_OPTIONS = ("sac-compute", "sac-linear", "sac-attn", "mincut-50", "mincut-20")
+
 # Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
 # checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.
 PEERS = ("hf", "sac-policy", "torch-compile", "torch-compile-nobudget")

@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 
 from .chainfind import first_tensor, resolve_chain, tensor_leaves
-from .errors import ModelRunError, UsageError
+from .errors import ModelRunError, UsageError, first_line
 from .execute import apply_plan, spans_layers
 from .flops import FlopCounter, estimated_note
 from .measure import (
@@ -820,8 +820,9 @@ def _model_errors(meta: bool):
                 f"the model reads tensor values in its forward or backward ({str(e).splitlines()[0]}), "
                 "which fake (meta) tensors cannot provide",
                 tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
-        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {e}",
-                            tip="run with --debug for the traceback") from e
+        # the model's traceback is this error's __cause__ (the CLI shows it with --debug)
+        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: "
+                            f"{first_line(str(e))}") from e
 
 
 @contextmanager

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
 from rich.text import Text
 
@@ -23,6 +24,27 @@ from .units import format_bytes, format_flops, format_ms
 # Piped output (files, CI logs, README examples) gets wide tables instead of rich's 80 columns.
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True)
+
+
+def clean(text: str) -> str:
+    """``text`` with control and format characters (ESC, CR, backspace, bidi overrides) shown as
+    escapes (``\\x1b``): a model name, a layer name or a profile's text reaches the terminal as
+    text, never as a command to it. Newlines and tabs stay."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            out.append(ch)
+        else:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+    return "".join(out)
+
+
+def escape(text: str) -> str:
+    """``text`` for rich markup: control characters shown (:func:`clean`), brackets escaped."""
+    return _markup_escape(clean(text))
 
 
 @dataclass(frozen=True)
@@ -265,7 +287,7 @@ def export_text(exported, closest_peak_bytes: int, planned_peak_bytes: int, *,
     out.print(escape(f"--export {exported.target}: {verdict}"), soft_wrap=True)
     if exported.message:
         out.print(escape(exported.message), soft_wrap=True)
-    out.print(exported.text, markup=False, highlight=False, soft_wrap=True)
+    out.print(clean(exported.text), markup=False, highlight=False, soft_wrap=True)
 
 
 def sweep_table(points, *, wide: bool = False, console: Console | None = None) -> None:
@@ -398,4 +420,4 @@ class progress_bar:
                 info(f"[{self.done}/{self.total}] {description}")
                 self.last = description
             return
-        self.p.update(self.task, advance=1, description=description)
+        self.p.update(self.task, advance=1, description=escape(description))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .errors import UsageError, WriteError
 from .records import SCHEMA_VERSION, Profile
 
 
@@ -268,8 +269,10 @@ def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "-
     for folder in {p.parent for p in paths}:
         _make_folder(folder, what)
     temps: list[Path] = []
+    current = paths[0] if paths else Path(".")
     try:
         for p, write in items:
+            current = p
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             os.close(fd)
             temps.append(Path(tmp))
@@ -278,6 +281,9 @@ def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "-
     except KeyboardInterrupt:
         _unlink_all(temps)
         raise ReportsInterrupted("previous", paths) from None
+    except OSError as e:  # a full disk, a folder gone read-only: said with the file's name
+        _unlink_all(temps)
+        raise _write_error(e, current, paths, what) from None
     except BaseException:
         _unlink_all(temps)
         raise
@@ -293,6 +299,14 @@ def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "-
     return paths
 
 
+def _write_error(e: OSError, path: Path, paths: list[Path], what: str) -> WriteError:
+    why = e.strerror or str(e)
+    files = "the file is" if len(paths) == 1 else f"its {len(paths)} files are"
+    return WriteError(f"{what}: cannot write {str(path)!r}: {why} ({files} as before the run)",
+                      tip="free space on that disk, or choose another folder" if e.errno == errno.ENOSPC else
+                      "choose a folder you can write to")
+
+
 def _unlink_all(paths: list[Path]) -> None:
     for p in paths:
         with contextlib.suppress(OSError):
@@ -303,8 +317,10 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
     """Rename each temporary file over its target; on failure put the old files back."""
     backups: list[tuple[Path, Path]] = []  # (hard link to the old file, target)
     done: list[Path] = []
+    current = paths[0] if paths else Path(".")
     try:
         for tmp, p in zip(temps, paths):
+            current = p
             _refuse_non_regular(p, what)  # again: something may have appeared since the check
             if p.exists():
                 bak = p.parent / f".{p.name}.{secrets.token_hex(6)}.old"
@@ -315,7 +331,7 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
                     pass
             os.replace(tmp, p)
             done.append(p)
-    except BaseException:
+    except BaseException as exc:
         old = dict((p, bak) for bak, p in backups)
         for p in done:  # put back what was replaced; remove what was new
             if p in old:
@@ -324,6 +340,8 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
             else:
                 _unlink_all([p])
         _unlink_all([bak for bak, _ in backups] + temps)
+        if isinstance(exc, OSError):
+            raise _write_error(exc, current, paths, what) from None
         raise
     _unlink_all([bak for bak, _ in backups])
 
@@ -352,9 +370,20 @@ def write_csv(path: str | Path, frame) -> Path:
 
 # ---- plan sweep and bench files --------------------------------------------------------------
 
+SLUG_MAX = 100  # file names are at most 255 bytes; a model name goes in with a prefix and suffixes
+
+
 def _slug(text: str) -> str:
+    """``text`` as a file-name part: other characters than letters, digits, ``_.-`` become ``-``;
+    a long name is cut to :data:`SLUG_MAX` characters, its end a hash of the whole name (two
+    long names that share their first 91 characters still get two sets of files)."""
+    import hashlib
     import re
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"
+    if len(slug) <= SLUG_MAX:
+        return slug
+    digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug[:SLUG_MAX - 9].rstrip('-.')}-{digest}"
 
 
 def sweep_frame(points):
@@ -381,6 +410,29 @@ def bench_basename(model: str, device: str) -> str:
 
 def frontier_basename(model: str, device: str) -> str:
     return f"frontier-{_slug(model)}-{_slug(device)}"
+
+
+def replaced_note(paths: list[Path] | tuple[Path, ...], since: float) -> str | None:
+    """What writing ``paths`` replaces, to say so: files of an earlier run, or (modified at or
+    after ``since``, this run's start, a ``time.time()``) of another run that wrote them while
+    this one ran. None when none of them exists."""
+    import time
+    found = []
+    for p in paths:
+        try:
+            found.append((Path(p), os.stat(p).st_mtime))
+        except OSError:
+            continue
+    if not found:
+        return None
+    newest = max(m for _, m in found)
+    names = ", ".join(p.name for p, _ in found)
+    folder = found[0][0].parent
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest))
+    if newest >= since:
+        return (f"note: another run wrote {names} in {folder} while this one ran (at {when}); its results "
+                "are replaced by these: give each run its own --out-dir")
+    return f"note: replaced {names} in {folder}, written by an earlier run at {when}"
 
 
 def bench_filenames(model: str, device: str) -> tuple[str, ...]:

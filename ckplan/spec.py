@@ -6,8 +6,9 @@ inputs, the chain of checkpointable layers and the training settings. See README
 
 A spec is code. ``target: "package.module:callable"`` imports that module (running whatever it
 runs on import) and calls the callable with ``args:``, before ckplan can look at the result:
-``target: "os:system"`` would run a shell command. Run only specs you trust, as you would a
-Python script.
+``target: "os:system"`` would run a shell command. That happens on every device, ``meta``
+included (fake tensors spare the memory, not the code), and in ``bench --plan``'s early check.
+Run only specs you trust, as you would a Python script.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from .errors import DependencyError, ModelRunError, SpecError, UsageError
 from .options import OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+MAX_INPUT_BYTES = 2**63 - 1  # what torch can count (int64): no machine has this much memory
 
 
 class _Strict(BaseModel):
@@ -67,6 +70,13 @@ class ModelSpec(_Strict):
         return self
 
 
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 class LabelSpec(_Strict):
     shape: list[int] = Field(default_factory=list)
     dtype: Literal[DTYPES] = "int64"  # type: ignore[valid-type]
@@ -84,9 +94,35 @@ class InputSpec(_Strict):
     @field_validator("shape")
     @classmethod
     def _positive(cls, v):
+        if not v:
+            raise ValueError("shape is [], but it must list at least one dimension: the shape of one sample "
+                             "after the batch dimension, e.g. [512] for 512 token ids or [3, 224, 224] for "
+                             "an image")
         if any(d <= 0 for d in v):
             raise ValueError(f"every dimension of shape must be positive, got {v}")
         return v
+
+    def tensors(self) -> list[tuple[str, list[int], str]]:
+        """``(what, shape, dtype)`` of each tensor of one batch: the input, and the labels when drawn."""
+        out = [("input", [self.batch_size, *self.shape], self.dtype)]
+        if isinstance(self.labels, LabelSpec):
+            out.append(("labels", [self.batch_size, *self.labels.shape], self.labels.dtype))
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes of one batch (input and drawn labels), worked out without making it."""
+        return sum(_numel(shape) * DTYPE_BYTES[dtype] for _, shape, dtype in self.tensors())
+
+    @model_validator(mode="after")
+    def _fits_a_machine(self):
+        # torch counts elements in int64; a batch past 8 EiB is a typo, and torch's own error
+        # for it is a C++ stack dump
+        for what, shape, dtype in self.tensors():
+            size = _numel(shape) * DTYPE_BYTES[dtype]
+            if size > MAX_INPUT_BYTES:
+                raise ValueError(f"the {what} (batch_size {self.batch_size} x shape {shape[1:]}, {dtype}) would "
+                                 f"take about {size:.2g} bytes, larger than any machine's memory (8 EiB)")
+        return self
 
     @model_validator(mode="after")
     def _ints_need_high(self):
@@ -161,7 +197,10 @@ class Spec(_Strict):
         for key, val in (("precision", precision), ("optimizer", optimizer), ("accum", accum)):
             if val is not None:
                 d["train"][key] = str(val) if key != "accum" else val
-        return validate(d, source="overrides")
+        given = ", ".join(f"{k}={getattr(v, 'value', v)!r}" for k, v in
+                          (("batch_size", batch_size), ("seq_len", seq_len), ("precision", precision),
+                           ("optimizer", optimizer), ("accum", accum)) if v is not None)
+        return validate(d, source=f"with the override {given}")
 
 
 def _positive_int(name: str, value) -> None:
@@ -184,6 +223,45 @@ def _loc(err: dict) -> str:
     return ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "(top level)"
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _fields_at(loc: tuple) -> list[str] | None:
+    """The keys the spec takes in the mapping that holds ``loc``'s last key, or None."""
+    model: Any = Spec
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        model = next((a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type)
+                      and issubclass(a, BaseModel)), None)
+        if model is None:
+            return None
+    return list(getattr(model, "model_fields", {}))
+
+
+def _explain(err: dict) -> tuple[str, str | None]:
+    """One validation error as ``where: what (got value)`` and its fix, or None for no fix."""
+    loc = tuple(p for p in err["loc"] if not str(p).startswith("function-after"))
+    where = _loc(err)
+    parent = ".".join(map(str, loc[:-1]))
+    if err["type"] == "extra_forbidden":
+        keys = _fields_at(loc) or []
+        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        tip = (f"did you mean {close[0]!r}?" if close else
+               f"the keys of `{parent or 'the spec'}` are {', '.join(keys)}" if keys else None)
+        return f"{where}: unknown key", tip
+    if err["type"] == "missing":
+        return f"{where}: required key is missing", f"add `{loc[-1]}:` under `{parent}:`" if parent else None
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] != "value_error":  # pydantic's own messages do not show the value given
+        msg += f" (got {_shown(err.get('input'))})"
+    return f"{where}: {msg}", None
+
+
 def validate(data: Any, *, source: str = "spec") -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with `model:` and `input:`, got {type(data).__name__}",
@@ -191,15 +269,9 @@ def validate(data: Any, *, source: str = "spec") -> Spec:
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            elif err["type"] == "missing":
-                msg = "required key is missing"
-            lines.append(f"{_loc(err)}: {msg}")
-        raise SpecError(f"{source}: " + "; ".join(lines), tip="see README, section 'Spec format'") from None
+        found = [_explain(err) for err in e.errors()]
+        tips = list(dict.fromkeys(t for _, t in found if t))
+        raise SpecError(f"{source}: " + "; ".join(m for m, _ in found), tip="; ".join(tips) or None) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -268,6 +340,12 @@ def build_model(spec: Spec, device: str = "cpu"):
     torch.manual_seed(spec.seed)
     if spec.model.builtin is not None:
         _check_builtin_vocab(spec)
+        _check_builtin_length(spec)
+    if str(device) == "meta":
+        # Modules a model imports lazily (transformers' GenerationMixin pulls in torch._dynamo)
+        # run tensor code at import; under the meta device that code fails (torch 2.6: .item()
+        # on a meta tensor). Import dynamo first, outside the device.
+        import torch._dynamo  # noqa: F401
     with torch.device(device):
         if spec.model.builtin is not None:
             model = _build_builtin(spec.model.builtin, spec.model.args)
@@ -275,6 +353,8 @@ def build_model(spec: Spec, device: str = "cpu"):
             model = _build_hf(spec.model.hf, spec.model.task, inp=spec.input)
         else:
             model = _build_target(spec.model.target, spec.model.args)
+    if spec.model.hf is not None:
+        _check_position_table(model, spec.input)
     if not isinstance(model, torch.nn.Module):
         where = f"model.target {spec.model.target!r}" if spec.model.target else "model.builtin"
         raise SpecError(f"{where} returned {type(model).__name__}, not a torch.nn.Module",
@@ -308,6 +388,54 @@ def _check_builtin_vocab(spec: Spec) -> None:
     vocab = spec.model.args["vocab_size"] if given else defaults["vocab_size"]
     check_token_range(spec.input, vocab, "model.args.vocab_size" if given else
                       f"model.args.vocab_size, the default of builtin {name!r}")
+
+
+# The argument that sizes each zoo model's position table (the longest sequence it takes).
+_BUILTIN_LENGTH = {"gpt": "block_size", "bert": "max_position"}
+
+
+def _token_length(inp: InputSpec) -> int | None:
+    """The sequence length of a token-id input (its first dimension), else None."""
+    return inp.shape[0] if inp.dtype.startswith("int") else None
+
+
+def _too_long(length: int, limit: int, where: str) -> SpecError:
+    return SpecError(f"input.shape[0], the sequence length, is {length}, above the {limit} positions the model "
+                     f"takes ({where}): the forward would fail after the whole batch was allocated",
+                     tip=f"use a sequence length of at most {limit} (--seq-len {limit}, seq_len= in the API), "
+                         f"or raise {where.split(',')[0]}")
+
+
+def _check_builtin_length(spec: Spec) -> None:
+    """A zoo model's position table (gpt's ``block_size``, bert's ``max_position``) bounds the
+    sequence: refuse a longer one before anything is built or allocated."""
+    from .zoo import zoo_args
+    name = str(spec.model.builtin)
+    arg, length = _BUILTIN_LENGTH.get(name), _token_length(spec.input)
+    if arg is None or length is None:
+        return
+    given = arg in spec.model.args
+    limit = spec.model.args[arg] if given else zoo_args(name)[arg]
+    if isinstance(limit, int) and not isinstance(limit, bool) and length > limit:
+        raise _too_long(length, limit, f"model.args.{arg}" if given else
+                        f"model.args.{arg}, the default of builtin {name!r}")
+
+
+def _check_position_table(model, inp: InputSpec) -> None:
+    """A Hugging Face model with a learned position table (GPT-2's ``wpe``, BERT's
+    ``position_embeddings``, OPT's ``embed_positions``) takes at most its rows of tokens; rotary
+    models have no table and no such bound."""
+    import torch
+    length = _token_length(inp)
+    if length is None:
+        return
+    for name, m in model.named_modules():
+        last = name.rsplit(".", 1)[-1].lower()
+        if isinstance(m, torch.nn.Embedding) and (last == "wpe" or "position" in last):
+            limit = m.num_embeddings - int(getattr(m, "offset", 0) or 0)
+            if length > limit:
+                raise _too_long(length, limit, f"the position table {name} has {limit} rows")
+            return
 
 
 def _build_builtin(name: str, args: dict):

@@ -49,20 +49,20 @@ if want tests; then
     --timeout 240 ${PYTEST_ARGS:-}
 fi
 # gpt2-small as configured (2 x 512 tokens, SGD), the CPU reference's shapes and default budget
-# (halfway between the smallest feasible peak and none's; 50%act is below the smallest feasible peak
-# there: the weight gradients alone are 475 MiB).
+# (halfway between the smallest feasible peak and none's).
 if want gpt2; then
   stage gpt2 150 $CK bench configs/gpt2-small.yaml --device cuda \
     --compare none,every-k,sqrtn,chen,dp-layer,dp,selective,sac-policy,hf --k 1 --steps 20 --warmup 3 \
     --out-dir $REP --wide --debug
 fi
-# gpt2-small at 8 x 512 tokens: the lm head's logits set a floor above 50%act, so the default budget.
+# gpt2-small at 8 x 512 tokens, the default budget.
 if want gpt2-b8; then
   stage gpt2-b8 150 $CK bench configs/gpt2-small.yaml --device cuda --batch-size 8 \
     --compare ${GPT2_B8_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf} --k 1 --steps 10 --warmup 2 \
     --out-dir $REP/b8 --wide --debug
 fi
-# bert-large at the seed article's batch, 8 x 512 tokens, AdamW fp32 as configured (dropout 0.1).
+# bert-large at the seed article's batch, 8 x 512 tokens, AdamW fp32 as configured (dropout 0.1);
+# 50%act: the no-checkpoint peak with half its activations.
 if want bert; then
   stage bert 180 $CK bench configs/bert-large.yaml --device cuda --budget 50%act \
     --compare ${BERT_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf} --k 1 --steps 6 --warmup 2 \

@@ -87,3 +87,14 @@ def test_api_infeasible_budget_is_a_dedicated_exception():
         ckplan.plan_model(model, torch.randn(8, 16), budget="1KB")
     assert e.value.exit_code == 3 and e.value.min_peak_bytes > e.value.budget_bytes == 1000
     assert "smallest feasible peak" in str(e.value)
+
+
+def test_a_whole_float_budget_is_bytes():
+    # 12e9 is how Python users write 12 GB; a fraction of a byte is refused by the API's name
+    model, x = _mlp_and_batch()
+    big = ckplan.plan_model(model, x, budget=12e9)
+    assert big.budget_bytes == 12_000_000_000 and big.fits
+    for bad in (1.5, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="is not a whole number of bytes") as e:
+            ckplan.plan_model(model, x, budget=bad)
+        assert "--" not in e.value.message

@@ -266,3 +266,19 @@ def test_selective_without_options_is_one_error_row_not_the_whole_bench(tiny_gpt
     assert rows["none"].status == "ok" and rows["every-k"].status == "ok"
     assert rows["every-k"].measured_peak_bytes == pytest.approx(rows["every-k"].predicted_peak_bytes, rel=1e-3)
     assert not res.failed_rows
+
+
+def test_slowdowns_from_one_or_two_steps_carry_a_caveat(tiny_gpt_spec, tmp_path):
+    from types import SimpleNamespace
+
+    from ckplan.bench import few_steps_note
+    rows = [SimpleNamespace(strategy="none", slowdown=1.0), SimpleNamespace(strategy="sqrtn", slowdown=0.2),
+            SimpleNamespace(strategy="dp", slowdown=1.3), SimpleNamespace(strategy="chen", slowdown=None)]
+    note = few_steps_note(1, rows)
+    assert note.startswith("--steps 1: each slowdown is one step against one of none")
+    assert "(sqrtn 0.20x: faster than none, which recomputes nothing, so that is noise)" in note
+    assert "dp" not in note and "use --steps 5 or more" in note
+    assert "2 steps against as many" in few_steps_note(2, rows[:1])
+    assert few_steps_note(3, rows) is None
+    res = api.bench(api.load(tiny_gpt_spec(tmp_path)), strategies=["none"], device="cpu", steps=1, warmup=0)
+    assert any(n.startswith("--steps 1:") for n in res.notes)

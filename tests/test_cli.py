@@ -365,3 +365,118 @@ def test_meta_target_picks_the_device_a_meta_profile_stands_for(tiny_gpt_spec, t
     assert r.exit_code == 2 and "target='cuda'" in r.output
     r = run("plan", spec, "--device", "meta", "--target", "cuda", "-f", "json")
     assert r.exit_code == 0, r.output
+
+
+def test_bench_plan_for_another_chain_fails_before_any_profile(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def no_profile(*a, **k):
+        raise AssertionError("profiled before the plan file was checked")
+    monkeypatch.setattr(ckplan.api, "profile_model", no_profile)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"n_layers": 1000, "checkpoints": [[0, 2]]}))
+    r = run("bench", tiny_gpt_spec(tmp_path), "--plan", plan, "--device", "cpu", "--out-dir", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert "the plan is for 1000 layers but the chain has 3" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("over,needle", [
+    (("-b", "99999999999999999999"), "larger than any machine's memory"),
+    (("--seq-len", "150000000"), "the sequence length, is 150000000, above the 32 positions the model takes"),
+    (("--seq-len", "99999999999"), "use a sequence length of at most 32 (--seq-len 32"),
+])
+def test_a_batch_the_model_or_machine_cannot_take_exits_2_in_one_line(tiny_gpt_spec, tmp_path, over, needle):
+    r = run("profile", tiny_gpt_spec(tmp_path), "--device", "cpu", "--no-options", *over)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and needle in errors[0] and "frame #" not in r.output
+
+
+def test_an_unexpected_error_is_one_line_without_pytorchs_stack_dump(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def boom(*a, **k):
+        raise RuntimeError("shape overflow\nException raised from f at x.cpp:79 (most recent call first):\n"
+                           "frame #0: c10::Error::Error() + 0x9d")
+    monkeypatch.setattr(ckplan.api, "profile", boom)
+    r = run("profile", tiny_gpt_spec(tmp_path), "--device", "meta")
+    assert r.exit_code == 1
+    assert r.output.strip().endswith("Error: RuntimeError: shape overflow ... (run with --debug for the traceback)")
+
+
+def test_a_model_error_points_to_debug_on_the_command_line_only(write_spec, tmp_path, monkeypatch):
+    (tmp_path / "raises_in_forward.py").write_text(
+        "import torch.nn as nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('broken model')\n"
+        "def make():\n    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, "model: {target: 'raises_in_forward:make'}\ninput: {batch_size: 2, shape: [4]}\n"
+                                "chain: layers\n")
+    r = run("profile", spec, "--device", "cpu", "--no-options")
+    assert r.exit_code == 1
+    assert "broken model (run with --debug for the traceback)" in r.output
+    from ckplan import api
+    from ckplan.errors import ModelRunError
+    with pytest.raises(ModelRunError) as e:
+        api.profile(api.load(spec), device="cpu", repeats=1, warmup=0)
+    assert "--debug" not in str(e.value) and isinstance(e.value.__cause__, ValueError)
+
+
+def test_sweep_points_above_the_limit_exit_2_before_any_profile(tiny_gpt_spec, tmp_path, monkeypatch):
+    import ckplan.api
+
+    def no_profile(*a, **k):
+        raise AssertionError("profiled before --points was checked")
+    monkeypatch.setattr(ckplan.api, "profile", no_profile)
+    r = run("plan", tiny_gpt_spec(tmp_path), "--sweep", "--points", "200000", "--out-dir", tmp_path / "o")
+    assert r.exit_code == 2, r.output
+    assert "points 200000 is not a number of budgets from 2 to 10000" in r.output
+
+
+def test_plan_output_never_replaces_its_own_input(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    prof = tmp_path / "p.json"
+    assert run("profile", spec, "--device", "meta", "-o", prof, "-f", "json").exit_code == 0
+    before = prof.read_bytes()
+    (tmp_path / "link.json").symlink_to(prof)
+    for out in (prof, tmp_path / "link.json", tmp_path / "." / "p.json"):
+        r = run("plan", "--profile", prof, "-o", out)
+        assert r.exit_code == 2 and "is the file --profile reads" in r.output, r.output
+    r = run("profile", spec, "--device", "meta", "-o", spec)
+    assert r.exit_code == 2 and "is the file SPEC reads" in r.output
+    assert prof.read_bytes() == before and spec.read_text().lstrip().startswith("model:")
+
+
+def test_a_second_bench_into_one_folder_says_what_it_replaces(tiny_gpt_spec, tmp_path):
+    args = ("bench", tiny_gpt_spec(tmp_path), "--device", "cpu", "--compare", "none", "--steps", "1",
+            "--no-options", "--out-dir", tmp_path / "out")
+    first = run(*args)
+    assert first.exit_code == 0 and "replaced" not in first.output, first.output
+    second = run(*args)
+    assert second.exit_code == 0
+    assert "note: replaced bench-tiny-gpt-cpu.csv, bench-tiny-gpt-cpu.json, bench-tiny-gpt-cpu.png, " \
+           "frontier-tiny-gpt-cpu.png in " in second.output.replace("\n", "")
+
+
+def test_a_spec_name_with_control_characters_is_printed_escaped(write_spec, tmp_path):
+    spec = write_spec(tmp_path, 'name: "evil\\x1b]0;title\\x07\\x1b[2J"\nmodel: {builtin: mlp, args: {in_features: 4, '
+                                'depth: 2, width: 4}}\ninput: {batch_size: 2, shape: [4]}\nchain: layers\n')
+    for args in (("profile", spec, "--device", "meta", "--no-options"), ("plan", spec, "--device", "meta"),
+                 ("plan", spec, "--device", "meta", "--budget", "1KB")):  # an error line naming the model
+        r = run(*args)
+        assert "\x1b" not in r.output and "\x07" not in r.output, args
+    assert "evil\\x1b]0;title\\x07\\x1b[2J" in run("plan", spec, "--device", "meta").output
+
+
+@pytest.mark.parametrize("command", ["profile", "plan"])
+def test_device_meta_help_says_a_target_still_runs(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    r = run(command, "--help")
+    line = next(x for x in r.output.splitlines() if x.strip("│ ").startswith("--device"))
+    assert "meta (fake tensors: no memory allocated; the model's code still runs on meta: a spec's " \
+           "`target:` is imported and called, so run only specs you trust)" in " ".join(line.split())

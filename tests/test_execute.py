@@ -66,3 +66,142 @@ def test_changed_hidden_state_between_layers_is_refused():
             m(torch.randn(2, 4, requires_grad=True))
     with apply_plan(m, Plan("custom", 3, items_from_ranges(3, [(0, 1), (1, 2), (2, 3)]))):
         m(torch.randn(2, 4, requires_grad=True)).sum().backward()  # one-layer checkpoints are fine
+
+
+def test_a_plan_for_another_chain_is_refused_before_its_layers_are_built(tiny_gpt_spec, tmp_path):
+    import json
+    import time
+
+    import ckplan
+    from ckplan.errors import SpecError
+    model = build_model(api.load(tiny_gpt_spec(tmp_path)))
+    huge = {"n_layers": 10**12, "checkpoints": [[0, 2]]}
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(huge))
+    start = time.perf_counter()
+    for plan in (huge, {"plan": huge}, str(path)):
+        for apply in (apply_plan, ckplan.apply_plan):
+            with pytest.raises(SpecError, match="the plan is for about 10\\^12 layers but the chain has 3"):
+                apply(model, plan)
+    assert time.perf_counter() - start < 2.0
+    assert all("forward" not in layer.__dict__ for layer in model.blocks)
+
+
+# ---- buffers a forward changes: a recompute leaves them as the first forward left them ----------
+
+class _InstanceNormLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.InstanceNorm1d(8, track_running_stats=True)
+
+    def forward(self, x):  # (B, T, 8)
+        return self.norm(self.lin(x).transpose(1, 2)).transpose(1, 2)
+
+
+class _OwnBatchNormLayer(torch.nn.Module):
+    """F.batch_norm on its own buffers: the kernel updates them without bumping their version."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("mean", torch.zeros(8))
+        self.register_buffer("var", torch.ones(8))
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.nn.functional.batch_norm(y.reshape(-1, 8), self.mean, self.var, training=True,
+                                              momentum=0.1).reshape(y.shape)
+
+
+class _EmaLayer(torch.nn.Module):
+    """An exponential moving average and a step counter updated in forward, in place and rebound."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("ema", torch.zeros(8))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("seen", torch.zeros(8), persistent=False)
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(y.mean((0, 1)), alpha=0.1)
+            self.steps += 1
+        self.seen = self.seen + y.detach().abs().mean((0, 1))
+        return y
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, make, n=4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(make() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _buffer_plans():
+    from ckplan.planner.plan import Checkpoint, Store
+    per_layer = Plan("per-layer", 4, items_from_ranges(4, [(i, i + 1) for i in range(4)]))
+    spanning = Plan("multi-layer", 4, items_from_ranges(4, [(0, 2), (2, 4)]))
+    nested = Plan("nested", 4, items_from_ranges(4, [(0, 4), (1, 4), (2, 3)]))
+    options = Plan("options", 4, (Checkpoint(0, 3, (Store(0, "sac-compute"), Checkpoint(1, 3, (Store(1), Store(2))))),
+                                  Store(3, "sac-linear")))
+    return [per_layer, spanning, nested, options]
+
+
+@pytest.mark.parametrize("make", [_InstanceNormLayer, _OwnBatchNormLayer, _EmaLayer],
+                         ids=["instance-norm", "own-batch-norm", "ema"])
+def test_buffers_a_forward_changes_end_a_step_as_without_checkpoints(make):
+    # Oracle: the same two training steps without checkpoints; every buffer (persistent or not)
+    # and every gradient equal bit for bit, for one-layer, multi-layer, nested and option plans.
+    import copy
+    torch.manual_seed(0)
+    model = _Stack(make)
+    xs = [torch.randn(2, 5, 8) for _ in range(2)]
+
+    def steps(plan):
+        m = copy.deepcopy(model)
+        for x in xs:
+            m.zero_grad()
+            if plan is None:
+                m(x).pow(2).mean().backward()
+            else:
+                with apply_plan(m, plan):
+                    m(x).pow(2).mean().backward()
+        return dict(m.named_buffers()), {k: p.grad for k, p in m.named_parameters()}
+
+    ref_buffers, ref_grads = steps(None)
+    for plan in _buffer_plans():
+        buffers, grads = steps(plan)
+        for k, v in ref_buffers.items():
+            assert torch.equal(buffers[k], v), (plan.strategy, k)
+        for k, g in ref_grads.items():
+            assert torch.equal(grads[k], g), (plan.strategy, k)
+
+
+def test_a_buffer_only_the_recompute_changes_is_refused():
+    from ckplan.errors import ModelRunError
+
+    class EveryOtherCall(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("hits", torch.zeros(()))
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls % 2 == 0:  # the recompute, not the first forward
+                with torch.no_grad():
+                    self.hits += 1
+            return self.lin(x)
+
+    model = _Stack(EveryOtherCall, n=2)
+    with apply_plan(model, Plan("all", 2, items_from_ranges(2, [(0, 2)]))):
+        with pytest.raises(ModelRunError, match="changed its buffer hits in place, which its first forward did not"):
+            model(torch.randn(2, 3, 8)).sum().backward()

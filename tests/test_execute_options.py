@@ -177,3 +177,9 @@ def test_a_kept_random_op_keeps_the_later_ones_random_numbers_right():
     ref = grad(None)
     assert not torch.allclose(grad(lambda: keep_first_draw), ref)  # the bug this guards against
     assert torch.equal(grad(lambda: KeepLaterRandom(keep_first_draw)), ref)
+
+
+def test_plan_files_and_the_executor_know_the_same_options():
+    from ckplan.options import SELECTIVE_OPTIONS
+    from ckplan.sac import OPTIONS
+    assert OPTIONS == SELECTIVE_OPTIONS

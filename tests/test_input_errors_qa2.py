@@ -157,7 +157,7 @@ def test_infeasible_budget_line_comes_before_the_error(saved_profile):
     r = run("plan", "--profile", saved_profile, "--budget", "1%act")
     assert r.exit_code == 3, r.output
     text = one_line(r)
-    assert "budget 1%act = " in text and "% of the activations" in text
+    assert "budget 1%act = " in text and "with 1% of its activations" in text
     assert text.index("budget 1%act = ") < text.index("Error:")
 
 

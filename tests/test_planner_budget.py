@@ -60,7 +60,17 @@ def test_budget_forms(text, want, kind):
 
 def test_act_share_description_shows_both_numbers():
     b = parse_budget("50%act", chain())
-    assert b.description == "persistent 1000 B + 50% of the activations 120 B = 1.04 KiB"
+    assert b.description == "the peak without checkpointing 1.09 KiB with 50% of its activations 120 B = 1.04 KiB"
+
+
+def test_100_percent_act_is_the_peak_without_checkpointing():
+    # The optimizer step peaks at 1500, above the 1120 of the backward (persistent 1000 + 120 of
+    # activations): the memory the step holds besides its activations is kept at every share.
+    ch = chain(opt_peak=1500)
+    top = parse_budget("100%", ch).bytes
+    assert top > ch.persistent_bytes + activation_bytes(ch)
+    assert parse_budget("100%act", ch).bytes == top
+    assert parse_budget("50%act", ch).bytes == top - 60 and parse_budget("25%act", ch).bytes == top - 90
 
 
 @pytest.mark.parametrize("text", ["0%", "0%act", "-5%", "-1", "0", "nan", "NaN%", "inf", "1e400",

@@ -60,6 +60,13 @@ def test_deep_nesting_needs_no_recursion():
     ({"n_layers": 2, "items": [{"checkpoint": [0, 2], "inner": [
         {"checkpoint": [0, 2], "inner": [{"store": 0}, {"store": 1}]}]}]}, "single checkpoint"),
     ({"n_layers": 2, "items": [{"layer": 0}]}, "must be"),
+    ({"format": "ckplan.plan/2", "n_layers": 2, "checkpoints": []}, "format 'ckplan.plan/2' is not 'ckplan.plan/1'"),
+    ({"format": "profile", "n_layers": 2, "checkpoints": []}, "format 'profile'"),
+    ({"n_layers": 2, "checkpoints": [], "checkpoint": [[0, 2]]}, "plan key 'checkpoint' is not one of"),
+    ({"n_layers": 2, "checkpoints": [], "items": [{"store": 0}, {"store": 1}]}, "not both"),
+    ({"n_layers": 2, "checkpoints": [], "options": ["store", 7]}, "option 7 must be a name"),
+    ({"n_layers": 2, "checkpoints": [], "options": ["store"]}, "options list 1 layers but the plan has 2"),
+    ({"n_layers": 10**12, "checkpoints": [[0, 2]]}, "n_layers about 10\\^12 is above the most ckplan plans, 100000"),
 ])
 def test_bad_plan_json_raises_spec_error(bad, msg):
     with pytest.raises(SpecError, match=msg):
@@ -73,3 +80,26 @@ def test_describe_runs_shortens_long_stretches_of_plain_stores_only():
     assert p.describe(runs=True) == "C[0,6){S0 S1 S2:sac-attn S3 S4 S5} S6..S11"
     assert p.describe() == "C[0,6){S0 S1 S2:sac-attn S3 S4 S5} S6 S7 S8 S9 S10 S11"
     assert Plan("none", 3, (Store(0), Store(1), Store(2))).describe(runs=True) == "S0 S1 S2"
+
+
+def test_plan_for_another_chain_is_refused_before_any_layer_is_built():
+    import time
+
+    from ckplan.planner import plan as plan_module
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match="the plan is for about 10\\^12 layers but the chain has 4"):
+        Plan.from_dict({"n_layers": 10**12, "checkpoints": [[0, 2]]}, chain_layers=4)
+    with pytest.raises(SpecError, match="the plan is for 6 layers but the chain has 4"):
+        Plan.from_dict({"n_layers": 6, "checkpoints": [[0, 2]]}, chain_layers=4)
+    assert time.perf_counter() - start < 1.0
+    # a long plan builds its own stores: nothing per layer stays cached after the plan is freed
+    long = Plan.from_dict({"n_layers": 50_000, "checkpoints": [[0, 2]]}, chain_layers=50_000)
+    assert long.n_layers == 50_000 and len(plan_module._STORES) <= plan_module._SHARED
+
+
+def test_plan_files_name_only_ckplans_options():
+    from ckplan.options import SELECTIVE_OPTIONS
+    d = {"n_layers": 2, "checkpoints": [], "options": ["store", "sac-everything"]}
+    assert Plan.from_dict(d).options() == ("store", "sac-everything")  # a synthetic chain's option
+    with pytest.raises(SpecError, match="plan option 'sac-everything' is not one of store, sac-compute"):
+        Plan.from_dict(d, known_options=SELECTIVE_OPTIONS)

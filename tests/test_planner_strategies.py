@@ -114,6 +114,31 @@ def test_sweep_frontiers():
     assert set(dp[0].to_dict()) >= {"strategy", "budget_bytes", "peak_bytes", "recompute_ms"}
 
 
+@pytest.mark.parametrize("n_layers,banded", [(6, False), (70, True)])
+def test_sweep_solves_once_per_distinct_plan(monkeypatch, n_layers, banded):
+    # Oracle: the DP at each budget alone. Many more points than plans cost one DP per plan.
+    from ckplan.planner import dp as dp_module
+    from ckplan.planner import strategies
+    ch = random_chain(n_layers, 3, scale=1000)
+    calls = []
+    solve, plan_chain_ = dp_module.DPSolver.solve, strategies.plan_chain
+    monkeypatch.setattr(dp_module.DPSolver, "solve", lambda self, b: calls.append(b) or solve(self, b))
+    monkeypatch.setattr(strategies, "plan_chain", lambda *a, **k: calls.append(a) or plan_chain_(*a, **k))
+    points = 2000 if not banded else 300
+    rows = [r for r in sweep(ch, ["dp"], n_points=points) if r.strategy == "dp"]
+    distinct = {(r.peak_bytes, r.recompute_ms) for r in rows}
+    assert len(rows) >= points * 0.9 and len(calls) <= 2 * len(distinct) + 2
+    for r in rows[:: max(1, len(rows) // 12)]:
+        alone = plan_chain_(ch, "dp", r.budget_bytes)
+        assert r.peak_bytes <= r.budget_bytes and r.recompute_ms <= alone.score.recompute_ms + 1e-9
+
+
+@pytest.mark.parametrize("points", [1, 10_001, 10**8])
+def test_sweep_points_outside_the_limit_are_refused(points):
+    with pytest.raises(UsageError, match=f"n_points {points} is not a number of budgets from 2 to 10000"):
+        sweep(uniform_chain(4, x_bytes=100), ["dp"], n_points=points)
+
+
 def test_planner_does_not_import_torch():
     code = ("import sys, ckplan.planner as p; "
             "from ckplan.planner.synthetic import random_chain; "

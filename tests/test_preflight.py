@@ -110,3 +110,32 @@ def test_meta_pass_failure_skips_with_a_note(tmp_path, monkeypatch):
     assert api.profile(spec, device="cpu", repeats=1, warmup=0, note=notes.append).device == "cpu"
     # the real run works: its own preflight's note is kept, once (held back until it worked)
     assert sum("preflight skipped" in n for n in notes) == 2
+
+
+def test_a_failed_meta_pass_still_checks_the_batch_and_parameters(tmp_path, monkeypatch):
+    # The meta pass cannot run this model, but its batch and parameters are known without it:
+    # on a machine too small for them the real run is refused before it allocates anything.
+    (tmp_path / "reads_values2.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
+        "    def forward(self, x):\n"
+        "        if x.sum().item() > 1e9:\n"
+        "            x = x * 0\n"
+        "        for l in self.layers:\n"
+        "            x = l(x)\n"
+        "        return x\n"
+        "def make():\n    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ckplan.preflight as pf
+    monkeypatch.setattr(pf, "cpu_available", lambda: Available(1000, "a 1000-byte machine"))
+    from ckplan.spec import validate
+    spec = validate({"model": {"target": "reads_values2:make"}, "input": {"batch_size": 2, "shape": [4]},
+                     "chain": "layers"})
+    with pytest.raises(api.UsageError, match=r"the meta pass failed \(.*\), and the parameters, buffers and "
+                                             r"batch alone take 192 B .*\(a 1000-byte machine\)"):
+        api.profile(spec, device="cpu", repeats=1, warmup=0)
+    notes = []
+    assert api.preflight(spec, "cpu", force=True, note=notes.append) is None
+    assert any("running anyway (force)" in n for n in notes) and any("preflight skipped" in n for n in notes)

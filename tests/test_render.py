@@ -187,3 +187,18 @@ def test_bench_document_keys():
     row = doc["rows"][0]
     assert {"strategy", "status", "predicted_peak_bytes", "measured_peak_bytes", "peak_error",
             "slowdown", "max_grad_diff", "grad_tolerance", "measured_rss_peak_bytes"} <= set(row)
+
+
+def test_control_characters_in_names_reach_the_terminal_as_text():
+    from dataclasses import replace
+    evil = "evil\x1b[31mRED\x07\r\u202e"
+    prof = make_profile(3)
+    layers = list(prof.layers)
+    layers[1] = replace(layers[1], name=f"h.0{evil}", type=f"Block{evil}")
+    prof = replace(prof, model=evil, layers=tuple(layers), notes=(f"note {evil}",))
+    buf = io.StringIO()
+    render.profile_table(prof, console=Console(file=buf, width=200, color_system=None))
+    text = buf.getvalue()
+    assert not any(c in text for c in "\x1b\x07\r\u202e")
+    assert "evil\\x1b[31mRED\\x07\\x0d\\u202e" in text
+    assert render.clean("a\tb\nc") == "a\tb\nc" and render.clean("\x00") == "\\x00"

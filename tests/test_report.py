@@ -188,7 +188,8 @@ def test_a_failing_rename_puts_the_previous_set_back(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
     monkeypatch.setattr(report.os, "replace", replace_fails_second)
-    with pytest.raises(OSError):
+    from ckplan.errors import WriteError
+    with pytest.raises(WriteError, match=r"cannot write .*r\.json': No space left on device"):
         report.write_files(_set(tmp_path, [_write("new")] * 3))
     assert _snapshot(tmp_path) == before
 
@@ -248,3 +249,45 @@ def test_cli_output_to_a_link_or_device_exits_2(tiny_gpt_spec, tmp_path):
     r = CliRunner().invoke(app, ["profile", str(tiny_gpt_spec(tmp_path)), "--device", "meta", "-o", str(link)])
     assert r.exit_code == 2 and "symbolic link" in r.output and "Traceback" not in r.output
     assert target.read_text() == "keep" and link.is_symlink()
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_previous_set(tmp_path):
+    import errno
+
+    from ckplan.errors import WriteError
+    report.write_files(_set(tmp_path, [_write("old csv"), _write("old json"), _write("old png")]))
+    before = _snapshot(tmp_path)
+
+    def full(p):
+        p.write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() on a full disk: no file name
+    with pytest.raises(WriteError) as e:
+        report.write_files(_set(tmp_path, [_write("new csv"), full, _write("new png")]), "--out-dir")
+    assert str(e.value).startswith(f"--out-dir: cannot write {str(tmp_path / 'r.json')!r}: No space left on device")
+    assert "free space" in e.value.tip and e.value.exit_code == 1
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_long_model_name_makes_file_names_a_folder_takes(tmp_path):
+    a, b = "m" * 300 + "-a", "m" * 300 + "-b"
+    names = report.bench_filenames(a, "cpu-compiled") + (report.sweep_basename(a) + ".png",)
+    assert all(len(n) <= 150 for n in names)  # with the temporary and backup names around them: < 255
+    assert report.bench_filenames(a, "cpu") != report.bench_filenames(b, "cpu")  # not cut to one name
+    assert report.bench_filenames("llama-3.1-8b", "cpu")[0] == "bench-llama-3.1-8b-cpu.csv"
+    report.check_output_dir(tmp_path, names=names)  # the folder check passes: nothing blamed on --out-dir
+    report.write_files([(tmp_path / n, _write("x")) for n in names], "--out-dir")
+
+
+def test_replaced_files_are_named_and_another_runs_are_told_apart(tmp_path):
+    import time
+    paths = [tmp_path / "bench-m-cpu.csv", tmp_path / "bench-m-cpu.json"]
+    assert report.replaced_note(paths, since=time.time()) is None  # nothing there: nothing to say
+    for p in paths:
+        p.write_text("x")
+    earlier = time.time() - 3600
+    os.utime(paths[0], (earlier, earlier))
+    os.utime(paths[1], (earlier, earlier))
+    note = report.replaced_note(paths, since=time.time())
+    assert note.startswith("note: replaced bench-m-cpu.csv, bench-m-cpu.json in ") and "earlier run" in note
+    note = report.replaced_note(paths, since=earlier - 1)  # written after this run started
+    assert "another run wrote bench-m-cpu.csv, bench-m-cpu.json" in note and "own --out-dir" in note

@@ -1,4 +1,6 @@
 """spec: Hugging Face fields checked with a did-you-mean, target errors, overrides named as arguments."""
+import re
+
 import pytest
 
 from ckplan import api
@@ -105,3 +107,72 @@ def test_hf_task_with_several_classes_builds_the_first():
                      "input": {"batch_size": 1, "shape": [3, 32, 32], "dtype": "float32",
                                "name": "pixel_values", "labels": {"shape": [], "high": 2}}})
     assert type(build_model(spec, "meta")).__name__ == "DeiTForImageClassification"
+
+
+# ---- what the model or the machine cannot take is refused before anything is allocated ---------
+
+@pytest.mark.parametrize("model,seq,needle", [
+    ({"builtin": "gpt", "args": {"block_size": 64, "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 10}},
+     65, "above the 64 positions the model takes (model.args.block_size)"),
+    ({"builtin": "gpt", "args": {"pos": "rope", "block_size": 64, "n_layer": 1, "n_embd": 16, "n_head": 2,
+                                 "vocab_size": 10}}, 150_000_000, "is 150000000, above the 64 positions"),
+    ({"builtin": "bert", "args": {"n_layer": 1, "d_model": 16, "n_head": 2, "d_ff": 32, "vocab_size": 10}},
+     513, "above the 512 positions the model takes (model.args.max_position, the default of builtin 'bert')"),
+    ({"hf": {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": 10}},
+     33, "above the 32 positions the model takes (the position table transformer.wpe has 32 rows)"),
+    ({"hf": {"model_type": "bert", "num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+             "intermediate_size": 32, "max_position_embeddings": 24, "vocab_size": 10}},
+     25, "the position table bert.embeddings.position_embeddings has 24 rows"),
+])
+def test_a_sequence_longer_than_the_model_takes_is_refused(model, seq, needle):
+    spec = validate({"model": model, "input": {**INPUT, "shape": [8]}}).with_overrides(seq_len=seq)
+    with pytest.raises(SpecError, match=re.escape(needle)) as e:
+        build_model(spec, "meta")
+    assert "seq_len" in e.value.tip
+    ok = validate({"model": model, "input": {**INPUT, "shape": [8]}})
+    assert build_model(ok, "meta") is not None  # within the limit: built
+
+
+def test_a_rotary_hf_model_takes_sequences_past_max_position_embeddings():
+    spec = validate({"model": {"hf": {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 16,
+                                      "num_attention_heads": 2, "intermediate_size": 32,
+                                      "max_position_embeddings": 8, "vocab_size": 10}},
+                     "input": {**INPUT, "shape": [16], "name": "input_ids"}})
+    assert build_model(spec, "meta") is not None  # no learned table: no bound
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"batch_size": 10**20}, "with the override batch_size=100000000000000000000: input: the input (batch_size "
+                             "100000000000000000000 x shape [4], int64) would take about 3.2e+21 bytes, larger "
+                             "than any machine's memory"),
+    ({"seq_len": 2**62}, "larger than any machine's memory"),
+])
+def test_a_batch_no_machine_holds_is_a_spec_error(over, needle):
+    spec = validate({"model": {"builtin": "mlp"}, "input": INPUT})
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        spec.with_overrides(**over)
+
+
+def test_input_shape_needs_a_dimension():
+    with pytest.raises(SpecError, match=re.escape("input.shape: shape is [], but it must list at least one "
+                                                  "dimension")):
+        validate({"model": {"builtin": "mlp"}, "input": {**INPUT, "shape": []}})
+
+
+@pytest.mark.parametrize("inp,needle,tip", [
+    ({**INPUT, "batch_size": -3}, "input.batch_size: Input should be greater than 0 (got -3)", None),
+    ({**INPUT, "dtype": "int8"}, "Input should be 'float32', 'float16', 'bfloat16', 'float64', 'int64' or "
+                                 "'int32' (got 'int8')", None),
+    ({**INPUT, "shape": ["abc"]}, "input.shape.0: Input should be a valid integer, unable to parse string as an "
+                                  "integer (got 'abc')", None),
+    ({"batchsize": 1, "shape": [4], "dtype": "int64", "high": 10}, "input.batchsize: unknown key",
+     "did you mean 'batch_size'?"),
+    ({**INPUT, "colour": "red"}, "input.colour: unknown key", "the keys of `input` are batch_size, shape"),
+])
+def test_spec_errors_show_the_value_and_a_fix(inp, needle, tip):
+    with pytest.raises(SpecError) as e:
+        validate({"model": {"builtin": "mlp"}, "input": inp})
+    assert needle in e.value.message
+    assert "README" not in str(e.value)
+    if tip:
+        assert tip in e.value.tip

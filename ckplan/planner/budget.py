@@ -5,9 +5,11 @@ Budget forms (``parse_budget``):
 
 * a size: ``12GB`` (10^9), ``12GiB`` (2^30), ``500MB``, plain bytes ``4096`` (``units.parse_size``);
 * ``40%``: that share of the peak without checkpointing (above 0%, up to 1000%);
-* ``50%act``: the persistent memory (parameters, buffers, batch, optimizer state) plus that share
-  of the *activation memory*, what the plan without checkpointing holds for backward when the
-  forward ends (above 0%, up to 100%).
+* ``50%act``: the peak without checkpointing with only that share of its *activation memory*
+  (what the plan without checkpointing holds for backward when the forward ends): the peak less
+  the other 50% of the activations (above 0%, up to 100%). ``100%act`` is the peak without
+  checkpointing itself; the rest of that peak (parameters, buffers, batch, optimizer state, and
+  the gradients and temporaries alive at the peak) is kept whole at every share.
 
 Shares are exact: the bytes are ``floor(total * pct / 100)`` computed on the decimal text.
 
@@ -17,6 +19,7 @@ feasible peak and the peak without checkpointing, so the planners have a trade-o
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -32,7 +35,7 @@ from .plan import Plan
 from .simulate import simulate, trace
 
 ACCEPTED_BUDGETS = (f"{ACCEPTED_SIZES}, a share of the peak without checkpointing like 40%, or "
-                    "the persistent memory plus a share of the activations like 50%act")
+                    "that peak with a share of its activations like 50%act")
 MAX_PEAK_PCT = 1000
 MAX_ACT_PCT = 100
 _PCT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*(act)?\s*$", re.IGNORECASE)
@@ -45,7 +48,7 @@ class Budget:
     bytes: int
     text: str  # what the user wrote ("" for a default)
     kind: str  # "size" | "peak-share" | "act-share" | "device-free" | "halfway"
-    description: str  # e.g. "50% of the activations 1.20 GiB above the persistent 3.00 GiB"
+    description: str  # e.g. "the peak without checkpointing 4.20 GiB less 50% of its activations ..."
 
 
 def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
@@ -67,7 +70,7 @@ def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
 
 def activation_bytes(chain: Chain) -> int:
     """What the plan without checkpointing holds for backward when the forward ends, persistent
-    memory excluded: the activation memory that ``50%act`` budgets take a share of."""
+    memory excluded: the activation memory that ``50%act`` budgets keep a share of."""
     return held_for_backward_bytes(chain, plan_none(chain.n_layers))
 
 
@@ -76,11 +79,22 @@ def none_peak(chain: Chain) -> int:
     return simulate(chain, plan_none(chain.n_layers)).peak_bytes
 
 
-def check_budget_text(text: str | int, *, what: str = "--budget") -> None:
-    """Check a budget's syntax and limits before anything runs (no chain needed): the same
-    UsageError that :func:`parse_budget` would raise later, raised now."""
+def _whole(text: str | int | float, what: str) -> str | int:
+    """A budget as text or whole bytes: a float such as ``12e9`` (what Python users write for
+    12 GB) is its whole number of bytes; a float with a fraction, NaN or inf is refused."""
+    if isinstance(text, float):
+        if not math.isfinite(text) or text != int(text):
+            raise UsageError(f"{what} {text!r} is not a whole number of bytes", tip=f"use {ACCEPTED_BUDGETS}")
+        return int(text)
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    return text
+
+
+def check_budget_text(text: str | int | float, *, what: str = "--budget") -> None:
+    """Check a budget's syntax and limits before anything runs (no chain needed): the same
+    UsageError that :func:`parse_budget` would raise later, raised now."""
+    text = _whole(text, what)
     raw = str(text).strip()
     if "%" in raw:
         _share_of(raw, what)
@@ -112,14 +126,14 @@ def _share_of(raw: str, what: str) -> tuple[Fraction, bool, str]:
     return pct, of_act, m.group(1)
 
 
-def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Budget:
-    """Resolve a budget text (see the module docstring) against ``chain``.
+def parse_budget(text: str | int | float, chain: Chain, *, what: str = "--budget") -> Budget:
+    """Resolve a budget text (see the module docstring) against ``chain``; a number is bytes
+    (a float such as ``12e9`` must be a whole number).
 
     Raises :class:`ckplan.errors.UsageError` naming the value and the accepted forms for
     anything else: 0%, negative, NaN, overflowing numbers, shares above the limits.
     """
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise UsageError(f"{what} {text!r} is not a budget", tip=f"use {ACCEPTED_BUDGETS}")
+    text = _whole(text, what)
     if isinstance(text, int):
         b = _size_of(text, what)
         return Budget(b, str(text), "size", fb(b))
@@ -133,9 +147,10 @@ def parse_budget(text: str | int, chain: Chain, *, what: str = "--budget") -> Bu
 def _parse_share(raw: str, chain: Chain, what: str) -> Budget:
     pct, of_act, number = _share_of(raw, what)
     if of_act:
-        act, persistent = activation_bytes(chain), chain.persistent_bytes
-        b = persistent + int(act * pct / 100)
-        desc = (f"persistent {fb(persistent)} + {number}% of the activations {fb(act)} "
+        # The peak without checkpointing, its activations cut to the share: 100%act is that peak.
+        act, top = activation_bytes(chain), none_peak(chain)
+        b = top - act + int(act * pct / 100)
+        desc = (f"the peak without checkpointing {fb(top)} with {number}% of its activations {fb(act)} "
                 f"= {fb(b)}")
         if b <= 0:
             raise UsageError(f"{what} {raw!r} gives {b} bytes", tip=f"use {ACCEPTED_BUDGETS}")

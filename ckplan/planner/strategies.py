@@ -275,6 +275,19 @@ def _point(strategy: str, chain: Chain, plan: Plan, budget: int | None = None,
                          sc.step_ms, sc.overhead, plan.n_checkpoints)
 
 
+# The most budgets a dp frontier is read at: more points than a plot or a table can show (the DP
+# runs once per distinct plan, but each point is a row of the sweep's CSV).
+MAX_SWEEP_POINTS = 10_000
+
+
+def check_sweep_points(n_points: int, *, what: str = "points") -> None:
+    """Raise :class:`UsageError` for a number of frontier points outside 2..MAX_SWEEP_POINTS."""
+    if isinstance(n_points, bool) or not isinstance(n_points, int) or not 2 <= n_points <= MAX_SWEEP_POINTS:
+        raise UsageError(f"{what} {n_points!r} is not a number of budgets from 2 to {MAX_SWEEP_POINTS}",
+                         tip=f"a chain has far fewer distinct plans than {MAX_SWEEP_POINTS} points show; the "
+                             "default 20 draws the frontier")
+
+
 def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
           n_points: int = 20, **dp_options) -> tuple[FrontierPoint, ...]:
     """Each strategy's memory/time frontier.
@@ -283,7 +296,9 @@ def sweep(chain: Chain, strategies: tuple[str, ...] | list[str] = STRATEGIES,
     without checkpointing, all read from one DP table. ``every-k``: k = 1..16, then doubling,
     up to n. ``chen``: its threshold grid. ``sqrtn`` / ``none``: one point each.
     ``selective``: one point per policy every layer has (none on a chain without options).
+    ``n_points`` is at most :data:`MAX_SWEEP_POINTS`.
     """
+    check_sweep_points(n_points, what="n_points")
     n = chain.n_layers
     rows: list[FrontierPoint] = []
     for s in strategies:
@@ -323,35 +338,54 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
                  baselines: list[FrontierPoint] | None = None) -> list[FrontierPoint]:
     """dp at ``n_points`` even budgets plus at every baseline point's own peak, so the frontier
     is evaluated exactly where it is compared; a plan that fits a lower budget (or a baseline
-    plan that fits) is kept when the rounded tables find nothing better."""
+    plan that fits) is kept when the rounded tables find nothing better.
+
+    The budgets are solved from the largest down: the plan found at budget ``b``, of peak ``p``,
+    is the best for every budget in ``[p, b]`` too (any of them admits it, and none admits a
+    better one than ``b`` does), so the DP runs once per distinct plan, not once per point."""
+    n = chain.n_layers
     lo = dp.min_peak(chain)
-    banded = dp.plans_banded(chain, **dp_options) and chain.n_layers > dp.EXACT_MAX_LAYERS
+    banded = dp.plans_banded(chain, **dp_options) and n > dp.EXACT_MAX_LAYERS
     if not chain.all_kept or banded:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
         # beats the grouped tables: plan_dp per budget
-        hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-        budgets = {lo + (hi - lo) * t // (n_points - 1) for t in range(n_points)}
-        budgets |= {p.peak_bytes for p in (baselines or []) if lo <= p.peak_bytes <= hi}
-        return [_point("dp", chain, plan_chain(chain, "dp", b, **dp_options).plan, budget=b)
-                for b in sorted(budgets)]
-    solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
-                         mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
-    hi = solver.none_peak
+        hi = simulate(chain, plan_none(n)).peak_bytes
+
+        def solve(b: int) -> Plan | None:
+            return plan_chain(chain, "dp", b, **dp_options).plan
+    else:
+        solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
+                             mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
+        hi = solver.none_peak
+        solve = solver.solve
     budgets = {lo + (hi - lo) * t // (n_points - 1) for t in range(n_points)}
     budgets |= {p.peak_bytes for p in (baselines or []) if lo <= p.peak_bytes <= hi}
+    order = sorted(budgets)
+    points: dict[int, FrontierPoint] = {}  # id(plan) -> its point, each plan simulated once
+
+    def point_of(plan: Plan) -> FrontierPoint:
+        if id(plan) not in points:
+            points[id(plan)] = _point("dp", chain, plan)
+        return points[id(plan)]
+
+    none = Plan("dp", n, plan_none(n).items)
+    found: dict[int, Plan | None] = {}
+    cur: Plan | None = None
+    for b in reversed(order):
+        if b >= hi:
+            cur = none
+        elif cur is None or point_of(cur).peak_bytes > b:
+            cur = solve(b)  # None: the rounded tables found nothing this low
+        found[b] = cur
     fallbacks = [(p.peak_bytes, p.recompute_ms, p) for p in (baselines or [])]
     out: list[FrontierPoint] = []
     prev: Plan | None = None  # a plan that fits a lower budget fits this one too
-    for b in sorted(budgets):
-        if b >= hi:
-            plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items, {"budget_bytes": b})
-        else:
-            plan = solver.solve(b) or prev or dp.near_min_plan(chain, b)[0]
-            if prev is not None and (simulate(chain, prev).recompute_ms
-                                     < simulate(chain, plan).recompute_ms):
-                plan = prev
+    for b in order:
+        plan = found[b] or prev or dp.near_min_plan(chain, b)[0]
+        if prev is not None and point_of(prev).recompute_ms < point_of(plan).recompute_ms:
+            plan = prev
         prev = plan
-        point = _point("dp", chain, plan, budget=b)
+        point = replace(point_of(plan), budget_bytes=b)
         for peak, ms, base in fallbacks:  # rounded tables: never report worse than a baseline
             if peak <= b and ms < point.recompute_ms:
                 point = replace(base, strategy="dp", budget_bytes=b, k=None, threshold_bytes=None)
