@@ -326,9 +326,9 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     plan that fits) is kept when the rounded tables find nothing better."""
     lo = dp.min_peak(chain)
     banded = dp.plans_banded(chain, **dp_options) and chain.n_layers > dp.EXACT_MAX_LAYERS
-    if not chain.all_kept or banded:
+    if not chain.all_kept or banded or chain.has_holds:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
-        # beats the grouped tables: plan_dp per budget
+        # beats the grouped tables, or held layers (held.py): plan_dp per budget
         hi = simulate(chain, plan_none(chain.n_layers)).peak_bytes
         budgets = {lo + (hi - lo) * t // (n_points - 1) for t in range(n_points)}
         budgets |= {p.peak_bytes for p in (baselines or []) if lo <= p.peak_bytes <= hi}
