@@ -269,7 +269,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         times_estimated=dev.type == "meta", layers=m.rows, totals=totals,
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
-        chain_breaks=m.chain_breaks,
+        chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 
@@ -565,6 +565,9 @@ def profile_problem(data: Any) -> str | None:
     if (not isinstance(breaks, list)
             or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b < n for b in breaks)):
         return f"chain_breaks is {breaks!r}, not a list of chain layer indices 1..{n - 1}"
+    ops = data.get("flops_estimated", [])  # optional
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        return f"flops_estimated is {ops!r}, not a list of op names"
     return _bytes_total_problem(data)
 
 
@@ -827,25 +830,40 @@ def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strateg
                       budget: str | int | None = None, k: int = 2, steps: int = 3, warmup: int = 1,
                       device: str | Device | None = "auto", memory_limit: str | int | None = None,
                       timeout_s: float = 600.0, note: Note | None = None,
-                      options: bool | Sequence[str] = False):
-    """Run ``nproc`` ranks of ``parallel`` (torchrun's launcher; gloo on CPU, NCCL on CUDA) and
-    gather per-rank predicted and measured peaks (:func:`ckplan.distributed.bench_distributed`).
-    ``options``: the profile also measures selective options (as :func:`profile`), which the
-    per-rank plans may then use (each option with its FSDP unit's buffers)."""
+                      options: bool | Sequence[str] = False, force: bool = False):
+    """Run ``nproc`` ranks of ``parallel`` (gloo on CPU, NCCL on CUDA; ckplan's launcher, which
+    ends every rank however the run ends) and gather per-rank predicted and measured peaks
+    (:func:`ckplan.distributed.bench_distributed`). ``nproc`` is checked against the machine
+    first (GPUs, cores, open files, memory); ``force`` lets a few ranks more per core, or past
+    the memory estimate, run anyway. ``options``: the profile also measures selective options
+    (as :func:`profile`), which the per-rank plans may then use (each option with its FSDP
+    unit's buffers)."""
     from .distributed import bench_distributed as _bench
     from .distributed import rank_chain
     from .planner import parse_budget
     strategies = [str(Strategy.parse(s, what="strategy")) for s in strategies]
     check_positive("nproc", nproc)
     limit, dev = _bench_args(k, steps, warmup, budget, memory_limit, device)
+    check_nproc(nproc, dev.type, force=force)  # before a profile that would be thrown away
     prof, budget_bytes = None, None
     if budget is not None or options:
-        prof = profile(spec, device=dev.type, note=note, options=options)
+        prof = profile(spec, device=dev.type, note=note, options=options, force=force)
     if budget is not None:  # per rank: a share is of one rank's peak
         budget_bytes = parse_budget(budget, rank_chain(prof, spec, nproc, str(parallel)), what="budget").bytes
     return _bench(spec, nproc=nproc, kind=str(parallel), strategies=strategies, budget_bytes=budget_bytes,
                   k=k, steps=steps, warmup=warmup, device=dev.type, timeout_s=timeout_s,
-                  memory_limit_bytes=limit, profile=prof)
+                  memory_limit_bytes=limit, profile=prof, force=force)
+
+
+def check_nproc(nproc: int, device: str | Device | None = "auto", *, force: bool = False) -> list[str]:
+    """Refuse ``nproc`` ranks that this machine cannot run on ``device`` (NCCL: a GPU each; gloo
+    on the CPU: a core each, or up to ``ckplan.launch.MAX_RANKS_PER_CPU`` with ``force``, and the
+    open-file limit), before anything is built; returns notes for what ``force`` let through.
+    :func:`bench_distributed` checks the same, and the ranks' memory once it has profiled."""
+    from .distributed import check_world
+    check_positive("nproc", nproc)
+    dev = resolve_device(device)
+    return check_world(nproc, dev.type, force=force) if dev.type in ("cpu", "cuda") else []
 
 
 def export(rep, target: str):

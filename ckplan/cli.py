@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .launch import MAX_RANKS_PER_CPU
 from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll, Target
 from .records import OVER_BUDGET
 
@@ -147,6 +148,10 @@ TARGET_OPT = typer.Option(None, "--target", help="With --device meta: the device
                           "this machine has a GPU, else cpu).")
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
                          "that one step does not fit in the memory available.")
+BENCH_FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "
+                               "that one step does not fit in the memory available; with --nproc, also run "
+                               f"gloo ranks beyond a core each (up to {MAX_RANKS_PER_CPU} per core) or the "
+                               "ranks' memory estimate.")
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
                            "with torch.compile, the plan applied around the compiled layers (selective "
                            "options compiled in, plus mincut-50 and mincut-20: torch.compile's min-cut "
@@ -359,8 +364,9 @@ def _world_sizes(text: str | None) -> list[int]:
     return sizes
 
 
-def _check_world_size_options(sizes: list[int], parallel, export, output) -> None:
-    """Refuse, before any profile, the options that several world sizes (or one process) would ignore."""
+def _check_world_size_options(sizes: list[int], parallel, export, output, flag: str = "--world-size") -> None:
+    """Refuse, before any profile, the options that several world sizes (or one process) would ignore.
+    ``flag``: the option that gave the sizes (bench's ``--nproc``)."""
     many = ",".join(map(str, sizes))
     if len(sizes) > 1 and export is not None:
         raise UsageError(f"--export {export.value} with several --world-size values ({many}): a snippet "
@@ -375,10 +381,11 @@ def _check_world_size_options(sizes: list[int], parallel, export, output) -> Non
                              f"{output}; for the table as JSON use --format json > table.json")
     if parallel is not None and max(sizes) == 1:
         kind = getattr(parallel, "value", parallel)
-        raise UsageError(f"--parallel {kind} needs several ranks: without --world-size N (N > 1) the plan "
-                         "is for one process and --parallel would be ignored",
-                         tip=f"add --world-size N (e.g. --world-size 8 --parallel {kind}) or set "
-                             "parallel.world_size in the spec; or drop --parallel")
+        what = "the plan is for one process" if flag == "--world-size" else "bench runs one rank"
+        raise UsageError(f"--parallel {kind} needs several ranks: without {flag} N (N > 1) {what} "
+                         "and --parallel would be ignored",
+                         tip=f"add {flag} N (e.g. {flag} {8 if flag == '--world-size' else 2} --parallel {kind}) "
+                             "or set parallel.world_size in the spec; or drop --parallel")
 
 
 def _budget_line(budget, budget_bytes: int | None, source: str) -> str:
@@ -407,13 +414,13 @@ def bench(
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
     device: Device = BENCH_DEVICE_OPT,
     fmt: Fmt = FORMAT_OPT,
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Run this many ranks (torchrun's "
-                                        "launcher; gloo on CPU, NCCL on CUDA) under --parallel and report "
-                                        "per-rank peaks (default: the spec's parallel.world_size when > 1)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Run this many ranks (gloo on CPU: at "
+                                        "most one per core; NCCL on CUDA: one per GPU) under --parallel and "
+                                        "report per-rank peaks (default: the spec's parallel.world_size when > 1)."),
     parallel: Optional[Parallel] = PARALLEL_OPT,
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
-    force: bool = FORCE_OPT,
+    force: bool = BENCH_FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
     **overrides,
@@ -440,13 +447,15 @@ def bench(
                              "process and --parallel would be ignored",
                              tip=f"add --nproc N (e.g. --nproc 2 --parallel {parallel.value}) or set "
                                  "parallel.world_size in the spec; or drop --parallel")
+        if nproc == 1 and parallel is not None:
+            _check_world_size_options([nproc], parallel, None, None, flag="--nproc")
         parallel = str(parallel or s.parallel.kind)
         if nproc is not None:
             if plan_file is not None:
                 raise UsageError("--plan with --nproc",
                                  tip="the distributed bench plans per rank itself; drop --plan")
             _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
-                               out_dir, fmt, wide, options)
+                               out_dir, fmt, wide, options, force)
             return
         if s.name:
             dev_type = api.resolve_device(device).type
@@ -514,20 +523,24 @@ def _exit_if_infeasible(rows, budget) -> None:
 
 
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
-                       out_dir, fmt, wide, options) -> None:
+                       out_dir, fmt, wide, options, force) -> None:
     from . import api, render, report
+    api.check_nproc(nproc, device, force=force)  # before the "running" line: an error is then the only line
     with _working(f"running {nproc} ranks ({parallel})") as (_progress, note):
         res = api.bench_distributed(s, nproc=nproc, parallel=parallel, strategies=strategies, budget=budget, k=k,
                                     steps=steps, warmup=warmup, device=device, memory_limit=memory_limit,
-                                    note=note, options=options)
+                                    note=note, options=options, force=force)
     _emit(fmt, report.dist_bench_doc(res), res.to_frame(), lambda: render.dist_bench_table(res, wide=wide))
     files = report.write_dist_bench(out_dir, res)
     render.info("wrote " + ", ".join(str(f) for f in files))
     bad = [r for r in res.rows if r.grad_ok is False]
     if bad:
         from .errors import WrongResultError
-        raise WrongResultError(f"gradients differ from one process for {', '.join(sorted({r.strategy for r in bad}))}",
-                               tip="do not train with these plans; the table shows the largest difference")
+        names = dict.fromkeys(r.strategy for r in bad)
+        where = {name: [str(r.rank) for r in bad if r.strategy == name] for name in names}
+        raise WrongResultError("gradients differ from one process for "
+                               + ", ".join(f"{name} (rank {', '.join(ranks)})" for name, ranks in where.items()),
+                               tip="do not train with these plans; the table shows each rank's largest difference")
     _exit_if_infeasible(res.rows, budget)
 
 

@@ -1,9 +1,12 @@
-"""Measured training steps per rank under FSDP2 and DDP, launched by torchrun's own launcher.
+"""Measured training steps per rank under FSDP2 and DDP, on ranks that ckplan starts and ends.
 
-``bench_distributed`` profiles the spec's model on one process (one rank's micro-batch), turns
-the profile into a per-rank chain (:mod:`ckplan.planner.parallel`), plans every strategy on it,
-then starts ``nproc`` ranks with :func:`torch.distributed.launcher.api.elastic_launch` (what
-``torchrun`` runs; gloo on CPU, NCCL on CUDA). Every rank:
+``bench_distributed`` first checks that the machine can hold ``nproc`` ranks
+(:func:`ckplan.launch.check_ranks`: a GPU each for NCCL; for gloo on the CPU a core each and
+file descriptors; then their predicted memory), profiles the spec's model on one process (one
+rank's micro-batch), turns the profile into a per-rank chain (:mod:`ckplan.planner.parallel`),
+plans every strategy on it, then starts ``nproc`` ranks with :func:`ckplan.launch.run_ranks`
+(the environment ``torchrun`` sets: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...; gloo on CPU,
+NCCL on CUDA), which ends every one of them however the run ends. Every rank:
 
 1. builds the model from the spec with the spec's seed (identical weights on every rank) and
    its own micro-batch of ``spec.input.batch_size`` samples from seed ``spec.seed + rank``
@@ -11,22 +14,32 @@ then starts ``nproc`` ranks with :func:`torch.distributed.launcher.api.elastic_l
 2. wraps it: FSDP2 ``fully_shard`` on every chain layer, then on the root (the parameters
    outside the chain: embeddings, final norm, head), or ``DistributedDataParallel``;
 3. per strategy, applies the plan with :func:`ckplan.execute.apply_plan` on the chain and runs
-   one backward from the initial weights; the full gradients (FSDP2: ``DTensor.full_tensor()``)
-   are compared on rank 0 with one process that runs the concatenated global batch from the
-   same seed. fp32 tolerance: the ranks average gradients in a different order than one process
-   sums them (reduce-scatter / all-reduce of per-rank means), so gradients agree to a few ULPs
-   of their magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``;
+   one backward from the initial weights; rank 0 runs one process on the concatenated global
+   batch from the same seed and sends each parameter's gradient to the ranks, and every rank
+   compares what it holds (its shard under FSDP2, the whole all-reduced gradient under DDP)
+   with the same part of it, so each rank's row says whether its own gradients are right.
+   fp32 tolerance: the ranks average gradients in a different order than one process sums them
+   (reduce-scatter / all-reduce of per-rank means), so gradients agree to a few ULPs of their
+   magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``;
 4. warm-up steps (optimizer state exists from then on), then one memory step per strategy under
    a live-tensor tracker that has been counting since before the model was built, so its live
    bytes are absolute (sharded parameters, optimizer state, DDP buckets, FSDP buffers included);
    on CUDA, ``torch.cuda.max_memory_allocated`` after a reset;
 5. timed steps, strategies interleaved; then the rows go to rank 0 with ``gather_object``.
 
-A rank that raises (or runs past a memory limit) writes its error to a file and exits; the
-launcher's agent then stops the other ranks (a collective waiting on a dead peer also fails
-after ``timeout_s``), and the failure comes back as rows with status ``error`` / ``OOM``, not
-as a hang. A row predicted to fit an explicit per-rank budget that measured above it is
-``over-budget`` (:func:`mark_over_budget`; the CLI exits 3).
+A rank that raises (or runs past a memory limit) writes its error to a file and exits; a rank
+that dies without a word (killed, ``os._exit``) is seen by its exit code. The launcher then ends
+the other ranks at once (a collective waiting on a dead peer would only fail after
+``timeout_s``), and the failure comes back as rows with status ``error`` / ``OOM``, not as a
+hang. SIGINT / SIGTERM end every rank and remove the temporary folder before
+:class:`ckplan.errors.Interrupted` (exit 130 / 143) is raised. A row predicted to fit an
+explicit per-rank budget that measured above it is ``over-budget`` (:func:`mark_over_budget`;
+the CLI exits 3).
+
+Test hooks (tests/test_launch.py), read by every rank from ``CKPLAN_TEST_FAULT``: ``hold``
+(every rank writes ``held<rank>`` in its folder once its process group is up, then sleeps: a
+run to signal), ``exit:R`` (rank R leaves with ``os._exit(9)`` there), ``grads:R`` (rank R adds
+1 to its first gradient before the check).
 
 Known limitations: one node; gloo collectives' internal buffers are not seen by the CPU tracker
 (only tensors made by ops are); ``accum`` > 1 is not supported.
@@ -42,8 +55,8 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 import traceback
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -51,11 +64,12 @@ from typing import Any
 
 import torch
 
+from . import launch
 from .errors import InfeasibleBudgetError, ModelRunError, UsageError
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
 from .planner import Plan, min_peak, plan_chain, simulate
 from .planner.parallel import KINDS, per_rank_chain
-from .records import OVER_BUDGET, Profile, over_budget, peak_error
+from .records import OVER_BUDGET, WRONG_GRADIENTS, Profile, over_budget, peak_error
 from .spec import Spec
 from .units import format_bytes
 
@@ -70,7 +84,7 @@ class RankRow:
 
     strategy: str
     rank: int
-    status: str  # ok | OOM | infeasible | error | over-budget (records.OVER_BUDGET)
+    status: str  # ok | OOM | infeasible | error | wrong-gradients (this rank's own) | over-budget
     plan: str
     predicted_peak_bytes: int | None  # per-rank model (planner.parallel), whole step
     measured_peak_bytes: int | None
@@ -79,8 +93,8 @@ class RankRow:
     measured_fwd_bwd_peak_bytes: int | None
     step_ms: float | None  # median of the timed steps on this rank
     loss: float | None  # this rank's loss in the correctness step
-    max_grad_diff: float | None  # rank 0 only: max |full grad - one-process grad|
-    grad_ok: bool | None  # rank 0 only: within GRAD_RTOL / GRAD_ATOL
+    max_grad_diff: float | None  # max |this rank's grad (its shard under FSDP) - one process's|
+    grad_ok: bool | None  # within GRAD_RTOL / GRAD_ATOL
     message: str = ""
     torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
 
@@ -240,7 +254,7 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
                       memory_limit_bytes: int | None = None, profile: Profile | None = None,
                       fail_rank: int | None = None, threads: int = 1,
                       start_method: str | None = None, isolate: bool | None = None,
-                      cross_check: bool = False) -> DistBenchResult:
+                      cross_check: bool = False, force: bool = False) -> DistBenchResult:
     """Plan per rank and run ``nproc`` ranks under ``kind`` (``fsdp`` | ``ddp``); see the module doc.
 
     ``budget_bytes`` is per rank (None: halfway between the per-rank chain's smallest feasible
@@ -256,6 +270,9 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
     ``start_method``: how the launcher starts the ranks; default ``fork`` on CPU (seconds
     faster: the ranks inherit the imported torch) and ``spawn`` on CUDA (a CUDA context cannot
     be forked).
+    ``force``: run ranks that the machine checks refuse where that is only slow or risky
+    (CPU oversubscription up to ``launch.MAX_RANKS_PER_CPU`` per core, memory), as the
+    preflight's ``force``; never more ranks than GPUs for NCCL or than the open-file limit.
     """
     from . import api
 
@@ -273,14 +290,16 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
     if spec.train.accum != 1:
         raise UsageError(f"train.accum {spec.train.accum} is not supported by the distributed bench",
                          tip="set train.accum: 1")
-    prof = profile if profile is not None else api.profile(spec, device=dev.type)
+    machine_notes = check_world(nproc, dev.type, force=force)
+    prof = profile if profile is not None else api.profile(spec, device=dev.type, force=force)
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the profile's blocks would stay reserved beside the ranks
     chain = rank_chain(prof, spec, nproc, kind)
     notes = [f"{kind} on {nproc} ranks; every chain layer is one FSDP unit, the root holds the rest"
              if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
-             f"each rank runs its own micro-batch of {prof.batch_size} (global batch {prof.batch_size * nproc})"]
+             f"each rank runs its own micro-batch of {prof.batch_size} (global batch {prof.batch_size * nproc})",
+             *machine_notes]
     if budget_bytes is None and {"dp", "chen"} & set(strategies):
         lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
         budget_bytes = (lo + hi) // 2
@@ -294,22 +313,31 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
             plans.append((s, res.plan.to_dict(), res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan), ""))
         except InfeasibleBudgetError as err:
             plans.append((s, None, None, None, err.message))
+    runnable = [p for p in plans if p[1] is not None]
+    if runnable and dev.type == "cpu":  # on CUDA every rank has a GPU of its own
+        from .preflight import available_memory
+        notes += launch.check_rank_memory(
+            _rank_bytes(prof, nproc, max(p[2] for p in runnable), check_grads), available_memory(dev),
+            device=dev.type, force=force)
     if isolate is None:
         isolate = memory_limit_bytes is not None
     groups = [[p] for p in plans] if isolate else [plans]
     rows: list[RankRow] = []
-    for group in groups:
-        with tempfile.TemporaryDirectory(prefix="ckplan-dist-") as out_dir:
-            job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(group), steps=steps,
-                       warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
-                       check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
-                       threads=threads, start_method=start_method or _default_start_method(dev.type),
-                       cross_check=cross_check)
-            failure = _launch(job, nproc) if any(p[1] is not None for p in group) else ""
-            rows.extend(_collect(job, nproc, failure))
-        if failure:
-            label = f" ({group[0][0]})" if isolate else ""
-            notes.append(f"the group{label} failed and was torn down: {failure}")
+    # From the first temporary folder to the last one's removal, a signal only sets a flag: the
+    # ranks are ended and the folder removed before Interrupted is raised.
+    with launch.caught_signals(f"bench on {nproc} ranks"):
+        for group in groups:
+            with tempfile.TemporaryDirectory(prefix="ckplan-dist-", ignore_cleanup_errors=True) as out_dir:
+                job = _Job(spec=spec.model_dump(mode="json"), kind=kind, plans=tuple(group), steps=steps,
+                           warmup=warmup, device=dev.type, timeout_s=float(timeout_s), out_dir=out_dir,
+                           check_grads=check_grads, memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank,
+                           threads=threads, start_method=start_method or _default_start_method(dev.type),
+                           cross_check=cross_check)
+                failure = _launch(job, nproc) if any(p[1] is not None for p in group) else ""
+                rows.extend(_collect(job, nproc, failure))
+            if failure:
+                label = f" ({group[0][0]})" if isolate else ""
+                notes.append(f"the group{label} failed and was torn down: {failure}")
     rows = mark_over_budget(rows, explicit)
     single = simulate(_single_chain(prof), _none(prof)).peak_bytes
     return DistBenchResult(model=prof.model, kind=kind, world_size=nproc,
@@ -328,6 +356,26 @@ def mark_over_budget(rows, budget_bytes: int | None) -> list[RankRow]:
             r = replace(r, status=OVER_BUDGET, message=f"measured above the per-rank budget it was predicted "
                                                       f"to fit ({r.measured_peak_bytes - budget_bytes} bytes over)")
         out.append(r)
+    return out
+
+
+def check_world(nproc: int, device_type: str, *, force: bool = False) -> list[str]:
+    """Refuse ``nproc`` ranks this machine cannot run (:func:`ckplan.launch.check_ranks`), before
+    any profile; the notes say what ``force`` let through."""
+    gpus = torch.cuda.device_count() if device_type == "cuda" else 0
+    return launch.check_ranks(nproc, device_type, launch.machine(gpus), force=force)
+
+
+def _rank_bytes(prof: Profile, nproc: int, rank_peak: int, check_grads: bool) -> list[int]:
+    """Predicted tensor bytes of every rank: the largest per-rank plan peak; rank 0 also keeps
+    the reference gradients, and before that runs one process on the global batch (the
+    parameters and gradients once, the batch's inputs and activations ``nproc`` times)."""
+    out = [rank_peak] * nproc
+    if check_grads:
+        t = prof.totals
+        ref = t.param_bytes + t.buffer_bytes + t.grad_bytes + t.runtime_bytes + nproc * (t.input_bytes
+                                                                                          + t.activation_bytes)
+        out[0] = max(rank_peak + t.grad_bytes, ref)
     return out
 
 
@@ -371,62 +419,34 @@ def _free_port() -> int:
 
 
 def _launch(job: _Job, nproc: int) -> str:
-    """Run the ranks with torchrun's launcher; '' on success, else what failed."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ckplan-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method=job.start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.out_dir, "logs"), redirects=Std.ALL),
-    )
-    try:
-        with _main_module_hidden(), _quiet_launcher(), _signal_handlers_kept():
-            elastic_launch(config, _rank_main)(job)
-    except ChildFailedError as err:
-        msgs = []
-        for rank in range(nproc):
-            own = _read_error(job.out_dir, rank).split("\n")[0]
-            f = err.failures.get(rank)
-            if own or f is not None:
-                msgs.append(f"rank {rank}: {own or f.message or f'exit code {f.exitcode}'}")
-        return "; ".join(msgs)[:600]
-    return ""
-
-
-@contextlib.contextmanager
-def _signal_handlers_kept():
-    """The launcher installs its own SIGINT/SIGTERM handlers in this process and leaves them;
-    put the caller's back (Ctrl-C must stay a KeyboardInterrupt for ckplan and its users)."""
-    import signal
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _quiet_launcher():
-    """The launcher logs every start and failure at WARNING/ERROR; ckplan reports them as rows."""
-    import logging
-    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.distributed.launcher",
-                                               "torch.multiprocessing")]
-    levels = [lg.level for lg in loggers]
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.CRITICAL)
-        yield
-    finally:
-        for lg, lv in zip(loggers, levels):
-            lg.setLevel(lv)
+    """Run the ranks (:func:`ckplan.launch.run_ranks`); '' on success, else what failed."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    log_dir = os.path.join(job.out_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    with _main_module_hidden():
+        # The ranks stop themselves at timeout_s; the launcher's own deadline is for a rank
+        # that cannot (stuck before its watchdog starts, or holding the interpreter's lock).
+        out = launch.run_ranks(_rank_main, job, nproc, start_method=job.start_method, env=env,
+                               log_dir=log_dir, deadline_s=job.timeout_s + 60,
+                               what=f"bench on {nproc} ranks")
+    if out.ok:
+        return ""
+    msgs = []
+    owns = {rank: _read_error(job.out_dir, rank).split("\n")[0] for rank in out.failed}
+    # A rank that died without a word (killed, os._exit) first: its peers' errors are mostly
+    # about the connection it broke.
+    for rank in sorted(out.failed, key=lambda r: bool(owns[r])):
+        msgs.append(f"rank {rank}: {owns[rank] or 'it ' + launch.describe_exit(out.exitcodes[rank])}")
+    if out.failed:
+        others = [r for r in range(nproc) if r not in out.failed and out.exitcodes[r] != 0]
+        if others:
+            msgs.append(f"rank(s) {', '.join(map(str, others))} stopped by ckplan after that")
+    elif out.timed_out:
+        msgs.append(f"the ranks ran past timeout_s={job.timeout_s:g} s (+60 s) and were stopped")
+    else:
+        msgs.append("; ".join(f"rank {r}: it {launch.describe_exit(c)}" for r, c in enumerate(out.exitcodes)
+                              if c != 0))
+    return "; ".join(msgs)[:600]
 
 
 @contextlib.contextmanager
@@ -479,6 +499,10 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
                 own = _read_error(job.out_dir, r).split("\n")[0]
                 status = OOM if ("TrackerLimitExceeded" in own or "OutOfMemory" in own) else ERROR
                 message = (own or failure or "no result from this rank")[:300]
+            elif got.get("grad_ok") is False:
+                status = WRONG_GRADIENTS
+                message = (f"this rank's gradients differ from one process's by {got['grad_diff']:.3g}, "
+                           f"over the tolerance {got['grad_tol']:.3g}")
             meas, fb = got.get("measured"), got.get("fwd_bwd")
             times = got.get("times") or []
             rows.append(RankRow(
@@ -532,6 +556,12 @@ def _rank_run(job: _Job, rank: int) -> None:
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=job.timeout_s))
+    fault = _test_fault(rank)
+    if fault == "hold":
+        Path(job.out_dir, f"held{rank}").touch()
+        time.sleep(3600)
+    elif fault == "exit":
+        os._exit(9)
     spec = validate(job.spec)
     precision = spec.train.precision
     ref = None
@@ -586,11 +616,12 @@ def _rank_run(job: _Job, rank: int) -> None:
                 loss.backward()
             results[name]["loss"] = float(loss.detach())
             del loss
-            diff = _grad_diff(model, ref)  # a collective under FSDP: every rank takes part
-            if ref is not None:
-                scale = max(float(g.abs().max()) for g in ref.values())
-                results[name]["grad_diff"] = diff
-                results[name]["grad_ok"] = diff <= GRAD_RTOL * scale + GRAD_ATOL
+            if fault == "grads":
+                _local(next(p.grad for p in model.parameters() if p.grad is not None)).add_(1.0)
+            if job.check_grads:  # collectives: every rank takes part
+                diff, scale = _grad_diff(model, ref, device)
+                tol = GRAD_RTOL * scale + GRAD_ATOL
+                results[name].update(grad_diff=diff, grad_tol=tol, grad_ok=diff <= tol)
             model.zero_grad(set_to_none=True)
         ref = None
         gc.collect()
@@ -686,18 +717,50 @@ def _reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, 
     return grads
 
 
-def _grad_diff(model, ref: dict[str, torch.Tensor] | None) -> float | None:
-    """max |grad - ref| over all parameters; full tensors gathered from the shards (all ranks call)."""
-    from torch.distributed.tensor import DTensor
+def _grad_diff(model, ref: dict[str, torch.Tensor] | None, device: torch.device) -> tuple[float, float]:
+    """(max |this rank's gradient - one process's|, max |one process's gradient|), on every rank.
 
+    ``ref`` (rank 0 only; None elsewhere) holds one process's full gradients. Each is sent from
+    rank 0 one parameter at a time, as the rank holds it: scattered like the FSDP2 shard
+    (``distribute_tensor`` with the gradient's own placements), whole (broadcast) under DDP. Every
+    rank then compares its own part, so a rank whose gradients are wrong says so itself.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    scale = torch.zeros((), dtype=torch.float32, device=device)
+    if ref is not None:
+        scale.fill_(max(float(g.abs().max()) for g in ref.values()))
+    dist.broadcast(scale, 0)
     worst = 0.0
     for name, p in model.named_parameters():
         g = p.grad
         if g is None:
             continue
+        key = name.replace("_orig_mod.", "").replace("module.", "")
+        full = (ref[key].to(g.device) if ref is not None
+                else torch.empty(g.shape, dtype=torch.float32, device=g.device))
         if isinstance(g, DTensor):
-            g = g.full_tensor()
-        if ref is not None:
-            key = name.replace("_orig_mod.", "").replace("module.", "")
-            worst = max(worst, float((g.detach().float().cpu() - ref[key]).abs().max()))
-    return worst if ref is not None else None
+            want = distribute_tensor(full, g.device_mesh, g.placements, src_data_rank=0).to_local()
+        else:
+            dist.broadcast(full, 0)
+            want = full
+        have = _local(g).detach().float()
+        if have.numel():
+            worst = max(worst, float((have - want).abs().max()))
+        del full, want, have
+    return worst, float(scale)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: the local shard of a DTensor, else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _test_fault(rank: int) -> str | None:
+    """This rank's fault from ``CKPLAN_TEST_FAULT`` (module doc), or None."""
+    what, _, who = os.environ.get("CKPLAN_TEST_FAULT", "").partition(":")
+    if what == "hold" or (what in ("exit", "grads") and who.strip() == str(rank)):
+        return what
+    return None

@@ -15,6 +15,8 @@ Exit codes (documented in README):
       after the table and the reports
 4     a wrong result: bench found a plan that changed the gradients or made NaN/inf
       (:class:`WrongResultError`); the table and the reports are written first
+130   interrupted (SIGINT, Ctrl-C); 143: terminated (SIGTERM) (:class:`Interrupted`, 128 + the
+      signal, as a shell reports a process that a signal ended)
 ====  ==========================================================
 """
 from __future__ import annotations
@@ -75,3 +77,16 @@ class WrongResultError(CkplanError):
     """A result that must not be trusted: a plan changed the loss or gradients, or NaN/inf appeared."""
 
     exit_code = 4
+
+
+class Interrupted(CkplanError):
+    """A signal stopped a run after ckplan ended every process it had started (``bench --nproc``).
+
+    ``exit_code`` is 128 + the signal: 130 for SIGINT, 143 for SIGTERM."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, *, signum: int = 2, tip: str | None = None):
+        super().__init__(message, tip=tip)
+        self.signum = signum
+        self.exit_code = 128 + signum

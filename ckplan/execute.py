@@ -53,9 +53,11 @@ Known limits:
 * The recompute calls each layer's original ``forward`` directly: forward (pre-)hooks registered
   on the chain layers themselves run in the first forward only (hooks on their submodules run in
   both, as with torch's checkpoint).
-* The frame machinery is a private part of torch (present in torch 2.4 to 2.13). Without it the
-  executor warns and checkpoints each layer of a multi-layer segment on its own: the math is the
-  same, the memory is that of one-layer checkpoints.
+* The frame machinery is a private part of torch (two versions of it, torch 2.5 to 2.14, are
+  known). Where it is missing or fails a probe (``spans_layers``), profiles mark every layer a
+  chain break, so plans made there use one-layer checkpoints and predict their peaks; a plan with
+  multi-layer checkpoints made elsewhere runs each layer of a segment as its own checkpoint, with
+  a warning: the math is the same, the memory is that of one-layer checkpoints.
 * ``copy.deepcopy`` and pickling (``torch.save(model)``) keep the plan: the copy carries its
   own executor bound to the copy's layers (loading it needs ckplan importable). Call
   ``remove_plan(model)`` first for a plain copy. ``state_dict`` is unchanged by a plan.
@@ -98,6 +100,68 @@ try:  # torch's non-reentrant checkpoint internals (torch 2.4 .. 2.13: two ways 
     _CAN_SPAN = _SAVES_INPUTS or hasattr(_tc, "_NoopSaveInputs")
 except (ImportError, AttributeError, KeyError):  # pragma: no cover - depends on the torch version
     _SAVES_INPUTS = _CAN_SPAN = False
+
+
+_PROBED: bool | None = None  # spans_layers()'s probe: None before it ran
+
+
+def spans_layers() -> bool:
+    """Whether checkpoints can span several layers on this torch: its private frame API is there
+    and a probe (two tiny layers in one segment, recomputed in the backward) gives the plain
+    gradients. Without it every checkpoint is one layer: the profile marks every layer a chain
+    break (so plans and their predicted peaks are one-layer checkpoints) and the executor
+    checkpoints each layer of a multi-layer segment on its own, with a warning."""
+    global _PROBED
+    if not _CAN_SPAN:
+        return False
+    if _PROBED is None:
+        _PROBED = True  # the probe itself runs a spanning segment
+        try:
+            _PROBED = _probe()
+        except Exception:  # a frame API this code does not know: fall back, never crash a step
+            _PROBED = False
+    return _PROBED
+
+
+class _ProbeLayer(nn.Module):
+    def __init__(self, g: torch.Generator) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4, generator=g))
+        self.calls = 0
+
+    def forward(self, h):
+        self.calls += 1
+        return torch.tanh(h @ self.weight)
+
+
+class _Probe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)  # leaves the global RNG alone
+        self.layers = nn.ModuleList(_ProbeLayer(g) for _ in range(2))
+        self.x = torch.randn(3, 4, generator=g)
+
+    def forward(self):
+        h = self.x
+        for layer in self.layers:
+            h = layer(h)
+        return h.square().sum()
+
+
+def _probe() -> bool:
+    model = _Probe()
+    with torch.enable_grad():
+        model().backward()
+        plain = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        plan = Plan("probe", 2, (Checkpoint(0, 2, (Store(0), Store(1))),))
+        executor = PlanExecutor(model, list(model.layers), plan, "layers")
+        try:
+            model().backward()
+        finally:
+            executor.remove()
+    return all(layer.calls == 3 for layer in model.layers) and all(p.grad is not None and torch.equal(p.grad, g)
+                                    for p, g in zip(model.parameters(), plain))
 
 
 def _new_frame(recompute, early_stop: bool, metadata_fn=None):
@@ -332,10 +396,11 @@ class PlanExecutor:
         for i, name in enumerate(self._option):
             if name in MINCUT and not _compiled(self._orig[i]):
                 raise compiled_only(name)
-        if not _CAN_SPAN and any(c.stop - c.start > 1 for c in self._checkpoints()):
-            warnings.warn("this torch has no non-reentrant checkpoint frames to span several layers; "
+        if any(c.stop - c.start > 1 for c in self._checkpoints()) and not spans_layers():
+            warnings.warn(f"torch {torch.__version__}'s checkpoint frames cannot span several layers: "
                           "ckplan checkpoints each layer of a multi-layer segment on its own (same "
-                          "gradients, more memory than the plan predicts)", RuntimeWarning, stacklevel=3)
+                          "gradients; more memory than this plan predicts: plan on this torch, whose "
+                          "plans use one-layer checkpoints)", RuntimeWarning, stacklevel=3)
         for i, layer in enumerate(layers):
             layer.forward = _PlannedForward(self, i)
         setattr(model, _ATTR, self)
@@ -366,7 +431,7 @@ class PlanExecutor:
             return run_with_option(orig, getattr(self._tls, "option", STORE), *args, **kwargs)
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
-        if not _CAN_SPAN:
+        if not spans_layers():
             return checkpoint(orig, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
         _refuse_kv_cache(i, args, kwargs)
         tls = self._tls

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .chainfind import first_tensor, resolve_chain, tensor_leaves
 from .errors import ModelRunError, UsageError
+from .execute import apply_plan, spans_layers
+from .flops import FlopCounter, estimated_note
 from .measure import (
     KEPT_MEMORY_NOTE,
     AllocatorTimeline,
@@ -131,7 +132,8 @@ class _Instrument:
     layers: list[nn.Module]
     clock: Clock
     meter: _Meter | None = None
-    flops: FlopCounterMode | None = None
+    flops: FlopCounter | None = None
+    flops_estimated: dict[str, str] = field(default_factory=dict)  # FlopCounter.estimated, all passes
     track_saved: bool = False
     marks: list[_Mark] = field(default_factory=list)
     out_bytes: dict[int, int] = field(default_factory=dict)
@@ -585,6 +587,7 @@ class StepMeasurement:
     notes: tuple[str, ...] = ()  # what the profile assumed (on meta: the attention kernels)
     side_inputs: tuple[SideInput, ...] = ()
     chain_breaks: tuple[int, ...] = ()  # Profile.chain_breaks
+    flops_estimated: tuple[str, ...] = ()  # Profile.flops_estimated
 
 
 def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain: str | None,
@@ -679,6 +682,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     rows = _with_options(rows, measured, option_passes, meta)
     notes: tuple[str, ...] = (step.sdpa_note,) if step.sdpa_note else ()
     notes += tuple(option_notes)
+    flop_note = estimated_note(inst.flops_estimated)
+    if flop_note:
+        notes += (flop_note,)
     unkept = [r for r in rows if r.output_kept is False]
     if unkept:
         names = ", ".join("the chain input" if r.index < 0 else f"layer {r.index}" for r in unkept[:8])
@@ -723,13 +729,20 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
         names = ", ".join(f"layer {i} ({format_bytes(b)})" for i, b in list(outside.items())[:8])
         notes += (f"{OUTSIDE_NOTE}: {names}{' and more' if len(outside) > 8 else ''}",)
     breaks = tuple(sorted(measured.breaks))
-    if breaks:
+    if not spans_layers() and len(layers) > 1:
+        # Plans made here must be what the executor runs here: one-layer checkpoints.
+        breaks = tuple(range(1, len(layers)))
+        notes += (SPAN_NOTE.format(version=torch.__version__),)
+    elif breaks:
         names = ", ".join(str(b) for b in breaks[:12]) + (" ..." if len(breaks) > 12 else "")
         notes += (f"{BREAKS_NOTE}: {names}",)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
-                           chain_path, detected, notes, measured.side_inputs, breaks)
+                           chain_path, detected, notes, measured.side_inputs, breaks,
+                           tuple(sorted(inst.flops_estimated)))
 
 
+SPAN_NOTE = ("torch {version}'s checkpoint frames cannot span several layers here (ckplan.execute."
+             "spans_layers): every checkpoint is one layer, in the plans and their predicted peaks")
 LEFT_NOTE = ("layers whose recompute leaves tensors alive after the backward (a tensor of the forward "
              "kept on the module, as `self.last_attn = attn` does, holds the recompute's graph until "
              "the layer's next forward): planned as kept to the end of the step with the layer's input, "
@@ -893,7 +906,6 @@ def _recompute_kept_pass(inst: _Instrument, step: _Step, params: list[nn.Paramet
     keeps the recompute's instead, and the recompute's graph behind it (back through the layers
     recomputed before it in the same checkpoint) until its next forward: no plan without
     checkpoints shows it. Empty when the model cannot run that way."""
-    from .execute import apply_plan
     from .planner.baselines import cut_at_breaks
     from .planner.plan import Checkpoint, Plan, Store
 
@@ -1024,7 +1036,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op, on_free=inst.on_free)
-    inst.flops = _flop_counter()
+    inst.flops = FlopCounter()
     with inst.flops, tracker:
         inst.meter = _Meter(step.device, tracker)
         step.run(inst)
@@ -1041,6 +1053,7 @@ def _measured_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter],
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,
         lead=dict(inst.lead))
+    inst.flops_estimated.update(inst.flops.estimated)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
 
@@ -1126,71 +1139,6 @@ def _compiled_pass(inst: _Instrument, step: _Step, params: list[nn.Parameter], m
     # taken as kept, output_kept None)
     return replace(eager, windows=windows, peak=max(m.peak for m in inst.marks), saved=saved,
                    live_at_end={}, kept={}, in_place=frozenset(), early=False)
-
-
-class _GlobalOnly:
-    """FlopCounterMode's module tracker, replaced: every FLOP counts under "Global" only.
-
-    The real one hooks every module call, recomputes in the backward included, and what those
-    hooks keep holds recomputed tensors alive (torch 2.13: a selective checkpoint's backward peak
-    grew by ~100 KB per layer of a tiny GPT); the profile needs totals only.
-    """
-
-    parents = frozenset({"Global"})
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-def _register_cpu_flash_flops() -> None:
-    """torch counts no FLOPs for the CPU flash-attention kernels (torch 2.13 registers the CUDA
-    ones only), so attention was free in CPU and meta profiles; count them as SDPA's formula does."""
-    from torch.utils import flop_counter as fc
-    aten = torch.ops.aten
-    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-    if fwd is None or bwd is None or fwd in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
-        return
-
-    @fc.register_flop_formula(fwd, get_raw=True)
-    def _fwd(query, key, value, *args, out_val=None, **kwargs) -> int:
-        return fc.sdpa_flop_count(query.shape, key.shape, value.shape)
-
-    @fc.register_flop_formula(bwd, get_raw=True)
-    def _bwd(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-        return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
-
-
-_register_cpu_flash_flops()
-
-
-def _register_grouped_mm_flops() -> None:
-    """torch counts no FLOPs for ``torch._grouped_mm`` (mixture-of-experts layers: each token's
-    rows times its expert's weights), so on meta the experts' matmuls were free. Every row of the
-    first operand meets one (K, N) slice: 2 M K N, times the groups when both are batched."""
-    from torch.utils import flop_counter as fc
-    op = getattr(torch.ops.aten, "_grouped_mm", None)
-    if op is None or op in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
-        return
-
-    @fc.register_flop_formula(op, get_raw=True)
-    def _flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
-        m, k, n = mat_a.shape[-2], mat_a.shape[-1], mat_b.shape[-1]
-        groups = mat_a.shape[0] if mat_a.dim() == 3 and mat_b.dim() == 3 else 1
-        return 2 * groups * m * k * n
-
-
-_register_grouped_mm_flops()
-
-
-def _flop_counter() -> FlopCounterMode:
-    counter = FlopCounterMode(display=False)
-    if hasattr(counter, "mod_tracker"):
-        counter.mod_tracker = _GlobalOnly()
-    return counter
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,9 @@ class Profile:
     # Chain layers b that did not receive layer b-1's output as an argument (the model changed it
     # between the calls): no checkpoint can span layers b-1 and b; () in older profiles.
     chain_breaks: tuple[int, ...] = ()
+    # aten ops whose FLOPs torch's counter could not count (ckplan's formula counted them, or
+    # nothing did; the notes say which): FLOPs are estimates, sizes and CPU/CUDA times measured.
+    flops_estimated: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -256,6 +259,7 @@ class Profile:
         d["notes"] = list(self.notes)
         d["side_inputs"] = [si.to_dict() for si in self.side_inputs]
         d["chain_breaks"] = list(self.chain_breaks)
+        d["flops_estimated"] = list(self.flops_estimated)
         return d
 
     @classmethod
@@ -274,6 +278,7 @@ class Profile:
                                            int(si.get("made_by", -1)), int(si.get("grad_bytes", 0)))
                                  for si in d.get("side_inputs", ()))
         d["chain_breaks"] = tuple(int(b) for b in d.get("chain_breaks", ()))
+        d["flops_estimated"] = tuple(str(op) for op in d.get("flops_estimated", ()))
         return cls(**d)
 
 

@@ -311,9 +311,7 @@ def dist_bench_table(res, *, wide: bool = False, console: Console | None = None)
             _Col("torch tracker", 3)]
     body = []
     for r in res.rows:
-        status = r.status if r.status == "ok" else f"[red]{escape(r.status)}[/]"
-        if r.grad_ok is False:
-            status = "[red]wrong-gradients[/]"
+        status = r.status if r.status == "ok" else f"[red]{escape(r.status)}[/]"  # each rank's own
         body.append([r.strategy, str(r.rank), status, format_bytes(r.predicted_peak_bytes),
                      format_bytes(r.measured_peak_bytes), _pct(r.peak_error), format_ms(r.step_ms),
                      "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}",

@@ -76,5 +76,32 @@ def tiny_gpt_spec():
     return _tiny_gpt_spec
 
 
+def _processes_with(token: str) -> list[int]:
+    """Live processes other than this one (zombies excluded) whose environment holds
+    ``CKPLAN_TEST_RUN=<token>``: every process a run started inherits it, also once its parent
+    is gone (found by /proc, not by ancestry)."""
+    import os
+    needle = f"CKPLAN_TEST_RUN={token}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            found.append(int(d.name))
+    return found
+
+
+@pytest.fixture
+def processes_with():
+    """``processes_with(token) -> [pid]``: live processes started under ``CKPLAN_TEST_RUN=token``."""
+    return _processes_with
+
+
 # Test models imported by `target:` specs (tests/ckmodels.py) are found from the tests folder.
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,16 +1,19 @@
-"""Two gloo ranks on CPU, launched by torchrun's launcher: the per-rank model against the
-measured peak (multi-layer checkpoints and dp at the per-rank smallest peak included), gradients
-against one process, PyTorch's FSDPMemTracker on the same step, a failing rank that comes back as
-rows instead of a hang, and a row over an explicit budget."""
+"""Two gloo ranks on CPU, launched by ckplan.launch: the per-rank model against the measured
+peak (multi-layer checkpoints and dp at the per-rank smallest peak included), each rank's
+gradients against one process, PyTorch's FSDPMemTracker on the same step, a failing or dying rank
+that comes back as rows instead of a hang, with nothing left behind, and a row over an explicit
+budget."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch.distributed.fsdp")
 import torch.distributed as dist
 
+from ckplan import launch
 from ckplan.api import load, profile
 from ckplan.distributed import ERROR, OK, OOM, RankRow, bench_distributed, mark_over_budget, rank_chain
 from ckplan.planner import min_peak, plan_chain
@@ -65,8 +68,8 @@ def test_fsdp_per_rank_model_matches_measured_peak(fsdp):
 
 
 def test_fsdp_gradients_equal_one_process(fsdp):
-    rank0 = [r for r in fsdp.rows if r.rank == 0]
-    assert rank0 and all(r.grad_ok for r in rank0), [(r.strategy, r.max_grad_diff) for r in rank0]
+    # every rank checks its own shard
+    assert all(r.grad_ok for r in fsdp.rows), [(r.strategy, r.rank, r.max_grad_diff) for r in fsdp.rows]
     # both ranks saw their own micro-batch
     losses = {r.rank: r.loss for r in fsdp.rows if r.strategy == "none"}
     assert losses[0] != losses[1]
@@ -85,8 +88,7 @@ def test_ddp_per_rank_model_and_gradients(spec, prof):
     for r in res.rows:
         assert r.status == OK, r.message
         assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.rank)
-        if r.rank == 0:
-            assert r.grad_ok, r.max_grad_diff
+        assert r.grad_ok, (r.rank, r.max_grad_diff)
     # DDP replicates: a rank holds more than one process without DDP (the buckets)
     none = next(r for r in res.rows if r.strategy == "none")
     assert none.measured_peak_bytes > res.single_process_peak_bytes
@@ -124,13 +126,52 @@ def test_rank_past_its_time_is_stopped(spec, prof):
     assert any("timeout_s" in r.message for r in res.rows)
 
 
-def test_the_launcher_leaves_ctrl_c_alone(tmp_path):
-    import signal
-    before = signal.getsignal(signal.SIGINT)
-    from ckplan.distributed import _signal_handlers_kept
-    with _signal_handlers_kept():
-        signal.signal(signal.SIGINT, lambda *a: None)  # what torch elastic's launcher does
-    assert signal.getsignal(signal.SIGINT) is before
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _started(monkeypatch) -> list[int]:
+    pids = []
+    real = launch._start_rank
+
+    def start(p):
+        real(p)
+        pids.append(p.pid)
+    monkeypatch.setattr(launch, "_start_rank", start)
+    return pids
+
+
+def test_each_rank_reports_its_own_wrong_gradients(spec, prof, monkeypatch):
+    monkeypatch.setenv("CKPLAN_TEST_FAULT", "grads:1")  # rank 1 adds 1 to its first gradient shard
+    res = bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none"], steps=0, warmup=1, timeout_s=60,
+                            profile=prof)
+    by_rank = {r.rank: r for r in res.rows}
+    assert by_rank[0].status == OK and by_rank[0].grad_ok, by_rank[0]
+    bad = by_rank[1]
+    assert bad.status == "wrong-gradients" and bad.grad_ok is False and bad.max_grad_diff >= 1.0, bad
+    assert "over the tolerance" in bad.message
+
+
+def test_a_rank_that_dies_ends_the_others_promptly_and_leaves_nothing(spec, prof, monkeypatch, tmp_path):
+    monkeypatch.setenv("CKPLAN_TEST_FAULT", "exit:1")  # os._exit(9) once the process group is up
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    pids = _started(monkeypatch)
+    t0 = time.monotonic()
+    res = bench_distributed(spec, nproc=2, kind="ddp", strategies=["none"], steps=0, warmup=1,
+                            timeout_s=120, profile=prof, check_grads=False)
+    assert time.monotonic() - t0 < 60  # rank 0 waits in a collective: it is ended, not timed out
+    by_rank = {r.rank: r for r in res.rows}
+    assert by_rank[1].status == ERROR and by_rank[1].message.startswith("rank 1: it exited with code 9")
+    # rank 0 is ended by ckplan, or first sees its peer's connection go (then says so itself)
+    assert by_rank[0].status == ERROR and by_rank[0].message
+    assert any("torn down: rank 1: it exited with code 9" in n for n in res.notes)
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+    assert not list(tmp_path.glob("ckplan-dist-*"))
 
 
 # Six blocks whose units (200 KB of parameters each) weigh about as much as their activations:

@@ -6,6 +6,7 @@ peaks predicted to the byte, as with the frames of this torch.
 The first GPU run (torch 2.11 on an H200) found ckplan's executor falling back to one checkpoint
 per layer there: 72-192 MiB over the prediction on gpt2-small and BERT-large sqrtn/dp plans.
 """
+import re
 import warnings
 
 import pytest
@@ -72,6 +73,7 @@ def old_frames(monkeypatch):
     monkeypatch.setattr(tc, "_CheckpointFrame", _TorchsOwnFrame)
     monkeypatch.setattr(execute, "_SAVES_INPUTS", False)
     monkeypatch.setattr(execute, "_CAN_SPAN", True)
+    monkeypatch.setattr(execute, "_PROBED", None)  # the probe runs on these frames
     monkeypatch.setattr(execute, "_CheckpointFrame", _OldFrame)
     monkeypatch.setattr(tc, "_NoopSaveInputs", _NoopSaveInputs, raising=False)
 
@@ -102,3 +104,48 @@ def test_old_frames_keep_the_predicted_peaks(old_frames, tiny_gpt_spec, tmp_path
         assert r.status == "ok", r.message
         assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.plan)
     assert any("C[" in r.plan and "S1" in r.plan.split("}")[0] for r in res.rows if r.strategy != "none")
+
+
+class _UnknownFrame:
+    """A checkpoint frame API this ckplan does not know (a future torch's): other arguments."""
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("_CheckpointFrame.__init__() got an unexpected keyword argument")
+
+
+@pytest.fixture
+def unknown_frames(monkeypatch):
+    monkeypatch.setattr(execute, "_CheckpointFrame", _UnknownFrame)
+    monkeypatch.setattr(execute, "_PROBED", None)
+
+
+def test_unknown_frames_fall_back_to_one_layer_checkpoints_predicted(unknown_frames, tiny_gpt_spec, tmp_path):
+    """Where the frames fail the probe, the profile cuts every layer apart, so the plans are
+    one-layer checkpoints (what the executor can run) and their peaks are predicted exactly."""
+    assert not execute.spans_layers()
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64, block_size=64), batch_size=2, seq_len=64,
+                    optimizer="sgd")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # plans made here need no fallback
+        res = api.bench(spec, strategies=["none", "every-k", "sqrtn", "dp"], k=3, steps=1, warmup=1,
+                        device="cpu")
+    assert any("cannot span several layers" in n for n in res.notes)
+    for r in res.rows:
+        assert all(int(b) - int(a) == 1 for a, b in re.findall(r"C\[(\d+),(\d+)\)", r.plan)), r.plan
+        assert r.status == "ok", r.message
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.plan)
+        assert r.max_grad_diff is not None and r.max_grad_diff < 1e-5
+    assert any(r.n_checkpoints > 0 for r in res.rows)
+
+
+def test_unknown_frames_run_a_foreign_plan_per_layer_with_one_warning(unknown_frames, tiny_gpt_spec, tmp_path,
+                                                                       plan_grads):
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = plan_grads(model, batch, None)
+    with pytest.warns(RuntimeWarning, match="cannot span several layers") as seen:
+        loss1, g1 = plan_grads(model, batch, Plan("custom", 4, items_from_ranges(4, [(0, 4), (1, 3)])))
+    assert all("\n" not in str(w.message) for w in seen)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n

@@ -1,0 +1,154 @@
+"""FLOP counting for the profile: torch's ``FlopCounterMode``, totals only, never fatal.
+
+FLOPs are an estimate: ckplan uses them to price time on ``--device meta`` and to spread measured
+times over layers of one kind. torch's counter can fail on a call its formula does not expect
+(torch 2.11's SDPA formula asserts when key/value have fewer heads than the query, as in
+grouped-query attention), and an estimate must never abort a profile. ``FlopCounter`` wraps every
+formula: when torch's raises, the call is counted by ckplan's own formula where it has one (the
+attention kernels below), else counted as 0, and the op is recorded in ``estimated`` so that the
+profile says which numbers are ckplan's.
+
+Attention (Vaswani et al.; the count torch uses for SDPA): the forward is two batched matmuls,
+``Q K^T`` and ``P V``, each ``2 b h s_q s_k d`` FLOPs with ``h`` the *query* heads (grouped-query
+attention broadcasts each key/value head to ``h / h_kv`` query heads, so it does the same
+arithmetic); the backward recomputes ``Q K^T`` and does four more: ``2 b h s_q s_k (3 d_qk + 2 d_v)``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import flop_counter as fc
+from torch.utils.flop_counter import FlopCounterMode
+
+# Attention kernels whose tensors are (batch, heads, seq, dim), and those that take
+# (batch, seq, heads, dim). Backward ops take the output's gradient first.
+_BHSD_FORWARD = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_fused_attention_overrideable")
+_BSHD_FORWARD = ("_efficient_attention_forward", "_flash_attention_forward")
+
+
+def attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], backward: bool) -> int:
+    """FLOPs of one attention call on (batch, heads, seq, dim) shapes, key/value heads broadcast
+    to the query's (module doc)."""
+    b, h, s_q, d_qk = q
+    s_k, d_v = k[-2], v[-1]
+    if backward:
+        return 2 * b * h * s_q * s_k * (3 * d_qk + 2 * d_v)
+    return 2 * b * h * s_q * s_k * (d_qk + d_v)
+
+
+def _op_name(op: Any) -> str:
+    return str(getattr(op, "__name__", op)).split(".")[-1]
+
+
+def own_formula(op: Any, args: tuple) -> int | None:
+    """ckplan's count of one call of ``op``, or None when it has no formula for it."""
+    name = _op_name(op)
+    backward = name.endswith("_backward")
+    base = name[: -len("_backward")] if backward else name
+    tensors = list(args[1:4] if backward else args[0:3])
+    if len(tensors) < 3 or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+        return None
+    q, k, v = (tuple(t.shape) for t in tensors)
+    if base in _BSHD_FORWARD:
+        q, k, v = ((s[0], s[2], s[1], s[3]) for s in (q, k, v))
+    elif base not in _BHSD_FORWARD:
+        return None
+    return attention_flops(q, k, v, backward)
+
+
+class _GlobalOnly:
+    """FlopCounterMode's module tracker, replaced: every FLOP counts under "Global" only.
+
+    The real one hooks every module call, recomputes in the backward included, and what those
+    hooks keep holds recomputed tensors alive (torch 2.13: a selective checkpoint's backward peak
+    grew by ~100 KB per layer of a tiny GPT); the profile needs totals only.
+    """
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class FlopCounter(FlopCounterMode):
+    """Total FLOPs of what runs inside it; ``estimated`` maps each op that torch's formula could
+    not count to what counted it instead ("ckplan's formula" or "not counted")."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+        if hasattr(self, "mod_tracker"):
+            self.mod_tracker = _GlobalOnly()
+        self.estimated: dict[str, str] = {}
+        self.flop_registry = {op: self._guarded(op, f) for op, f in self.flop_registry.items()}
+
+    def _guarded(self, op: Any, formula: Callable[..., int]) -> Callable[..., int]:
+        def count(*args, out_val=None, **kwargs) -> int:
+            try:
+                return formula(*args, out_val=out_val, **kwargs)
+            except Exception as e:  # torch's formula rejects this call: an estimate, not an error
+                flops = own_formula(op, args)
+                how = "ckplan's formula" if flops is not None else "not counted"
+                self.estimated.setdefault(_op_name(op), f"{how}; torch's counter raised "
+                                                        f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                return flops or 0
+        return count
+
+
+def estimated_note(estimated: dict[str, str]) -> str | None:
+    """The profile's note naming the ops whose FLOPs are not torch's count, or None."""
+    if not estimated:
+        return None
+    ours = sorted(op for op, how in estimated.items() if how.startswith("ckplan's"))
+    none = sorted(op for op in estimated if op not in ours)
+    parts = []
+    if ours:
+        parts.append("counted by ckplan's formula (attention with key/value heads broadcast to the "
+                     f"query's): {', '.join(ours)}")
+    if none:
+        parts.append(f"not counted (0 FLOPs, so free on meta): {', '.join(none)}")
+    return ("FLOPs that torch's FLOP counter could not count (an estimate only: measured sizes and "
+            "times are unaffected): " + "; ".join(parts))
+
+
+def _register_cpu_flash_flops() -> None:
+    """torch counts no FLOPs for the CPU flash-attention kernels (torch 2.13 registers the CUDA
+    ones only), so attention was free in CPU and meta profiles; count them as SDPA's formula does."""
+    aten = torch.ops.aten
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is None or bwd is None or fwd in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
+        return
+
+    @fc.register_flop_formula(fwd, get_raw=True)
+    def _fwd(query, key, value, *args, out_val=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    @fc.register_flop_formula(bwd, get_raw=True)
+    def _bwd(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+        return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def _register_grouped_mm_flops() -> None:
+    """torch counts no FLOPs for ``torch._grouped_mm`` (mixture-of-experts layers: each token's
+    rows times its expert's weights), so on meta the experts' matmuls were free. Every row of the
+    first operand meets one (K, N) slice: 2 M K N, times the groups when both are batched."""
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    if op is None or op in fc.flop_registry or not hasattr(fc, "register_flop_formula"):
+        return
+
+    @fc.register_flop_formula(op, get_raw=True)
+    def _flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
+        m, k, n = mat_a.shape[-2], mat_a.shape[-1], mat_b.shape[-1]
+        groups = mat_a.shape[0] if mat_a.dim() == 3 and mat_b.dim() == 3 else 1
+        return 2 * groups * m * k * n
+
+
+_register_cpu_flash_flops()
+_register_grouped_mm_flops()
