@@ -16,7 +16,7 @@ the recursion of ``dp.py`` closes again with two kinds of sub-chains:
   recompute, or a layer forwarded there already), the all-gather buffer (``Layer.gather_bytes``).
   ``PeakTable`` / ``ParetoTable`` solve them unchanged.
 * the *top level*, the tails ``[s, U)`` (the post last): ``Store(s)`` and a checkpoint's first
-  forward as in ``dp.py`` (the chain's own costs, ``layer_tables``); a checkpoint ``[s, j)``'s
+  forward as in ``dp.py`` (the chain's own costs, :func:`top_costs`); a checkpoint ``[s, j)``'s
   inner plan is an inner sub-chain that starts ``inner_extra[j, U] + held[s..j-1]`` above the
   tail's start. Its first layer's backward also has the backward prefetch of the layer before
   beside it (``gather_bytes[s-1]``), a single-layer checkpoint's recompute too; the backward is
@@ -63,7 +63,7 @@ UNCAPPED = 2**60  # bytes: the inner table's "top" (see TopLevel.frontier)
 
 
 def held_applies(chain: Chain) -> bool:
-    """Whether the exact held DP plans ``chain`` (else :func:`fallback_plan`)."""
+    """Whether the exact held DP plans ``chain`` (else ``dp.py``'s fallback, module doc)."""
     return (chain.has_holds and chain.all_kept and not chain.has_casts
             and chain.n_layers <= HELD_MAX_LAYERS)
 
