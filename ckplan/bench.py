@@ -32,6 +32,11 @@ A row outside the bound is ``wrong-gradients`` (a parameter with a gradient in o
 none in the other too); a NaN or inf loss or gradient is ``non-finite``. Such rows are not
 measured further, and ``BenchResult.failed_rows`` makes the CLI exit 4 after the table.
 
+A row predicted to fit an explicit ``--budget`` whose measured peak is above it is
+``over-budget`` (the CLI exits 3 after the table and the reports, as for a budget no plan
+meets); a row never predicted to fit (``none`` below its peak) is not. The error column is
+``|measured - predicted| / predicted``: "predicted 1.0 GB, measured 12.6% more".
+
 Timing noise: the timed rounds are interleaved, so round ``i`` of a row and of ``none`` ran
 under the same load. Per round ``r_i = t_i / t_none_i``; when ``min r <= 1 <= max r`` (some rounds
 faster than none, some slower) the slowdown is inside the noise: ``slowdown_within_noise`` in
@@ -110,10 +115,13 @@ from .records import (
     NON_FINITE,
     OK,
     OOM,
+    OVER_BUDGET,
     WRONG_GRADIENTS,
     BenchResult,
     BenchRow,
     Profile,
+    over_budget,
+    peak_error,
 )
 from .training import forward_loss, make_optimizer
 
@@ -294,6 +302,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     tick = progress or _silent
     chain = chain_from_profile(profile)
     notes = list(profile.notes)
+    explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     budget_bytes = _default_budget(chain, strategies, budget_bytes, notes)
     entries = _plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
     _compile_entries(entries, model, chain, budget_bytes, device)
@@ -346,7 +355,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
     none = next((e for e in entries if e.name == "none" and e.times), None)
-    rows = tuple(_row(e, none) for e in entries)
+    rows = tuple(_row(e, none, explicit) for e in entries)
     few = few_steps_note(steps, rows)
     if few:
         notes.append(few)
@@ -859,22 +868,27 @@ def _guarded(run: _Run, e: _Entry, fn, *args) -> None:
         run.opt.zero_grad(set_to_none=True)
 
 
-def _row(e: _Entry, none: _Entry | None) -> BenchRow:
+def _row(e: _Entry, none: _Entry | None, budget_bytes: int | None = None) -> BenchRow:
+    """The row of ``e``; ``budget_bytes``: the explicit --budget (a row predicted to fit it that
+    measured above it is ``over-budget``)."""
     none_ms = statistics.median(none.times) if none is not None else None
     noisy, rlo, rhi = (within_noise(e.times, none.times) if none is not None and e is not none
                        and e.status == OK else (False, None, None))
     measured = e.mem.get("measured") if e.status == OK else None
     med = statistics.median(e.times) if e.times and e.status == OK else None
-    err = (abs(measured - e.predicted_peak) / measured
-           if measured and e.predicted_peak is not None else None)
     fb = e.mem.get("fwd_bwd") if e.status == OK else None
-    fb_err = (abs(fb - e.predicted_fb_peak) / fb if fb and e.predicted_fb_peak is not None else None)
+    status, message = e.status, e.message
+    if status == OK and over_budget(e.predicted_peak, measured, budget_bytes):
+        status = OVER_BUDGET
+        message = "; ".join(m for m in (message, f"measured above the budget it was predicted to fit "
+                                                 f"({measured - budget_bytes} bytes over)") if m)
     return BenchRow(
-        strategy=e.name, status=e.status, plan=e.plan.describe() if e.plan else e.plan_text,
+        strategy=e.name, status=status, plan=e.plan.describe() if e.plan else e.plan_text,
         n_checkpoints=e.plan.n_checkpoints if e.plan else 0,
-        predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured, peak_error=err,
+        predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured,
+        peak_error=peak_error(e.predicted_peak, measured),
         predicted_fwd_bwd_peak_bytes=e.predicted_fb_peak, measured_fwd_bwd_peak_bytes=fb,
-        fwd_bwd_peak_error=fb_err,
+        fwd_bwd_peak_error=peak_error(e.predicted_fb_peak, fb),
         predicted_activation_bytes=e.predicted_act,
         measured_activation_bytes=e.mem.get("act") if e.status == OK else None,
         reserved_peak_bytes=e.mem.get("reserved"), alloc_retries=e.mem.get("retries"),
@@ -883,7 +897,7 @@ def _row(e: _Entry, none: _Entry | None) -> BenchRow:
         step_ms_max=max(e.times) if med is not None else None,
         slowdown=(med / none_ms) if med is not None and none_ms else None,
         predicted_overhead=e.predicted_overhead, loss=e.loss, final_loss=e.final_loss,
-        max_grad_diff=e.grad_diff, message=e.message, grad_tolerance=e.grad_tol,
+        max_grad_diff=e.grad_diff, message=message, grad_tolerance=e.grad_tol,
         measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
         measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
         measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
 from .errors import CkplanError, InfeasibleBudgetError, UsageError, first_line
 from .launch import MAX_RANKS_PER_CPU
 from .options import PEERS, Device, ExportTarget, Fmt, Optimizer, Parallel, Precision, Strategy, StrategyOrAll, Target
+from .records import OVER_BUDGET
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -514,17 +515,26 @@ def bench(
 
 
 def _exit_if_infeasible(rows, budget) -> None:
-    """Exit 3 (as ``plan`` does) when a strategy could not be planned at the --budget asked for;
-    bench's table and files are written first. Without --budget bench picks a feasible one."""
-    bad = {r.strategy: r.message for r in rows if r.status == "infeasible"}
-    if budget is None or not bad:
+    """Exit 3 (as ``plan`` does) when a strategy could not be planned at the --budget asked for,
+    or was predicted to fit it and measured above it (``over-budget``); bench's table and files
+    are written first. Without --budget bench picks a feasible one (and no row is over it)."""
+    if budget is None:
         return
-    first, why = next(iter(bad.items()))
-    raise InfeasibleBudgetError(f"--budget {budget}: {', '.join(bad)} could not be planned (the other rows ran, "
-                                f"the files are written): {first}: {why}",
-                                tip="raise --budget to at least the smallest feasible peak, or drop --budget "
-                                    "(bench then plans halfway between the smallest feasible and the "
-                                    "no-checkpoint peak)")
+    bad = {r.strategy: r.message for r in rows if r.status == "infeasible"}
+    if bad:
+        first, why = next(iter(bad.items()))
+        raise InfeasibleBudgetError(f"--budget {budget}: {', '.join(bad)} could not be planned (the other rows "
+                                    f"ran, the files are written): {first}: {why}",
+                                    tip="raise --budget to at least the smallest feasible peak, or drop --budget "
+                                        "(bench then plans halfway between the smallest feasible and the "
+                                        "no-checkpoint peak)")
+    over = list(dict.fromkeys(r.strategy for r in rows if r.status == OVER_BUDGET))
+    if over:
+        raise InfeasibleBudgetError(f"--budget {budget}: {', '.join(over)} measured above the budget they were "
+                                    "predicted to fit (the table shows by how much; the files are written)",
+                                    tip="the prediction was short for these plans: do not rely on them at this "
+                                        "budget; a lower --budget by the overshoot gives plans with that much "
+                                        "headroom")
 
 
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,

@@ -32,7 +32,9 @@ that dies without a word (killed, ``os._exit``) is seen by its exit code. The la
 the other ranks at once (a collective waiting on a dead peer would only fail after
 ``timeout_s``), and the failure comes back as rows with status ``error`` / ``OOM``, not as a
 hang. SIGINT / SIGTERM end every rank and remove the temporary folder before
-:class:`ckplan.errors.Interrupted` (exit 130 / 143) is raised.
+:class:`ckplan.errors.Interrupted` (exit 130 / 143) is raised. A row predicted to fit an
+explicit per-rank budget that measured above it is ``over-budget`` (:func:`mark_over_budget`;
+the CLI exits 3).
 
 Test hooks (tests/test_launch.py), read by every rank from ``CKPLAN_TEST_FAULT``: ``hold``
 (every rank writes ``held<rank>`` in its folder once its process group is up, then sleeps: a
@@ -55,7 +57,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,7 @@ from .errors import InfeasibleBudgetError, ModelRunError, UsageError
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
 from .planner import Plan, min_peak, plan_chain, simulate
 from .planner.parallel import KINDS, per_rank_chain
-from .records import WRONG_GRADIENTS, Profile
+from .records import OVER_BUDGET, WRONG_GRADIENTS, Profile, over_budget, peak_error
 from .spec import Spec
 from .units import format_bytes
 
@@ -82,11 +84,11 @@ class RankRow:
 
     strategy: str
     rank: int
-    status: str  # ok | OOM | infeasible | error | wrong-gradients (this rank's own gradients)
+    status: str  # ok | OOM | infeasible | error | wrong-gradients (this rank's own) | over-budget
     plan: str
     predicted_peak_bytes: int | None  # per-rank model (planner.parallel), whole step
     measured_peak_bytes: int | None
-    peak_error: float | None  # |measured - predicted| / measured
+    peak_error: float | None  # |measured - predicted| / predicted (records.peak_error)
     predicted_fwd_bwd_peak_bytes: int | None  # forward + backward only
     measured_fwd_bwd_peak_bytes: int | None
     step_ms: float | None  # median of the timed steps on this rank
@@ -290,6 +292,7 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
                          tip="set train.accum: 1")
     machine_notes = check_world(nproc, dev.type, force=force)
     prof = profile if profile is not None else api.profile(spec, device=dev.type, force=force)
+    explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the profile's blocks would stay reserved beside the ranks
     chain = rank_chain(prof, spec, nproc, kind)
@@ -335,12 +338,25 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
             if failure:
                 label = f" ({group[0][0]})" if isolate else ""
                 notes.append(f"the group{label} failed and was torn down: {failure}")
+    rows = mark_over_budget(rows, explicit)
     single = simulate(_single_chain(prof), _none(prof)).peak_bytes
     return DistBenchResult(model=prof.model, kind=kind, world_size=nproc,
                            backend="nccl" if dev.type == "cuda" else "gloo", device=dev.type,
                            batch_size=prof.batch_size, optimizer=prof.optimizer, budget_bytes=budget_bytes,
                            k=k, steps=steps, warmup=warmup, rows=tuple(rows), single_process_peak_bytes=single,
                            notes=tuple(notes))
+
+
+def mark_over_budget(rows, budget_bytes: int | None) -> list[RankRow]:
+    """``rows`` with ``over-budget`` for each one measured above ``budget_bytes`` (an explicit
+    per-rank budget) that it was predicted to fit."""
+    out = []
+    for r in rows:
+        if r.status == OK and over_budget(r.predicted_peak_bytes, r.measured_peak_bytes, budget_bytes):
+            r = replace(r, status=OVER_BUDGET, message=f"measured above the per-rank budget it was predicted "
+                                                      f"to fit ({r.measured_peak_bytes - budget_bytes} bytes over)")
+        out.append(r)
+    return out
 
 
 def check_world(nproc: int, device_type: str, *, force: bool = False) -> list[str]:
@@ -490,8 +506,7 @@ def _collect(job: _Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
             meas, fb = got.get("measured"), got.get("fwd_bwd")
             times = got.get("times") or []
             rows.append(RankRow(
-                name, r, status, plan_text, pred, meas,
-                abs(meas - pred) / meas if meas and pred is not None else None,
+                name, r, status, plan_text, pred, meas, peak_error(pred, meas),
                 pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
                 got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker")))
     return tuple(rows)

@@ -11,7 +11,9 @@ Exit codes (documented in README):
 1     a failure while running the model (:class:`ModelRunError`), or a result file that could not
       be written (:class:`WriteError`: a full disk)
 2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
-3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`)
+3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`); bench:
+      a row predicted to fit an explicit ``--budget`` measured above it (``over-budget``),
+      after the table and the reports
 4     a wrong result: bench found a plan that changed the gradients or made NaN/inf
       (:class:`WrongResultError`); the table and the reports are written first
 130   interrupted (SIGINT, Ctrl-C); 143: terminated (SIGTERM) (:class:`Interrupted`, 128 + the

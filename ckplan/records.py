@@ -285,10 +285,25 @@ class Profile:
 # ---- bench ------------------------------------------------------------------------------------
 
 # A bench row's status. ``wrong-gradients`` and ``non-finite`` are wrong results (the CLI exits 4);
-# OOM, infeasible and error are outcomes of the run that the table reports and the bench goes on.
+# OOM, infeasible and error are outcomes of the run that the table reports and the bench goes on;
+# ``over-budget``: predicted to fit an explicit --budget, measured above it (the CLI exits 3, as
+# for a budget no plan meets, once the table and files are written).
 OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 WRONG_GRADIENTS, NON_FINITE = "wrong-gradients", "non-finite"
+OVER_BUDGET = "over-budget"
 FAILED_STATUSES = (WRONG_GRADIENTS, NON_FINITE)
+
+
+def over_budget(predicted: int | None, measured: int | None, budget_bytes: int | None) -> bool:
+    """A row predicted to fit ``budget_bytes`` (an explicit budget) that measured above it."""
+    return (budget_bytes is not None and predicted is not None and measured is not None
+            and predicted <= budget_bytes < measured)
+
+
+def peak_error(predicted: int | None, measured: int | None) -> float | None:
+    """``|measured - predicted| / predicted``: how far the measurement is from the prediction, as
+    a share of the prediction ("predicted 1.0 GB, measured 12.6% more")."""
+    return abs(measured - predicted) / predicted if measured is not None and predicted else None
 
 
 @dataclass(frozen=True)
@@ -296,12 +311,12 @@ class BenchRow:
     """One strategy measured: predicted and measured peaks, time, and the gradient check."""
 
     strategy: str
-    status: str  # ok | OOM | infeasible | error | wrong-gradients | non-finite
+    status: str  # ok | OOM | infeasible | error | wrong-gradients | non-finite | over-budget
     plan: str  # Plan.describe()
     n_checkpoints: int
     predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
-    peak_error: float | None  # |measured - predicted| / measured
+    peak_error: float | None  # |measured - predicted| / predicted (records.peak_error)
     predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
     measured_fwd_bwd_peak_bytes: int | None
     fwd_bwd_peak_error: float | None

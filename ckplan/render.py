@@ -18,7 +18,7 @@ from rich.markup import escape as _markup_escape
 from rich.table import Table
 from rich.text import Text
 
-from .records import Profile
+from .records import OVER_BUDGET, Profile
 from .units import format_bytes, format_flops, format_ms
 
 # Piped output (files, CI logs, README examples) gets wide tables instead of rich's 80 columns.
@@ -339,6 +339,9 @@ def dist_bench_table(res, *, wide: bool = False, console: Console | None = None)
                      "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}",
                      format_bytes(r.torch_tracker_peak_bytes)])
     _print_table(out, cols, body, wide)
+    for r in res.rows:
+        if r.status == OVER_BUDGET and r.rank == 0:
+            out.print(f"[red]{escape(f'{r.strategy}: {r.message}')}[/]", soft_wrap=True)
     for note in res.notes:
         out.print(escape(f"note: {note}"), soft_wrap=True)
 
@@ -385,7 +388,7 @@ def bench_table(res, *, wide: bool = False, console: Console | None = None) -> N
     for r in res.rows:
         if r.message:
             line = escape(f"{r.strategy}: {r.message}")
-            out.print(f"[red]{line}[/]" if r.failed else line, soft_wrap=True)
+            out.print(f"[red]{line}[/]" if r.failed or r.status == OVER_BUDGET else line, soft_wrap=True)
     for note in res.notes:
         out.print(escape(f"note: {note}"), soft_wrap=True)
 

@@ -282,3 +282,45 @@ def test_slowdowns_from_one_or_two_steps_carry_a_caveat(tiny_gpt_spec, tmp_path)
     assert few_steps_note(3, rows) is None
     res = api.bench(api.load(tiny_gpt_spec(tmp_path)), strategies=["none"], device="cpu", steps=1, warmup=0)
     assert any(n.startswith("--steps 1:") for n in res.notes)
+
+
+def test_error_is_a_share_of_the_prediction():
+    from ckplan.records import over_budget, peak_error
+    # "predicted 1.0 GB, measured 12.6% more": the error is read against the prediction
+    assert peak_error(1_000, 1_126) == pytest.approx(0.126)
+    assert peak_error(1_000, 874) == pytest.approx(0.126)
+    assert peak_error(None, 5) is None and peak_error(5, None) is None
+    assert over_budget(100, 101, 100) and not over_budget(100, 100, 100)
+    assert not over_budget(120, 130, 100)  # never predicted to fit: not a broken prediction
+    assert not over_budget(100, 130, None)  # no explicit budget
+
+
+def test_a_plan_measured_over_an_explicit_budget_is_over_budget_and_exits_3(tiny_gpt_spec, tmp_path, monkeypatch):
+    """A row predicted to fit --budget that measures above it: status over-budget (red), its
+    error against the prediction, exit 3 (the budget was not met) after the table and files."""
+    from ckplan import bench
+    from ckplan.planner import chain_from_profile, min_peak, plan_chain
+
+    extra = 10 * 2**20
+    real = bench._memory_step
+
+    def short(run, e):  # dp's prediction 10 MiB short of what its step holds
+        real(run, e)
+        if e.name == "dp":
+            e.mem["measured"] += extra
+    monkeypatch.setattr(bench, "_memory_step", short)
+    spec = tiny_gpt_spec(tmp_path)
+    chain = chain_from_profile(api.profile(api.load(spec), device="cpu", repeats=1, warmup=0))
+    budget = (min_peak(chain) + plan_chain(chain, "none").score.peak_bytes) // 2
+    r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--compare", "none,dp", "--budget",
+                                 str(budget), "--steps", "1", "--warmup", "0", "--no-options", "-f", "json",
+                                 "--out-dir", str(tmp_path / "out")])
+    assert r.exit_code == 3, r.output
+    assert "measured above the budget they were predicted to fit" in r.stderr
+    assert any((tmp_path / "out").iterdir())  # the files first
+    rows = {row["strategy"]: row for row in json.loads(r.stdout)["rows"]}
+    dp = rows["dp"]
+    assert dp["status"] == "over-budget" and "over)" in dp["message"]
+    assert dp["predicted_peak_bytes"] <= budget < dp["measured_peak_bytes"]
+    assert dp["peak_error"] == pytest.approx(extra / dp["predicted_peak_bytes"])
+    assert rows["none"]["status"] == "ok"  # never predicted to fit the budget

@@ -9,7 +9,7 @@ import ckplan.planner
 PLANNER = Path(ckplan.planner.__file__).parent
 # Each module may import only the ones before it (the order of ckplan/planner/__init__.py).
 ORDER = ["chain", "plan", "simulate", "baselines", "calibrate", "groups", "floor", "tables", "casts",
-         "dp", "strategies", "budget", "parallel", "synthetic"]
+         "held", "dp", "strategies", "budget", "parallel", "synthetic"]
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -202,3 +202,24 @@ def test_control_characters_in_names_reach_the_terminal_as_text():
     assert not any(c in text for c in "\x1b\x07\r\u202e")
     assert "evil\\x1b[31mRED\\x07\\x0d\\u202e" in text
     assert render.clean("a\tb\nc") == "a\tb\nc" and render.clean("\x00") == "\\x00"
+
+
+def test_a_row_over_its_budget_is_red_with_its_overshoot():
+    from ckplan.distributed import DistBenchResult, RankRow
+    rows = tuple(RankRow("dp", rank, "over-budget", "C[0,8){S0 ... S7}", 1_071 * MiB, 1_225 * MiB,
+                         154 / 1_071, None, None, 800.0, 4.5, None, None,
+                         "measured above the per-rank budget it was predicted to fit (86 MiB over)")
+                 for rank in (0, 1))
+    res = DistBenchResult("gpt2-small", "fsdp", 2, "gloo", "cpu", 2, "sgd", 1_140 * MiB, 2, 1, 0, rows,
+                          1_900 * MiB)
+    con = Console(record=True, width=120, file=io.StringIO(), color_system="truecolor")
+    render.dist_bench_table(res, console=con)
+    text = con.export_text(clear=False)
+    assert text.count("over-budget") == 2 and "14.4%" in text  # the error is against the prediction
+    assert text.count("predicted to fit (86 MiB over)") == 1  # once, not per rank
+    assert "\x1b[31m" in con.export_text(styles=True)  # red
+    bench = make_bench()
+    row = _row("dp", "over-budget", message="measured above the budget it was predicted to fit (9 bytes over)")
+    con = Console(record=True, width=200, file=io.StringIO(), color_system="truecolor")
+    render.bench_table(BenchResult(**{**bench.__dict__, "rows": (row,)}), console=con)
+    assert "over-budget" in con.export_text(clear=False) and "\x1b[31m" in con.export_text(styles=True)

@@ -15,9 +15,11 @@ Modules, imports flowing one way (each imports only those above it):
 * ``floor``: what the smallest peak is made of; the infeasible-budget error.
 * ``tables``: the DP's tables and the one plan reader.
 * ``casts``: mixed precision, the top-level frontiers that make min peak and feasibility exact.
+* ``held``: held layers (FSDP2 per rank): the DP whose inner plans hold their layers.
 * ``dp``: the solver and its entry points (plan_dp, min_peak, min_peak_plan).
 * ``strategies``: plan_chain, compare, sweep (``selective``: one SAC policy on every layer).
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
+* ``parallel``: what one rank holds under FSDP2 / DDP (the per-rank chain).
 * ``synthetic``: synthetic chains for tests and benchmarks.
 """
 from .baselines import plan_chen, plan_every_k, plan_none, plan_sqrtn

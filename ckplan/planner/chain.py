@@ -25,6 +25,12 @@ whole step (``tables.base_bytes``): an upper bound on every op, so a plan they f
 Their gradients (``SideInput.grad_bytes``, when they require grad) live from the backward of the
 last layer reading them to the backward of their maker, recomputes in between included; the
 tables count them as live for the whole step too.
+
+Held layers (``Layer.held_bytes``, FSDP2 per rank, :mod:`ckplan.planner.parallel`): what a layer
+keeps through the backward of the top-level checkpoint around it, from that backward's start
+until its own backward ends, with its own transients there (``held_*``, ``gather_bytes``,
+``retained_bytes``). At the top level a layer holds nothing of the kind, so the same layers cost
+differently inside an inner plan; the simulator replays it and :mod:`ckplan.planner.held` plans it.
 """
 from __future__ import annotations
 
@@ -50,6 +56,9 @@ class Option:
     fwd_tmp_bytes: int  # forward peak above live bytes + xbar
     bwd_tmp_bytes: int  # backward peak above live bytes at its start (recomputed tensors included)
     recompute_flops: int = 0
+    # The same two while the layer is held (``Layer.held_bytes``); None: the ones above.
+    held_fwd_tmp_bytes: int | None = None
+    held_bwd_tmp_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,23 @@ class Layer:
     recompute_kept_bytes: int = 0
     # ... and what it leaves when a later layer of the same recompute keeps the graph (above)
     recompute_chain_kept_bytes: int = 0
+    # Held layers (see the module doc): bytes the layer keeps from the start of the backward of
+    # the top-level checkpoint around it until its own backward ends (FSDP2 per rank: the unit's
+    # unsharded parameters, ``planner.parallel``), and its forward and backward transients
+    # there, above live bytes that count them (None: ``fwd_tmp_bytes`` / ``bwd_tmp_bytes``);
+    # the forward's leaves out what the backward that ran last left (``retained_bytes``).
+    held_bytes: int = 0
+    held_fwd_tmp_bytes: int | None = None
+    held_bwd_tmp_bytes: int | None = None
+    # What a held forward adds when it is not the last layer of the checkpoint whose recompute
+    # runs it (FSDP2: the all-gather buffer of a unit that forward unshards), and what the first
+    # layer of a top-level checkpoint adds once its backward has begun (the all-gather buffer
+    # of the layer before, ``gather_bytes`` of layer ``s - 1``: FSDP2's backward prefetch).
+    gather_bytes: int = 0
+    # What the layer's backward leaves until the next backward ends (FSDP2: its reduce-scatter
+    # input), which held forwards run beside: those of a recompute of [a, b) beside layer b's,
+    # a checkpoint's first forward inside one beside the next layer's (on the safe side).
+    retained_bytes: int = 0
 
     def fn_tmp(self, rotor: int) -> int:
         """The transient of a forward that keeps only the output, above ``live + x_bytes``: rotor's
@@ -143,9 +169,35 @@ class Layer:
             if o.name == name:
                 return replace(self, xbar_bytes=o.xbar_bytes, fwd_tmp_bytes=o.fwd_tmp_bytes,
                                bwd_tmp_bytes=o.bwd_tmp_bytes, options=(), x_kept=True,
-                               early_xbar_bytes=None, early_fwd_tmp_bytes=None)
+                               early_xbar_bytes=None, early_fwd_tmp_bytes=None,
+                               held_fwd_tmp_bytes=o.held_fwd_tmp_bytes,
+                               held_bwd_tmp_bytes=o.held_bwd_tmp_bytes)
         known = ", ".join([STORE, *(o.name for o in self.options)])
         raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
+
+    def held(self, gather: bool, beside: int = 0) -> Layer:
+        """This layer as the simulator sees it while held (``held_bytes`` counted as live): its
+        held transients (its options' too), the forward's with ``beside`` (a ``retained_bytes``)
+        and, when ``gather``, ``gather_bytes`` on top. The no-save forward and the early stop's
+        truncated one keep their measured excess over the whole forward's transient."""
+        add = beside + (self.gather_bytes if gather else 0)
+        fwd = (self.fwd_tmp_bytes if self.held_fwd_tmp_bytes is None else self.held_fwd_tmp_bytes) + add
+        shift = fwd - self.fwd_tmp_bytes
+        early = self.early_fwd_tmp_bytes
+        options = tuple(replace(o, fwd_tmp_bytes=(o.fwd_tmp_bytes if o.held_fwd_tmp_bytes is None
+                                                  else o.held_fwd_tmp_bytes) + add,
+                                bwd_tmp_bytes=o.bwd_tmp_bytes if o.held_bwd_tmp_bytes is None
+                                else o.held_bwd_tmp_bytes,
+                                held_fwd_tmp_bytes=None, held_bwd_tmp_bytes=None)
+                        for o in self.options)
+        return replace(self, fwd_tmp_bytes=fwd,
+                       bwd_tmp_bytes=self.bwd_tmp_bytes if self.held_bwd_tmp_bytes is None
+                       else self.held_bwd_tmp_bytes,
+                       nosave_peak_bytes=None if self.nosave_peak_bytes is None
+                       else max(0, self.nosave_peak_bytes + shift),
+                       early_fwd_tmp_bytes=None if early is None else max(0, early + shift),
+                       options=options, held_bytes=0, held_fwd_tmp_bytes=None,
+                       held_bwd_tmp_bytes=None, gather_bytes=0, retained_bytes=0)
 
     @property
     def alone_ms(self) -> float:
@@ -225,7 +277,8 @@ class Chain:
         for i, ly in enumerate(self.layers):
             sizes = (ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes,
                      ly.cast_bytes, ly.unsaved_kept_bytes, ly.kept_after_bytes, ly.recompute_kept_bytes,
-                     ly.recompute_chain_kept_bytes)
+                     ly.recompute_chain_kept_bytes, ly.held_bytes, ly.gather_bytes, ly.retained_bytes,
+                     *(v for v in (ly.held_fwd_tmp_bytes, ly.held_bwd_tmp_bytes) if v is not None))
             if any(not isinstance(v, int) or v < 0 for v in sizes):
                 raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
             if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
@@ -255,7 +308,8 @@ class Chain:
                 raise ValueError(f"layer {i} ({ly.name}): option names must be unique and not "
                                  f"'store' or 'full', got {names}")
             for o in ly.options:
-                osz = (o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes)
+                osz = (o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes,
+                       *(v for v in (o.held_fwd_tmp_bytes, o.held_bwd_tmp_bytes) if v is not None))
                 if any(not isinstance(v, int) or v < 0 for v in osz) or o.xbar_bytes < ly.x_bytes:
                     raise ValueError(f"layer {i} ({ly.name}) option {o.name}: sizes must be "
                                      f"non-negative ints with xbar >= x, got {osz}")
@@ -288,6 +342,13 @@ class Chain:
     def has_casts(self) -> bool:
         """Whether any layer has autocast copies (the DP does not model them; see dp.py)."""
         return any(ly.cast_bytes for ly in self.layers)
+
+    @property
+    def has_holds(self) -> bool:
+        """Whether some layer is held through its checkpoint's backward (``Layer.held_bytes``
+        and the held transients; FSDP2 per rank)."""
+        return any(ly.held_bytes or ly.gather_bytes or ly.retained_bytes or ly.held_fwd_tmp_bytes is not None
+                   or ly.held_bwd_tmp_bytes is not None for ly in self.layers)
 
     @property
     def has_options(self) -> bool:

@@ -126,6 +126,10 @@ table for the inner plans (optimal against brute force with gcd slots). The solv
 cheaper of that plan and of its tables read at lowered budgets until the simulated plan fits
 (first at the budget, then lowered by the overshoot, at worst at ``budget - sum(cast_bytes)``,
 where every plan of the tables fits). Plans never exceed the budget; ``exact`` is reported False.
+
+Held layers (``Layer.held_bytes``: FSDP2 per rank, whose inner plans hold their layers' units):
+``held.py`` (the same recursion, inner sub-chains and the top level on their own costs; exact),
+else this module's tables on the chain without its holds, read lower until the plan fits.
 """
 from __future__ import annotations
 
@@ -139,7 +143,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from ..errors import SpecError
-from .baselines import plan_none
+from . import held
+from .baselines import plan_every_k, plan_none
 from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
@@ -296,6 +301,8 @@ def min_peak(chain: Chain) -> int:
     False), the lowest peak on ``chain`` of the plans the tables of ``chain.conservative()``
     give near their own smallest peak (``_unkept_low_plans``): a peak a plan reaches, which the
     true smallest may undercut (by at most those boundaries)."""
+    if chain.has_holds:  # FSDP2 per rank: held layers (held.py)
+        return held.min_peak(chain) if held.held_applies(chain) else _held_fallback_min_peak(chain)
     if not chain.all_kept:
         return min(simulate(chain, p).peak_bytes for p in _unkept_low_plans(chain))
     if chain.has_casts:
@@ -313,6 +320,8 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     that), storing wherever the slack allows, with selective options where the chain has
     them (not with autocast copies); exact, but not least-recompute."""
     n = chain.n_layers
+    if chain.has_holds:  # FSDP2 per rank: held layers (held.py)
+        return _held_min_peak_plan(chain, budget_bytes)
     if not chain.all_kept:  # planned with every boundary kept: peaks no lower than here
         cands = list(_unkept_low_plans(chain))
         cons = chain.conservative()
@@ -952,6 +961,8 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items,
                     {"budget_bytes": budget_bytes})
         return DPResult(plan, 1, 0, True, chain.n_layers + 1, ("the plan without checkpointing fits",))
+    if chain.has_holds:  # FSDP2 per rank: held layers (held.py)
+        return _plan_dp_held(chain, budget_bytes, none_peak)
     if not chain.all_kept:
         return _plan_dp_unkept(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
                                rounding=rounding)
@@ -1224,3 +1235,79 @@ def improve(chain: Chain, ranges: Ranges, budget_bytes: int, max_sims: int = 300
         else:
             break
     return cur
+
+
+# ---- Held layers (FSDP2 per rank) ---------------------------------------------------------
+# ``held.py`` plans fully kept chains without autocast copies exactly; the others are planned on
+# the chain without its holds (``held.without_holds``), read at budgets lowered by each
+# overshoot until the plan simulated with the holds fits.
+HELD_FALLBACK_READS = 12
+
+
+def _held_fallback(chain: Chain, budget_bytes: int | None) -> list[Plan]:
+    """Candidates for a held chain ``held.py`` does not take (above), lowest peaks first."""
+    free = held.without_holds(chain)
+    lo = min_peak(free)
+    n = chain.n_layers
+    plans = [min_peak_plan(free), plan_every_k(n, 1)]
+    if budget_bytes is None:
+        return plans
+    read = budget_bytes
+    for _ in range(HELD_FALLBACK_READS):
+        if read < lo:
+            break
+        plan = plan_dp(free, read).plan
+        plans.append(plan)
+        over = simulate(chain, plan).peak_bytes - budget_bytes
+        if over <= 0:
+            break
+        read -= over
+    return plans
+
+
+def _held_fallback_min_peak(chain: Chain) -> int:
+    """The lowest peak of the fallback's smallest-peak candidates (one a plan reaches; the true
+    smallest may be lower)."""
+    return min(simulate(chain, p).peak_bytes for p in _held_fallback(chain, None))
+
+
+def _held_min_peak_plan(chain: Chain, budget_bytes: int | None) -> Plan:
+    if held.held_applies(chain):
+        return held.min_peak_plan(chain, budget_bytes)
+    params = {"budget_bytes": budget_bytes, "min_peak": True}
+    plans = _held_fallback(chain, budget_bytes)
+    return replace(_cheapest_fitting(chain, plans, budget_bytes)
+                   or min(plans, key=lambda p: peak_of(chain, p.items)), params=params)
+
+
+def _plan_dp_held(chain: Chain, budget_bytes: int, none_peak: int) -> DPResult:
+    """``plan_dp`` of a held chain below the peak without checkpoints."""
+    n = chain.n_layers
+    lowest = min_peak(chain)
+    if budget_bytes < lowest:
+        raise infeasible_error(chain, budget_bytes, lowest)
+    if held.held_applies(chain):
+        plan, exact, more = held.plan_held(chain, budget_bytes)
+        notes = list(more)
+    else:
+        found = _cheapest_fitting(chain, _held_fallback(chain, budget_bytes), budget_bytes)
+        if found is None:  # pragma: no cover - the plan reaching min_peak is among them
+            raise RuntimeError(f"held dp fallback found no plan at budget {budget_bytes}: planner bug")
+        plan, exact = Plan("dp", n, found.items, {"budget_bytes": budget_bytes}), False
+        notes = ["held layers (FSDP2 per rank) on a chain the exact held DP does not take (autocast "
+                 f"copies, unkept boundaries or over {held.HELD_MAX_LAYERS} layers): planned without "
+                 "the holds at budgets lowered until the plan fits (not proven optimal)"]
+    peak = simulate(chain, plan).peak_bytes
+    if peak > budget_bytes:
+        raise RuntimeError(f"dp (held layers) plan peaks at {peak} > budget {budget_bytes}: planner bug")
+    if exact and any(ly.lead_bytes for ly in chain.layers):
+        exact = False
+        notes.append("some layers' backward holds gradients before the recompute it starts "
+                     "(lead bytes): the tables count them through the whole recompute, on the "
+                     "safe side, so the plan fits but may recompute more than the optimum")
+    if exact and chain.unsaved_bytes:
+        exact = False
+        notes.append("some layers keep tensors no saved-tensor hook sees (ctx attributes, caches) "
+                     "until the backward is over: the tables count them as live for the whole step, "
+                     "on the safe side, so the plan fits but may recompute more than the optimum")
+    return DPResult(plan, 1, max(0, none_peak - base_bytes(chain)), exact, n + 1, tuple(notes))

@@ -18,11 +18,26 @@ measured peaks of ``ckplan.distributed``):
 * forward of layer i: its all-gather output (a flat buffer of ``P[i]``) and the unsharded
   parameters copied out of it (``P[i]``); the flat buffer is kept until the next unit's
   all-gather (implicit forward prefetch): ``fwd_tmp += 2 P[i]``.
-* backward of layer i, and its recompute when checkpointed: the unsharded parameters
-  ``P[i]``, the all-gather prefetched for the layer before (``P[i-1]``) and the reduce-scatter
-  input of the layer after (``P[i+1]``), kept until the next reduce-scatter
-  (``reduce_scatter_max_input_buffers`` = 1): ``bwd_tmp += P[i] + P[i-1] + P[i+1]``, and
-  ``fwd_tmp`` at least ``+ P[i] + P[i-1] + P[i+1]`` for the recompute.
+* backward of a stored layer i: the unsharded parameters ``P[i]``, the all-gather prefetched
+  for the layer before (``P[i-1]``) and the reduce-scatter input of the layer after
+  (``P[i+1]``), kept until the next reduce-scatter (``reduce_scatter_max_input_buffers`` = 1):
+  ``bwd_tmp += P[i] + P[i-1] + P[i+1]``.
+* the backward of a top-level checkpoint [s, t) (a recompute, then the backward of its layers):
+  FSDP2's post-forward hook reshards nothing while a backward runs, so every unit forwarded there
+  stays unsharded until its own post-backward reshard; the last layer's pre-backward hook (on the
+  checkpoint's output) unshards it before the recompute and prefetches layer t-2. So all of
+  ``P[s..t-1]`` are held through that backward, each until its layer's backward ends
+  (``Layer.held_bytes``; FSDP2's hooks traced on 2 gloo ranks: at B(j) exactly ``P[s..j]`` are
+  unsharded, plus the prefetch of ``P[s-1]`` at B(s)). Above them a held layer's backward has
+  ``bwd_tmp + P[i+1]`` (``held_bwd_tmp_bytes``); a forward there has ``fwd_tmp`` beside the
+  reduce-scatter input of the layer that ran its backward last (``retained_bytes``: ``P[t]``
+  during the recompute of [s, t), ``held_fwd_tmp_bytes`` leaves it out) and, when that forward
+  unshards its unit (any layer but the last of the checkpoint whose recompute runs it), the
+  all-gather buffer ``P[i]`` (``gather_bytes``; FSDP2 frees it when that layer's forward ends);
+  the first layer's backward has the prefetch of the layer before beside it (``P[s-1]``; for a
+  single-layer checkpoint, from before its recompute: its recompute then holds ``P[i] + P[i-1]
+  + P[i+1]`` above its transient, as its backward does). The simulator replays these; the DP
+  plans inner plans and the top level on their own costs (``planner.held``).
 * the root is not resharded after forward (``reshard_after_forward`` is False for the root):
   ``R`` stays live from the pre stage to the end of backward (``pre.retained += R``); its flat
   buffer is a transient of the pre stage (``pre.fwd_tmp += R``). The post stage's gradients
@@ -37,17 +52,20 @@ DDP: parameters, gradients and optimizer state are replicated, and the reducer's
 allocated once when the model is wrapped: ``persistent += sum G``.
 
 Checked on 2 gloo ranks (``tests/test_distributed.py``, ``ckplan.distributed``): the predicted
-per-rank peak equals the measured one to 8 bytes for none, every-k and dp on small GPTs, with
-SGD and AdamW, FSDP2 and DDP; PyTorch's ``FSDPMemTracker`` agrees on the same step.
+per-rank peak equals the measured one to the byte for none, every-k (one-layer to whole-chain
+checkpoints), sqrtn and dp (at the per-rank smallest peak and half-way up) on small GPTs, with
+SGD and AdamW, FSDP2 and DDP (the tests allow 1%); gpt2-small on 2 ranks: ``reports/cpu/dist``.
+PyTorch's ``FSDPMemTracker`` agrees on the same step.
 
 Known limitations:
 
-* A checkpoint segment of several layers [s, t): all its layers' FSDP pre-backward hooks sit on
-  the segment's output, so FSDP2 unshards layers s..t-1 together when the segment's backward
-  starts (and prefetches s-1); the model holds ``P[j] + P[j-1] + P[j+1]`` at B(j), so inside
-  such a segment it is low by ``P[s-1]`` plus the parameters of the segment's layers below
-  j - 1 (measured: 5.8% low in one backward window of a 4-layer GPT with k=2; that window
-  was not the step's peak). Single-layer segments and stored layers are exact.
+* In a checkpoint's backward every unit of it is counted as held from its start, while FSDP2
+  unshards each when the recompute reaches it: the first forwards of a long checkpoint's
+  recompute are over-counted by the units not yet reached (their activations are fewer than at
+  the checkpoint's last layers, so that is not where a plan peaks on real models); forwards of a
+  nested checkpoint's recompute (the units are unsharded already) and the first forward of a
+  checkpoint inside a recompute are counted with the all-gather buffer and beside the next
+  layer's reduce-scatter input, on the safe side.
 * The bench makes FSDP2's default backward prefetch explicit (each layer prefetches the one
   before); the model assumes that prefetch.
 * Uneven shards (dim 0 not divisible by W): every rank is modelled as rank 0, which holds the
@@ -81,12 +99,12 @@ def _shard(nbytes: int, world_size: int) -> int:
 
 def _with_buffers(fwd_tmp: int, bwd_tmp: int, xbar: int, own: int, flat: int, prefetch: int,
                   retained: int, gathered_before: int) -> tuple[int, int]:
-    """A unit's forward and backward transients with its FSDP buffers on top: ``own`` unsharded
+    """A unit's transients at the top level with its FSDP buffers on top: ``own`` unsharded
     parameter bytes, the flat all-gather buffer (``flat``: 0 on one rank), the next unit's
     prefetch, the reduce-scatter input ``retained`` from the unit after, and the flat buffer
-    ``gathered_before`` still live at this unit's all-gather."""
+    ``gathered_before`` still live at this unit's all-gather. (A forward during backward is a
+    held layer's: ``Layer.held_*``.)"""
     fwd = max(fwd_tmp + (1 + flat) * own,  # first forward: unsharded + flat buffer
-              fwd_tmp + own + prefetch + retained,  # recompute inside backward
               gathered_before + own - xbar)
     return max(0, fwd), max(0, bwd_tmp + own + prefetch + retained)
 
@@ -150,11 +168,20 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
         options = []
         for o in ly.options:
             o_fwd, o_bwd = _with_buffers(o.fwd_tmp_bytes, o.bwd_tmp_bytes, o.xbar_bytes, *around)
-            options.append(replace(o, fwd_tmp_bytes=o_fwd, bwd_tmp_bytes=o_bwd))
+            options.append(replace(o, fwd_tmp_bytes=o_fwd, bwd_tmp_bytes=o_bwd,
+                                   held_fwd_tmp_bytes=o.fwd_tmp_bytes,
+                                   held_bwd_tmp_bytes=o.bwd_tmp_bytes + retained))
+        # inside a top-level checkpoint's backward the unit stays unsharded (held) until its own
+        # backward ends: its backward there has only the reduce-scatter input of the layer after
+        # on top, a forward there that of the last layer backwarded (the simulator adds it) and,
+        # when that forward unshards the unit, the all-gather buffer
         layers.append(replace(ly, fwd_tmp_bytes=fwd, bwd_tmp_bytes=bwd,
                               grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
                               early_xbar_bytes=None, early_fwd_tmp_bytes=None,
-                              nosave_peak_bytes=nosave, options=tuple(options)))
+                              nosave_peak_bytes=nosave, options=tuple(options),
+                              held_bytes=P[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
+                              held_bwd_tmp_bytes=ly.bwd_tmp_bytes + retained,
+                              gather_bytes=flat * P[i], retained_bytes=P[i]))
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
                   # the last reduce-scatter input (layer 0's) is held until the root's own

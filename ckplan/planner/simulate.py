@@ -68,6 +68,15 @@ Memory model, with ``x[i]`` the output of layer i, ``xbar[i]`` what storing it k
   autograd Function's ``ctx`` attributes, a module cache): a checkpoint's first forward keeps
   them beside its output, until the backward is over (the graph's nodes hold them). A stored
   layer's are in its measured transients (calibration); a recompute's die with it (not counted).
+* held layers (``Layer.held_bytes``; FSDP2 per rank keeps a unit forwarded during backward
+  unsharded until its own backward, ``planner.parallel``): when the backward of a top-level
+  checkpoint [s, t) starts (its boundary dropped), ``mem += held[s..t-1]``, and each goes after
+  its layer's backward. There the layers' ops take their held transients (``Layer.held``): a
+  forward in the recompute of a checkpoint [a, b) runs beside layer b's ``retained_bytes`` (what
+  its backward left; a checkpoint's first forward inside a recompute beside the next layer's)
+  and, unless it is layer b - 1, adds its ``gather_bytes``; the ops of layer s once its backward
+  has begun (its backward; its recompute too when it is the checkpoint's only layer) add the
+  ``gather_bytes`` of layer s - 1 (FSDP2's backward prefetch of the unit before).
 * pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``
   and the loss and its seed are freed;
   finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
@@ -186,6 +195,23 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
     copied: set[int] = set()  # in-place layers first in a recompute (Layer.in_place)
     # layers whose backward has begun and holds its lead (Layer.lead_bytes) beside a recompute
     leading: set[int] = set()
+    # held layers (Layer.held_bytes) of the top-level checkpoint whose backward runs, its first
+    # layer, and whether that layer's backward has begun (its prefetch of the layer before)
+    held: set[int] = set()
+    first: int | None = None
+    first_begun = False
+
+    def held_view(k: int, gather: bool, after: int = n):
+        """Layer k as held (its held transients) when it is, else as it is; a forward runs
+        beside what layer ``after``'s backward left."""
+        if k not in held:
+            return L[k]
+        return L[k].held(gather, L[after].retained_bytes if after < n else 0)
+
+    def prefetch(k: int) -> int:
+        """The all-gather buffer of the layer before the top-level checkpoint, beside the ops of
+        its first layer once that layer's backward has begun."""
+        return L[k - 1].gather_bytes if k == first and first_begun and k > 0 else 0
 
     # Explicit stack (plans may nest deeper than Python's recursion limit).
     stack: list[tuple] = [("opt",), ("preB",), ("bwd", items, None), ("postB",), ("postF",),
@@ -228,7 +254,11 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     mem += hold
                     op("hold", _span(it)[0] - 1, _span(it), again, mem, 0, mem)
                 if isinstance(it, Store):
-                    ly = L[it.layer] if it.option == STORE else L[it.layer].option(it.option)
+                    # held: ctx is the checkpoint whose recompute runs (again is True)
+                    base = held_view(it.layer, ctx is not None and it.layer != ctx[1] - 1,
+                                     ctx[1] if ctx is not None else n)
+                    ly = base if it.option == STORE else base.option(it.option)
+                    pf = prefetch(it.layer)
                     if again and idx == 0 and it.option == STORE and ly.in_place:
                         copied.add(id(it))  # a copy of the recompute's input: a new output
                         ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
@@ -239,13 +269,13 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                             and ly.early_xbar_bytes is not None):
                         # the recompute stops at the layer's last saved tensor (early stop)
                         live = mem + ly.stop_xbar_bytes
-                        op("F", it.layer, ctx, again, live, max(0, ly.stop_fwd_tmp_bytes - dup), live)
+                        op("F", it.layer, ctx, again, live, max(0, ly.stop_fwd_tmp_bytes - dup) + pf, live)
                         # its backward's transient was measured with everything the layer keeps
                         # (its output included) counted as live: the backward starts from there
                         mem += ly.xbar_bytes
                     else:
                         live = mem + ly.xbar_bytes
-                        op("F", it.layer, ctx, again, live, max(0, ly.fwd_tmp_bytes - dup), live)
+                        op("F", it.layer, ctx, again, live, max(0, ly.fwd_tmp_bytes - dup) + pf, live)
                         mem = live
                     if pending is not None:
                         mem = release_pending(mem)
@@ -253,7 +283,7 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                         recompute_ms += ly.fwd_ms
                 else:
                     for k in range(it.start, it.stop):
-                        ly = L[k]
+                        ly = held_view(k, ctx is not None and k != ctx[1] - 1, k + 1)
                         cast = 0 if again else ly.cast_bytes
                         casts += cast
                         loose = 0 if again else ly.unsaved_kept_bytes
@@ -325,7 +355,11 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
             _, it, ctx = task
             if isinstance(it, Store):
                 i = it.layer
-                ly = L[i]
+                if i == first:
+                    first_begun = True
+                pf = prefetch(i)
+                was_held = i in held
+                ly = held_view(i, False)
                 if i in leading:  # its measured backward transient holds the lead already
                     leading.discard(i)
                     mem -= ly.lead_bytes
@@ -340,7 +374,10 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                 if ctx is None and L[i].kept_after_bytes:  # a first forward's: kept with the graph
                     after += L[i].kept_after_bytes
                     unsaved += L[i].kept_after_bytes
-                op("B", i, ctx, False, mem, ly.bwd_tmp_bytes, after)
+                if was_held:  # its backward is over: the layer is no longer held
+                    held.discard(i)
+                    after -= L[i].held_bytes
+                op("B", i, ctx, False, mem, ly.bwd_tmp_bytes + pf, after)
                 mem = after
             else:
                 inner_ctx = (it.start, it.stop)
@@ -348,6 +385,13 @@ def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -
                     mem -= L[it.stop - 1].x_bytes
                     op("drop", it.stop - 1, inner_ctx, False, mem, 0, mem)
                 last = it.stop - 1
+                if ctx is None and chain.has_holds:
+                    # a top-level checkpoint's backward: its layers are held from here on, and its
+                    # last layer's backward begins (before the recompute it starts)
+                    held.update(range(it.start, it.stop))
+                    first, first_begun = it.start, it.stop - it.start == 1
+                    mem += sum(L[k].held_bytes for k in range(it.start, it.stop))
+                    op("held", it.start, inner_ctx, False, mem, 0, mem)
                 if L[last].lead_bytes and last not in leading:
                     # the last layer's backward runs up to its first saved tensor, which
                     # starts the recompute: what it made by then stays live through it
@@ -469,6 +513,8 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
     if op == "left" and ctx is not None:
         return (f"recompute of layer {stage} in [{ctx[0]},{ctx[1]}): what it leaves on the module, "
                 "kept to the step's end")
+    if op == "held" and ctx is not None:
+        return f"backward of [{ctx[0]},{ctx[1]}) starts: its layers are held until their backward"
     if op == "uncast":
         return "end of forward: autocast copies of checkpointed layers freed"
     if op == "lead" and ctx is not None:

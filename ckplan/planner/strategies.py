@@ -346,9 +346,9 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     n = chain.n_layers
     lo = dp.min_peak(chain)
     banded = dp.plans_banded(chain, **dp_options) and n > dp.EXACT_MAX_LAYERS
-    if not chain.all_kept or banded:
+    if not chain.all_kept or banded or chain.has_holds:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
-        # beats the grouped tables: plan_dp per budget
+        # beats the grouped tables, or held layers (held.py): plan_dp per budget
         hi = simulate(chain, plan_none(n)).peak_bytes
 
         def solve(b: int) -> Plan | None:

@@ -112,3 +112,21 @@ def with_early(chain: Chain, seed: int | np.random.Generator = 0, *, share: floa
         et = int(rng.integers(0, ly.xbar_bytes + ly.fwd_tmp_bytes - ex + 1))
         return replace(ly, early_xbar_bytes=ex, early_fwd_tmp_bytes=et)
     return replace(chain, layers=tuple(early(ly) for ly in chain.layers))
+
+
+def with_holds(chain: Chain, seed: int | np.random.Generator = 0, *, most: int = 10) -> Chain:
+    """``chain`` with held layers (``Layer.held_bytes``, FSDP2 per rank): held bytes, an
+    all-gather buffer and a retained backward output of up to ``most`` bytes each, held
+    transients (its options' too) of up to the plain ones."""
+    rng = np.random.default_rng(seed)
+
+    def r(hi: int) -> int:
+        return int(rng.integers(0, hi + 1))
+
+    def held(ly):
+        return replace(ly, held_bytes=r(most), gather_bytes=r(most), retained_bytes=r(most),
+                       held_fwd_tmp_bytes=r(ly.fwd_tmp_bytes), held_bwd_tmp_bytes=r(ly.bwd_tmp_bytes),
+                       options=tuple(replace(o, held_fwd_tmp_bytes=r(o.fwd_tmp_bytes),
+                                             held_bwd_tmp_bytes=r(o.bwd_tmp_bytes))
+                                     for o in ly.options))
+    return replace(chain, layers=tuple(held(ly) for ly in chain.layers))
