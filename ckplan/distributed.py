@@ -290,6 +290,7 @@ def bench_distributed(spec: Spec | str | Path, *, nproc: int = 2, kind: str = "f
     if spec.train.accum != 1:
         raise UsageError(f"train.accum {spec.train.accum} is not supported by the distributed bench",
                          tip="set train.accum: 1")
+    check_kind(kind, dev.type)
     machine_notes = check_world(nproc, dev.type, force=force)
     prof = profile if profile is not None else api.profile(spec, device=dev.type, force=force)
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
@@ -357,6 +358,19 @@ def mark_over_budget(rows, budget_bytes: int | None) -> list[RankRow]:
                                                       f"to fit ({r.measured_peak_bytes - budget_bytes} bytes over)")
         out.append(r)
     return out
+
+
+def fsdp_runs_on_cpu() -> bool:
+    """FSDP2 on CPU ranks (gloo) records events on CPU streams, which torch has from 2.7."""
+    return hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "record_event")
+
+
+def check_kind(kind: str, device_type: str) -> None:
+    """Refuse a data-parallel kind this torch cannot run on ``device_type``."""
+    if kind == "fsdp" and device_type == "cpu" and not fsdp_runs_on_cpu():
+        raise UsageError(f"--parallel fsdp on CPU ranks needs torch 2.7 or newer (this is torch "
+                         f"{torch.__version__.split('+')[0]}, whose FSDP2 records CPU stream events it "
+                         "does not have)", tip="use --parallel ddp, --device cuda, or torch>=2.7")
 
 
 def check_world(nproc: int, device_type: str, *, force: bool = False) -> list[str]:

@@ -345,7 +345,7 @@ def build_model(spec: Spec, device: str = "cpu"):
         # Modules a model imports lazily (transformers' GenerationMixin pulls in torch._dynamo)
         # run tensor code at import; under the meta device that code fails (torch 2.6: .item()
         # on a meta tensor). Import dynamo first, outside the device.
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
     with torch.device(device):
         if spec.model.builtin is not None:
             model = _build_builtin(spec.model.builtin, spec.model.args)

@@ -43,9 +43,11 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_flops.py"]),
     "meta": ("profile on meta equal to the CPU profile (attention kernels, GQA)", [
         "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel"]),
-    "fsdp2": ("FSDP2 per-rank peaks on 2 gloo ranks; a plan exported under fully_shard", [
+    "fsdp2": ("FSDP2 (from torch 2.7: CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
+              "checkpoints included; a plan exported under fully_shard", [
         "tests/test_distributed.py::test_fsdp_per_rank_model_matches_measured_peak",
         "tests/test_distributed.py::test_fsdp_gradients_equal_one_process",
+        "tests/test_distributed.py::test_fsdp_multi_layer_checkpoints_per_rank",
         "tests/test_distributed.py::test_ddp_per_rank_model_and_gradients",
         "tests/test_export.py::test_fsdp_snippet_under_fully_shard"]),
     "compiled": ("plans around torch.compile'd chain layers keep eager's gradients", [

@@ -11,11 +11,22 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch.distributed.fsdp")
+import torch
 import torch.distributed as dist
 
 from ckplan import launch
 from ckplan.api import load, profile
-from ckplan.distributed import ERROR, OK, OOM, RankRow, bench_distributed, mark_over_budget, rank_chain
+from ckplan.distributed import (
+    ERROR,
+    OK,
+    OOM,
+    RankRow,
+    bench_distributed,
+    fsdp_runs_on_cpu,
+    mark_over_budget,
+    rank_chain,
+)
+from ckplan.errors import UsageError
 from ckplan.planner import min_peak, plan_chain
 from ckplan.records import OVER_BUDGET
 
@@ -47,8 +58,14 @@ def prof(spec):
     return profile(spec, device="cpu", repeats=1, warmup=0)
 
 
+def _needs_fsdp_on_cpu(kind: str = "fsdp") -> None:
+    if kind == "fsdp" and not fsdp_runs_on_cpu():
+        pytest.skip(f"FSDP2 on CPU ranks needs torch 2.7 (this is {torch.__version__})")
+
+
 @pytest.fixture(scope="module")
 def fsdp(spec, prof):
+    _needs_fsdp_on_cpu()
     return bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none", "every-k", "dp"], k=1,
                              steps=1, warmup=1, timeout_s=60, profile=prof, cross_check=True)
 
@@ -204,6 +221,16 @@ def multi(tmp_path_factory):
     return get
 
 
+def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, monkeypatch):
+    import ckplan.distributed as distributed
+    monkeypatch.setattr(distributed, "fsdp_runs_on_cpu", lambda: False)
+    with pytest.raises(UsageError, match=r"needs torch 2\.7") as e:
+        bench_distributed(spec, nproc=2, kind="fsdp", device="cpu")
+    assert "--parallel ddp" in e.value.tip
+    distributed.check_kind("ddp", "cpu")  # DDP is fine
+    distributed.check_kind("fsdp", "cuda")
+
+
 def _budgets(spec, prof, kind: str) -> tuple[int, int]:
     """The per-rank smallest peak and the budget halfway to the peak without checkpointing."""
     ch = rank_chain(prof, spec, 2, kind)
@@ -212,6 +239,7 @@ def _budgets(spec, prof, kind: str) -> tuple[int, int]:
 
 
 def _run(spec, prof, kind: str, strategies: list[str], k: int, budget: int):
+    _needs_fsdp_on_cpu(kind)
     res = bench_distributed(spec, nproc=2, kind=kind, strategies=strategies, k=k, steps=0, warmup=1,
                             timeout_s=120, profile=prof, check_grads=False, budget_bytes=budget)
     assert len(res.rows) == 2 * len(strategies)

@@ -273,6 +273,9 @@ def test_fsdp_snippet_under_fully_shard(one_thread):
     import torch.distributed as dist
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed and no process group yet")
+    from ckplan.distributed import fsdp_runs_on_cpu
+    if not fsdp_runs_on_cpu():
+        pytest.skip(f"FSDP2 on CPU needs torch 2.7 (this is {torch.__version__})")
     from torch.distributed.fsdp import fully_shard
 
     with socket.socket() as s:
