@@ -28,6 +28,7 @@ rest). ``from_dict`` also accepts a nested ``"items"`` list:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from difflib import get_close_matches
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -237,7 +238,6 @@ def check_plan_header(d: Any, *, chain_layers: int | None = None, limit: bool = 
     for a caller that compares it with the chain next) and option names (each one of
     ``known_options`` when given: a plan file is for ckplan's own options, ``SELECTIVE_OPTIONS``;
     the planner's own chains may name others): checks that build nothing per layer."""
-    from difflib import get_close_matches
     if not isinstance(d, dict):
         raise SpecError(f"a plan must be a JSON object, not {type(d).__name__}",
                         tip="write it with `ckplan plan SPEC --budget 12GB -o plan.json`")
