@@ -212,6 +212,12 @@ BAND_MAX_POINTS = 250_000
 # elsewhere. NEST_MERGE 5: at 2-4, 1-3% misses remained on 65-100 layer chains; 5 builds 1-10%
 # more breakpoints near the smallest peak (128 layers, two options each), 20-70% more at 10-30%.
 NEST_MAX_LAYERS, NEST_ROUNDS, NEST_MERGE = BAND_MAX_LAYERS, 4, 5
+# A nested checkpoint ends only where the spans allow; band 2L lets one of at most 2L layers end
+# anywhere. So L is also doubled while the plan nests one of L + 1 to 2L layers, up to
+# NEST_WIDEN: on 70 identical MLP-like layers 10% up the band of 16 nested one of 22 layers and
+# recomputed 0.9% more than band 32; widening on to 64 found nothing more on 65-160 layer
+# chains and cost up to 10x (160 long-run layers with options: 3.4 million breakpoints).
+NEST_WIDEN = 2 * BAND_START
 # All frontiers of one band's table together, most (24 bytes each: ~1.4 GB, ~2 GB while the
 # arrays grow): past it, as past BAND_MAX_POINTS.
 BAND_MAX_TOTAL = 60_000_000
@@ -692,8 +698,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     checkpoints ends, starting at most ``NEST_MERGE`` of them back): each band's table is built
     with the spans of the best plan so far (the bound, or the smallest-peak plan of the band),
     and again (at most ``NEST_ROUNDS`` times) while its plan nests such a checkpoint and has
-    top-level checkpoints the spans did not cover. L is then also doubled while the plan nests
-    one of at most 2L layers (band 2L lets it end anywhere). ``Banded.nested`` says so.
+    top-level checkpoints the spans did not cover; and L is doubled also while the plan nests one
+    of at most 2L layers, up to ``NEST_WIDEN``. ``Banded.nested`` says so.
 
     The exact DP in bytes (``ParetoTable``) restricted to such plans needs only the tails
     ``[s, U)`` and the sub-chains of at most L layers: O(U L^2 + U^2) splits instead of O(U^3),
@@ -816,12 +822,13 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
             assert best is not None
             best = replace(best, exact=full and not within, within=within,
                            top=None if n <= LT else LT, nested=bool(spans) and not full)
-            if nest and not full and rounds < NEST_ROUNDS and _nests(best.plan, L):
+            wider = nest and not full and 2 * L <= NEST_WIDEN and _nests_within(best.plan, L)
+            if nest and not full and not wider and rounds < NEST_ROUNDS and _nests(best.plan, L):
                 more = _nest_spans(best.plan, spans)
                 if more != spans:  # it nests, with top-level checkpoints elsewhere: again
                     spans, rounds = more, rounds + 1
                     continue
-            if full or (_longest(best.plan, L) < L and not _nests_within(best.plan, L)):
+            if full or (_longest(best.plan, L) < L and not wider):
                 if widen_top and n > LT and 2 * best.longest > LT:
                     LT = min(4 * LT, n)  # a long top-level checkpoint near the limit: widen
                     continue
@@ -972,7 +979,7 @@ def _nests(plan: Plan, L: int) -> bool:
 
 def _nests_within(plan: Plan, L: int) -> bool:
     """Whether ``plan`` has a top-level checkpoint of ``L + 1`` to ``2 L`` layers with checkpoints
-    inside (``banded_plan``'s ``nest``): band ``2 L`` lets it end anywhere."""
+    inside (``NEST_WIDEN``)."""
     return any(isinstance(it, Checkpoint) and L < it.stop - it.start <= 2 * L
                and any(isinstance(x, Checkpoint) for x in it.inner) for it in plan.items)
 
