@@ -10,17 +10,23 @@
     python scripts/bench_planner.py --speed 100 --numpy              # without numba (fallback)
     python scripts/bench_planner.py --gap 100 200 --family mlp       # other chain families
     python scripts/bench_planner.py --band-gap 1000 --options 2      # long chains: trimmed tails
+    python scripts/bench_planner.py --gap 65 128 200 --options 2 --family longrun --one-byte \
+        --no-before --fracs 0 0.0001 0.001 0.01 0.1 0.5 0.9          # best checkpoint > the band
 
 Chains: ``random_chain(n, seed, max_size=1_000_003)``, heterogeneous layers whose sizes (up to a
 million bytes, gcd 1) do not divide into slots; ``--scaled`` uses ``scale=1_000_003`` instead
 (every size a multiple of 1000003 bytes). ``--family mlp|xbar4|transformer``: the same times,
 every output 1000003 bytes and each layer keeping about 1x, 4x or 16x that (+-5%): layers that
-keep little besides their output (where long checkpoints pay) up to transformer-like blocks. Budgets: a fraction of the way from the smallest
-feasible peak (0) to the peak without checkpointing (1).
+keep little besides their output (where long checkpoints pay) up to transformer-like blocks.
+``--family longrun`` (``synthetic.long_run_chain``): near the smallest peak the optimum wraps a
+run of cheap layers in one top-level checkpoint longer than the band, with short ones inside.
+Budgets: a fraction of the way from the smallest feasible peak (0) to the peak without
+checkpointing (1); ``--one-byte`` adds the smallest peak plus one byte.
 
 * ``after``: ``plan_chain(chain, "dp", budget)``, what the CLI runs (exact byte-level DP up to
-  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400, its tails' frontiers thinned
-  above 200 (within 4.6% of the band's optimum); above 400 the same with selective options, else
+  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400, with long nested top-level
+  checkpoints where its plans end one (``nest``), its tails' frontiers thinned above 200 (within
+  4.6% of the band's optimum); above 400 the same without nesting with selective options, else
   grouped tables, with the banded DP, else ``near_min_plan``, just above the smallest peak).
 * ``before``: the previous solver, kept as ``DPSolver(chain, pareto=False)`` (slot tables over
   the whole range, budget-independent), falling back to the smallest-peak plan where its tables
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -62,13 +69,13 @@ import numpy as np
 
 from ckplan.planner import dp, min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
 from ckplan.planner.dp import DPSolver, banded_plan, base_bytes, layer_tables
-from ckplan.planner.synthetic import random_chain, with_casts, with_options
+from ckplan.planner.synthetic import long_run_chain, random_chain, with_casts, with_options
 from ckplan.planner.tables import ParetoTable
 
 WIDE = 1_000_003
 
 
-FAMILIES = {"random": 0, "mlp": 1, "xbar4": 4, "transformer": 16, "blocks": -1}
+FAMILIES = {"random": 0, "mlp": 1, "xbar4": 4, "transformer": 16, "blocks": -1, "longrun": -2}
 
 
 def make_chain(n: int, seed: int, scaled: bool, options: int = 0, family: str = "random"):
@@ -76,9 +83,14 @@ def make_chain(n: int, seed: int, scaled: bool, options: int = 0, family: str = 
     layer the same output (``WIDE`` bytes) and a saved size of about 1x (``mlp``: layers that
     keep little besides their output), 4x (``xbar4``) or 16x (``transformer``) that, +-5%.
     ``blocks``: every p-th layer (p of 2-5, drawn per seed) keeps 2x-40x an output more and takes
-    1x-20x longer (attention among cheap layers), most outputs equal, a few 0.2x-3x."""
+    1x-20x longer (attention among cheap layers), most outputs equal, a few 0.2x-3x.
+    ``longrun``: ``synthetic.long_run_chain``, a run of 20-79 cheap layers passing on little of
+    what they keep, before a layer with a large backward: near the smallest peak its best plan
+    has a top-level checkpoint longer than the band (``dp.BAND_START``) with checkpoints inside."""
     if family == "blocks":
         return _blocks_chain(n, seed, options)
+    if family == "longrun":
+        return long_run_chain(n, seed, options=options, size=WIDE)
     if family == "random":
         if scaled:
             return random_chain(n, seed, scale=WIDE, options=options)
@@ -177,32 +189,43 @@ def bench_speed(sizes: list[int], seeds: int, fracs: list[float], scaled: bool, 
 
 
 def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int = 0,
-              family: str = "random") -> None:
+              family: str = "random", one_byte: bool = False, compare: bool = True) -> None:
+    """``one_byte``: also the budget one byte above the smallest peak (``+1B``); ``compare``
+    False leaves out the previous solver (its slot tables take seconds per budget past 150
+    layers). ``longest``: the most layers a checkpoint of the exact optimum spans."""
     header(f"gap to the exact optimum at {n} layers, {seeds} {family} chains"
            + (f", {options} selective options per layer" if options else ""))
-    print("layers seed  budget  before_gap  after_gap  before_s  after_s  ref_s"
+    print("layers seed   budget  before_gap  after_gap  before_s  after_s  ref_s  longest"
           + ("  plain_gap" if options else ""))
-    rows: dict[float, list[tuple[float, float]]] = {f: [] for f in fracs}
+    labels = ([f"{fracs[0]:7.2%}"] if fracs else []) + (["    +1B"] if one_byte else []) + [
+        f"{f:7.2%}" for f in fracs[1:]]
+    rows: dict[str, list[tuple[float, float]]] = {k: [] for k in labels}
     for seed in range(seeds):
         ch = make_chain(n, seed, scaled, options, family)
         lo = min_peak(ch)
         hi = simulate(ch, plan_none(n)).peak_bytes
         t = layer_tables(ch)
-        for f in fracs:
-            b = int(lo + f * (hi - lo))
-            old, t_old = timed(lambda: before(ch, b))
+        points = [int(lo + fracs[0] * (hi - lo))] if fracs else []
+        points += ([lo + 1] if one_byte else []) + [int(lo + f * (hi - lo)) for f in fracs[1:]]
+        for label, b in zip(labels, points):
+            if compare:
+                old, t_old = timed(lambda: before(ch, b))
+                so = simulate(ch, old)
             new, t_new = timed(lambda: plan_chain(ch, "dp", b))
-            so, sn = simulate(ch, old), new.score
-            assert so.peak_bytes <= b and sn.peak_bytes <= b and new.fits
+            sn = new.score
+            assert sn.peak_bytes <= b and new.fits and (not compare or so.peak_bytes <= b)
             avail = b - base_bytes(ch)
-            ref, t_ref = timed(lambda: ParetoTable(t.units, t.pairs, t.peaks.R, avail, None,
-                                                   min(so.recompute_ms, sn.recompute_ms)))
+            bound = min(so.recompute_ms, sn.recompute_ms) if compare else sn.recompute_ms
+            ref, t_ref = timed(lambda: ParetoTable(t.units, t.pairs, t.peaks.R, avail, None, bound))
             r0 = ref.cost(avail)
-            gap = (lambda r: r / r0 - 1 if r0 > 0 else (0.0 if r == 0 else float("inf")))
-            g_old, g_new = gap(so.recompute_ms), gap(sn.recompute_ms)
-            rows[f].append((g_old, g_new))
-            line = (f"{n:6d} {seed:4d}  {f:6.1%}  {g_old:10.2%}  {g_new:9.2%}  {t_old:8.2f}  "
-                    f"{t_new:7.2f}  {t_ref:5.1f}")
+            longest = max((e - s for s, e in ref.ranges(avail)), default=0)
+            gap = (lambda r: _rel(r, r0))
+            g_old = gap(so.recompute_ms) if compare else float("nan")
+            g_new = gap(sn.recompute_ms)
+            rows[label].append((g_old, g_new))
+            line = (f"{n:6d} {seed:4d}  {label}  {_pct(g_old, 10)}  {g_new:9.2%}  "
+                    f"{f'{t_old:8.2f}' if compare else '       -'}  {t_new:7.2f}  {t_ref:5.1f}  "
+                    f"{longest:7d}")
             if options:
                 plain = ch.without_options()
                 if b >= min_peak(plain):
@@ -211,11 +234,24 @@ def bench_gap(n: int, seeds: int, fracs: list[float], scaled: bool, options: int
                     line += "  infeasible"
             print(line, flush=True)
     print(f"# summary at {n} layers: gap per budget, max / median over {seeds} chains")
-    print("budget   before_max  before_med   after_max  after_med")
-    for f, gs in rows.items():
+    print(" budget   before_max  before_med   after_max  after_med")
+    for label, gs in rows.items():
         o, a = [g[0] for g in gs], [g[1] for g in gs]
-        print(f"{f:6.1%}  {max(o):10.2%}  {statistics.median(o):10.2%}  {max(a):10.2%}  "
+        print(f"{label}  {_pct(max(o), 10)}  {_pct(statistics.median(o), 10)}  {max(a):10.2%}  "
               f"{statistics.median(a):9.2%}", flush=True)
+
+
+def _rel(r: float, r0: float) -> float:
+    """``r / r0 - 1`` (0 within float noise: a plan found by another path may sum its times in
+    another order)."""
+    if r0 <= 0:
+        return 0.0 if r == 0 else float("inf")
+    g = r / r0 - 1
+    return 0.0 if abs(g) < 1e-12 else g
+
+
+def _pct(g: float, width: int) -> str:
+    return f"{'-':>{width}}" if math.isnan(g) else f"{g:{width}.2%}"
 
 
 def bench_band_gap(n: int, seeds: int, fracs: list[float], options: int = 0,
@@ -302,9 +338,14 @@ def main() -> None:
                     help="selective options per layer (--speed: also time without them; --gap: "
                          "gap of the plan without them)")
     ap.add_argument("--numpy", action="store_true", help="numpy tables even if numba is installed")
+    ap.add_argument("--one-byte", action="store_true",
+                    help="--gap: also one byte above the smallest peak (after the first fraction)")
+    ap.add_argument("--no-before", action="store_true",
+                    help="--gap: leave out the previous solver (slow past 150 layers)")
     ap.add_argument("--family", choices=sorted(FAMILIES), default="random",
                     help="chains: random (default), same-size outputs keeping ~1x (mlp), 4x "
-                         "(xbar4) or 16x (transformer) of them, or big slow layers every few (blocks)")
+                         "(xbar4) or 16x (transformer) of them, big slow layers every few (blocks), "
+                         "or a long run of cheap layers before a large backward (longrun)")
     args = ap.parse_args()
     if args.numpy:
         tables.USE_NUMBA = False
@@ -320,7 +361,7 @@ def main() -> None:
                        args.options, args.family)
     for n in args.gap:
         bench_gap(n, args.seeds, args.fracs or [0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 0.9],
-                  args.scaled, args.options, args.family)
+                  args.scaled, args.options, args.family, args.one_byte, not args.no_before)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,21 @@ their output, long top-level checkpoints that store every layer inside. ``banded
 the same exact DP over exactly those plans (checkpoints of at most L layers, top-level ones of
 any length storing all inside: ``PeakTable``/``ParetoTable``'s ``max_len``/``top_len``),
 O(U L^2 + U^2), and widens L (16, 32, ...) while the plan uses a checkpoint of L layers or none
-fits. Optimal among its plans (brute force in ``tests/test_planner_banded.py``); not proven
-optimal overall (``exact`` False, a note says so), but equal to the exact DP at every budget of
-``scripts/bench_planner.py --gap`` on random, MLP-like and transformer-like chains of 100-300
-layers, options included, in 0.02-0.1 s at 100 layers and 0.1-0.3 s at 300 (the exact DP: 0.1-0.3
-and 3-4 s). ``mode="exact"`` still asks for the proof.
+fits. Near the smallest peak the optimum often merges a few short top-level checkpoints into
+one long one with short checkpoints inside, which no plan of the band shows (the band's plan
+then has no checkpoint of L layers, so widening stopped: up to 9.9% more recompute on 65-150
+layer chains whose best checkpoint spans 20-75 layers). Up to ``NEST_MAX_LAYERS`` layers such
+checkpoints join the band (``nest``): a top-level checkpoint may nest checkpoints of the band
+when it ends where a top-level checkpoint of a plan found so far ends and starts at most
+``NEST_MERGE`` top-level checkpoints back (``ParetoTable``'s ``nest``; a few more sub-chains,
+1-10% more breakpoints near the smallest peak). Optimal among its plans (brute force in
+``tests/test_planner_banded.py``); not proven optimal overall (``exact`` False, a note says so),
+but within 0.4% of the exact DP at every budget of ``scripts/bench_planner.py --gap`` up to 200
+layers on random, MLP-like, transformer-like, block and long-run chains, options included, and
+equal to it on most (``reports/cpu/planner/gap-200-nest.txt``). The exact DP itself is no
+option there: with two options per layer it took 0.1-0.4 s at 65 layers, 0.3-1.4 s at 128 and
+2.5-5 s at 150 (2-core CPU), against 0.05-0.25 s for the banded DP at 128. ``mode="exact"``
+still asks for the proof.
 
 On chains of over ``TRIM_MIN_LAYERS`` layers the tails' frontiers ``F(s, U)``, where long chains
 spend their time, are thinned (``tail_trim``): a thinned tail keeps a breakpoint only when it is
@@ -149,7 +159,7 @@ from .casts import CastFrontier
 from .chain import Chain
 from .floor import infeasible_error
 from .groups import Units, cheap_cuts, equal_cuts, make_units, size_gcd
-from .plan import Plan, items_from_ranges
+from .plan import Checkpoint, Plan, items_from_ranges
 from .simulate import peak_of, simulate
 from .tables import (
     INF,
@@ -159,10 +169,12 @@ from .tables import (
     PairCosts,
     ParetoTable,
     PeakTable,
+    Spans,
     base_bytes,
     exact_chooser,
     fixed_peak,
     jitted,
+    nest_spans,
     reconstruct_options,
 )
 
@@ -195,6 +207,22 @@ BAND_START, BAND_MIN_LAYERS, BAND_MAX_LAYERS, BAND_WORK = 16, 64, 400, 6_000_000
 # the slot table's plan (``_slot_plan``, chains of up to BAND_MAX_LAYERS layers), a tighter bound
 # than the smallest-peak plan's at high budgets; past it again, the caller's tables take over.
 BAND_MAX_POINTS = 250_000
+# Chains of up to NEST_MAX_LAYERS layers: a top-level checkpoint longer than the band may also
+# nest checkpoints of the band inside when it ends where a top-level checkpoint of a plan found
+# so far ends and starts no earlier than the NEST_MERGE-th top-level checkpoint before that
+# (``banded_plan``'s ``nest``; ``_nest_spans``): near the smallest peak the optimum often merges
+# a few short top-level checkpoints into one long one, which the band alone cannot express (it
+# then recomputed up to 9.9% more on 65-150 layer chains whose best checkpoint spans 20-75
+# layers). Up to NEST_ROUNDS more tables while the plan nests and ends top-level checkpoints
+# elsewhere. NEST_MERGE 5: at 2-4, 1-3% misses remained on 65-100 layer chains; 5 builds 1-10%
+# more breakpoints near the smallest peak (128 layers, two options each), 20-70% more at 10-30%.
+NEST_MAX_LAYERS, NEST_ROUNDS, NEST_MERGE = BAND_MAX_LAYERS, 4, 5
+# A nested checkpoint ends only where the spans allow; band 2L lets one of at most 2L layers end
+# anywhere. So L is also doubled while the plan nests one of L + 1 to 2L layers, up to
+# NEST_WIDEN: on 70 identical MLP-like layers 10% up the band of 16 nested one of 22 layers and
+# recomputed 0.9% more than band 32; widening on to 64 found nothing more on 65-160 layer
+# chains and cost up to 10x (160 long-run layers with options: 3.4 million breakpoints).
+NEST_WIDEN = 2 * BAND_START
 # All frontiers of one band's table together, most (24 bytes each: ~1.4 GB, ~2 GB while the
 # arrays grow): past it, as past BAND_MAX_POINTS.
 BAND_MAX_TOTAL = 60_000_000
@@ -206,8 +234,9 @@ BAND_OPTIONS_MAX_LAYERS = 1200
 # from the smallest peak, start the banded DP from the plan of band COARSE_BAND (long top-level
 # checkpoints up to COARSE_TOP layers) solved with every size rounded to avail / COARSE_SLOTS
 # bytes (``_coarse_plan``): a bound that prunes what the smallest-peak plan cannot (400
-# option-heavy layers half-way up: 13 s -> 2 s).
-COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = 150, 0.05, 2000
+# option-heavy layers half-way up: 13 s -> 2 s; 128 layers with two options each, 90% up: the
+# table 0.14 s -> 0.01 s for a coarse plan of 0.03 s).
+COARSE_MIN_LAYERS, COARSE_MIN_FRAC, COARSE_SLOTS = BAND_MIN_LAYERS + 1, 0.05, 2000
 COARSE_BAND, COARSE_TOP, COARSE_READS = 4, 64, 6
 # Chains over TRIM_MIN_LAYERS: the banded DP thins its tails' frontiers (``ParetoTable``'s
 # ``trim``), so a plan is within exp(TAIL_TRIM_ERROR) - 1 = 4.6% of the band's optimum. Every
@@ -651,13 +680,17 @@ class Banded:
     # proven within this much (relative) of the band's optimum; 0.0 when not thinned.
     within: float = 0.0
     top: int | None = None  # the most layers a long top-level checkpoint may span (None: any)
+    # Top-level checkpoints longer than the band may also nest checkpoints of the band where
+    # ``banded_plan``'s ``nest`` allowed it (at the top-level checkpoints of the plans it tried).
+    nested: bool = False
 
 
 def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                 max_work: int = BAND_WORK, bound: Plan | None = None,
                 trim: float = 0.0, trim_every: int = 1, trim_abs: float = 0.0,
                 trim_scale: float | None = None, top: int | None = None,
-                widen_top: bool = False, prebuilt: Prebuilt | None = None) -> Banded | None:
+                widen_top: bool = False, prebuilt: Prebuilt | None = None,
+                nest: bool = False) -> Banded | None:
     """The least-recompute plan fitting ``budget_bytes`` among the plans of a band L: every
     checkpoint spans at most L layers (nesting allowed inside), except top-level checkpoints,
     which may span any number of layers (at most ``top`` when given) when they store every
@@ -669,6 +702,14 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     shorten one that would pay to be longer, as on an MLP-like chain of 60 layers limited to
     12, whose plan then spans 10 and recomputes 1.4% more than with 15).
 
+    ``nest``: top-level checkpoints longer than L may also nest checkpoints of the band inside
+    where ``_nest_spans`` of the plans found so far allows (ending where one of their top-level
+    checkpoints ends, starting at most ``NEST_MERGE`` of them back): each band's table is built
+    with the spans of the best plan so far (the bound, or the smallest-peak plan of the band),
+    and again (at most ``NEST_ROUNDS`` times) while its plan nests such a checkpoint and has
+    top-level checkpoints the spans did not cover; and L is doubled also while the plan nests one
+    of at most 2L layers, up to ``NEST_WIDEN``. ``Banded.nested`` says so.
+
     The exact DP in bytes (``ParetoTable``) restricted to such plans needs only the tails
     ``[s, U)`` and the sub-chains of at most L layers: O(U L^2 + U^2) splits instead of O(U^3),
     and short frontiers. Start at L = ``start``; double L while no banded plan reaches the
@@ -676,9 +717,7 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
     up to the whole chain (exact, ``Banded.exact``) or while the next band's table should stay
     under ``max_work`` breakpoints (4 x this band's). Each band's table is pruned by the best
     plan so far (``bound`` when given, else the first feasible band's smallest-peak plan).
-    Optimal among the plans of the last band; on random heterogeneous chains and same-size
-    chains keeping 1x to 16x their output, of 100 to 300 layers, it was the exact optimum at
-    every budget tried (``scripts/bench_planner.py --gap``). None when no band's table was
+    Optimal among the plans of the last band's last table. None when no band's table was
     built (none reaches the budget within the limit, or the first frontier outgrows
     ``PARETO_MAX_POINTS``); the caller falls back to the slot and grouped tables.
 
@@ -714,6 +753,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
         if sc.peak_bytes <= budget_bytes:
             bound = replace(bound, params=params)
             best, cost = Banded(bound, 0, False, _longest(bound)), sc.recompute_ms
+    spans: Spans = ()  # where top-level checkpoints may nest (``nest``; ``ParetoTable``)
+    rounds = 0
     k = _thinned_items(U, trim_every)
     rel_within = math.expm1(-math.log1p(-trim) * k) if trim else 0.0
     scale = cost if trim_scale is None else min(cost, trim_scale)
@@ -725,7 +766,8 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                  and (prebuilt.band, prebuilt.top) == (L, max(L, LT)) else None)
         return ParetoTable(u, pc, R, avail, BAND_MAX_POINTS, cost, max_len=L, top_len=max(L, LT),
                            trim=0.0 if absolute else trim, trim_abs=eps if absolute else 0.0,
-                           max_total=BAND_MAX_TOTAL, trim_every=trim_every, inner=inner)
+                           max_total=BAND_MAX_TOTAL, trim_every=trim_every, inner=inner,
+                           nest=spans)
 
     def read(pt: ParetoTable, L: int, full: bool) -> None:
         nonlocal best, cost
@@ -743,9 +785,12 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
 
     while True:
         full = n <= L
-        ready = prebuilt is not None and (prebuilt.band, prebuilt.top) == (L, max(L, LT))
+        if nest and not full and best is not None:
+            spans = _nest_spans(best.plan, spans)
+        ready = (prebuilt is not None and (prebuilt.band, prebuilt.top) == (L, max(L, LT))
+                 and not spans)
         peaks = (t.peaks if full else prebuilt.peaks if ready and prebuilt is not None
-                 else PeakTable(u, pc, L, max(L, LT)))
+                 else PeakTable(u, pc, L, max(L, LT), nest=spans))
         if int(peaks.R[0, U]) <= avail:
             if best is None:  # a plan of this band that fits bounds every band's optimum
                 first = plan_from(chain, u, *reconstruct_options(
@@ -753,6 +798,9 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                     exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, max(L, LT)))), params)
                 cost = simulate(chain, first).recompute_ms
                 best = Banded(first, L, False, _longest(first))
+                if nest and not full:
+                    spans = _nest_spans(first, spans)
+                    peaks = PeakTable(u, pc, L, max(L, LT), nest=spans)
             pt = table(L, peaks.R, eps > 0)
             if not pt.ok and not slot_tried and n <= BAND_MAX_LAYERS:
                 slot_tried = True  # the bound prunes too little: the slot table's plan
@@ -782,8 +830,14 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = BAND_START,
                         within = rel_within
             assert best is not None
             best = replace(best, exact=full and not within, within=within,
-                           top=None if n <= LT else LT)
-            if full or _longest(best.plan, L) < L:
+                           top=None if n <= LT else LT, nested=bool(spans) and not full)
+            wider = nest and not full and 2 * L <= NEST_WIDEN and _nests_within(best.plan, L)
+            if nest and not full and not wider and rounds < NEST_ROUNDS and _nests(best.plan, L):
+                more = _nest_spans(best.plan, spans)
+                if more != spans:  # it nests, with top-level checkpoints elsewhere: again
+                    spans, rounds = more, rounds + 1
+                    continue
+            if full or (_longest(best.plan, L) < L and not wider):
                 if widen_top and n > LT and 2 * best.longest > LT:
                     LT = min(4 * LT, n)  # a long top-level checkpoint near the limit: widen
                     continue
@@ -917,6 +971,28 @@ def _coarse_plan(chain: Chain, budget_bytes: int, band: int = COARSE_BAND,
     return None
 
 
+def _nest_spans(plan: Plan, spans: Spans, merge: int = NEST_MERGE) -> Spans:
+    """``spans`` and, for each top-level checkpoint of ``plan``, ``(lo, e)``: its end and the
+    start of the ``merge``-th top-level checkpoint ending there or before (``banded_plan``'s
+    ``nest``: a checkpoint nesting these ``merge`` and the layers stored between them)."""
+    tops = [(it.start, it.stop) for it in plan.items if isinstance(it, Checkpoint)]
+    new = [(tops[max(0, i - merge + 1)][0], e) for i, (_, e) in enumerate(tops)]
+    return nest_spans(spans + tuple(new))
+
+
+def _nests(plan: Plan, L: int) -> bool:
+    """Whether ``plan`` has a top-level checkpoint of over ``L`` layers with checkpoints inside."""
+    return any(isinstance(it, Checkpoint) and it.stop - it.start > L
+               and any(isinstance(x, Checkpoint) for x in it.inner) for it in plan.items)
+
+
+def _nests_within(plan: Plan, L: int) -> bool:
+    """Whether ``plan`` has a top-level checkpoint of ``L + 1`` to ``2 L`` layers with checkpoints
+    inside (``NEST_WIDEN``)."""
+    return any(isinstance(it, Checkpoint) and L < it.stop - it.start <= 2 * L
+               and any(isinstance(x, Checkpoint) for x in it.inner) for it in plan.items)
+
+
 def _longest(plan: Plan, most: int | None = None) -> int:
     """The most layers a checkpoint of ``plan`` spans (of those spanning at most ``most``)."""
     return max((r.stop - r.start for r in plan.recomputed_ranges()
@@ -972,15 +1048,19 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
         coarse, prebuilt = None, None
         long_chain = chain.n_layers > BAND_MAX_LAYERS
         top = BAND_TOP if long_chain else None
+        nest = chain.n_layers <= NEST_MAX_LAYERS
         if chain.n_layers >= COARSE_MIN_LAYERS:
             lowest = min_peak(chain)
             if budget_bytes - lowest >= COARSE_MIN_FRAC * (none_peak - lowest):
-                coarse, prebuilt = _coarse_beside_inner(chain, budget_bytes, top)
+                if nest:  # the first table nests at the coarse plan's checkpoints: no prebuilt part
+                    coarse = _coarse_plan(chain, budget_bytes)
+                else:
+                    coarse, prebuilt = _coarse_beside_inner(chain, budget_bytes, top)
         trim, every = tail_trim(chain)
         banded = banded_plan(chain, budget_bytes, bound=coarse.plan if coarse else None, trim=trim,
                              trim_every=every, trim_abs=TAIL_TRIM_ABS if long_chain else 0.0,
                              trim_scale=_scale(coarse), top=top, widen_top=True,
-                             prebuilt=prebuilt)
+                             prebuilt=prebuilt, nest=nest)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
         if not exact:
@@ -1040,8 +1120,10 @@ def _band_note(b: Banded) -> str:
     proof = ("--exact proves the optimum" if b.plan.n_layers <= EXACT_PROOF_LAYERS else
              "--exact would prove the optimum, but its O(U^3) tables are out of reach at this length")
     longer = "longer ones" if b.top is None else f"longer ones, of up to {b.top},"
+    how = (f"storing their layers or, around the top-level checkpoints of the plans tried, nesting "
+           f"ones of at most {b.band} layers" if b.nested else "storing their layers")
     return (f"near-optimal, not proven: {within}the best plan whose checkpoints span at most "
-            f"{b.band} layers ({longer} only at the top level, storing their layers; this "
+            f"{b.band} layers ({longer} only at the top level, {how}; this "
             f"plan's longest: {b.longest})" + (" (frontiers thinned to plan a long chain fast)"
                                                if b.within else "") + f"; {proof}")
 
@@ -1104,7 +1186,8 @@ def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
         plans.append(plan_none(n))
     if budgets and banded_applies(cons, **dp_options) and n > EXACT_MAX_LAYERS:
         # the grouped tables would plan these: the banded DP, budget by budget
-        plans += [b.plan for b in (banded_plan(cons, x) for x in budgets) if b is not None]
+        plans += [b.plan for b in (banded_plan(cons, x, nest=n <= NEST_MAX_LAYERS) for x in budgets)
+                  if b is not None]
     elif budgets:
         solver = DPSolver(cons, top_bytes=budgets[-1], lowest_bytes=budgets[0], **dp_options)
         plans += [p for p in map(solver.solve, budgets) if p is not None]

@@ -130,3 +130,34 @@ def with_holds(chain: Chain, seed: int | np.random.Generator = 0, *, most: int =
                                              held_bwd_tmp_bytes=r(o.bwd_tmp_bytes))
                                      for o in ly.options))
     return replace(chain, layers=tuple(held(ly) for ly in chain.layers))
+
+
+def long_run_chain(n: int, seed: int = 0, *, options: int = 0, size: int = 1_000_003) -> Chain:
+    """``random_chain(n, seed, max_size=size)`` with a run of 20 to 79 consecutive layers (at
+    most ``n - 3``) that are cheap to recompute (2-50% of their time) and keep about ``size``
+    bytes each but pass on only 5-50% of that, followed by a layer whose backward needs 20-80%
+    of the whole run's bytes more (and takes 3x as long). Near the smallest peak the best plan
+    wraps most of the run in one top-level checkpoint longer than 16 layers with short
+    checkpoints inside (a chain whose best checkpoint is longer than ``dp.BAND_START``).
+    ``options`` > 0 then adds that many selective options per layer (``with_options``)."""
+    rng = np.random.default_rng(4000 + seed)
+    base = random_chain(n, seed, max_size=size)
+    layers = list(base.layers)
+    run = int(rng.integers(20, min(80, n - 2)))
+    start = int(rng.integers(0, n - run))
+    out_share = float(rng.choice([0.05, 0.2, 0.5]))
+    big = float(rng.uniform(0.2, 0.8))
+    cheap = float(rng.choice([0.02, 0.1, 0.5]))
+    for i in range(start, start + run):
+        ly = layers[i]
+        x = int(size * out_share * rng.uniform(0.9, 1.1))
+        keep = int(size * rng.uniform(0.9, 1.1))
+        layers[i] = replace(ly, x_bytes=x, xbar_bytes=max(x, keep), fwd_tmp_bytes=size // 10,
+                            bwd_tmp_bytes=size // 10, fwd_ms=ly.fwd_ms * cheap,
+                            bwd_ms=ly.bwd_ms * cheap)
+    if start + run < n:
+        ly = layers[start + run]
+        layers[start + run] = replace(ly, bwd_tmp_bytes=int(big * run * size), fwd_ms=3 * ly.fwd_ms,
+                                      bwd_ms=3 * ly.bwd_ms)
+    chain = replace(base, layers=tuple(layers))
+    return with_options(chain, seed, options=options) if options else chain

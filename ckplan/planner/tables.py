@@ -29,7 +29,10 @@ Legend (the names follow rotor's paper and stay short because the array code is 
   ``dp.banded_plan``): plans whose checkpoints span at most ``L`` units, except top-level ones of
   up to ``LT`` units that store every unit inside (``store_all[s, j]``, ``PairCosts``; choice
   ``U + j`` in the frontiers). Only the tails ``[s, U)`` and sub-chains of at most ``L`` units
-  are reached.
+  are reached. ``nest`` (``Spans``, pairs ``(lo, e)``): a top-level checkpoint ``[s, e)`` with
+  ``s >= lo`` may also span up to ``LT`` units with an inner plan of the band (choice ``e``, as
+  any checkpoint); the sub-chains ``[s, e)`` down to ``nlo[e]`` (``nest_starts``) are then
+  reached too.
 """
 from __future__ import annotations
 
@@ -609,6 +612,29 @@ def band(U: int, max_len: int | None, top_len: int | None) -> tuple[int, int]:
     return L, (L if top_len is None else max(1, min(int(top_len), U)))
 
 
+Spans = tuple[tuple[int, int], ...]  # ``(lo, e)`` pairs: ``nest`` of the banded tables
+
+
+def nest_starts(U: int, L: int, LT: int, nest: Spans = ()) -> np.ndarray:
+    """``nlo[e]``: the first start ``s`` of the sub-chains ``[s, e)``, ``e < U``, that a plan of
+    the band reaches: ``e - L``, or, for each ``(lo, e)`` of ``nest``, ``max(lo, e - max(L,
+    LT))``: there a top-level checkpoint ``[s, e)`` with ``s >= lo`` may be longer than L units
+    with an inner plan of the band (checkpoints of at most ``L`` units inside)."""
+    nlo = np.maximum(np.arange(U + 1, dtype=np.int64) - L, 0)
+    for lo, e in nest:
+        if 0 < e < U:
+            nlo[e] = min(nlo[e], max(0, lo, e - max(L, LT)))
+    return nlo
+
+
+def nest_spans(nest: Spans) -> Spans:
+    """``nest`` in a canonical form (each end once, with its lowest start; sorted)."""
+    low: dict[int, int] = {}
+    for lo, e in nest:
+        low[int(e)] = min(low.get(int(e), int(lo)), int(lo))
+    return tuple(sorted((lo, e) for e, lo in low.items()))
+
+
 def _skew(A: np.ndarray, n: int, ns: int) -> np.ndarray:
     """View V[k-1, s] = A[n-k, s+k] for k = 1..n-1, s < ns (A is (W, W), C-contiguous):
     the table entry of the sub-chain [s+k, s+n) when A is stored by (length, start)."""
@@ -633,12 +659,13 @@ class PeakTable:
 
     ``max_len``, ``top_len`` (the banded DP, ``ParetoTable``): plans whose checkpoints span at
     most ``max_len`` units, except top-level ones of up to ``top_len`` (default ``max_len``)
-    units that store every unit inside (``PairCosts.store_all``). Only the entries such plans
-    of ``[0, U)`` reach are filled (tails ``[s, U)`` and sub-chains of at most ``max_len``
-    units), the others stay infeasible."""
+    units that store every unit inside (``PairCosts.store_all``), or, where ``nest`` allows it,
+    that nest checkpoints of at most ``max_len`` units inside. Only the entries such plans of
+    ``[0, U)`` reach are filled (tails ``[s, U)``, sub-chains of at most ``max_len`` units and
+    those of ``nest``), the others stay infeasible."""
 
     def __init__(self, u: Units, pc: PairCosts, max_len: int | None = None,
-                 top_len: int | None = None):
+                 top_len: int | None = None, nest: Spans = ()):
         # Sub-chains are solved by increasing length n = e - s, all starts at once: every
         # option of a length-n sub-chain only needs shorter ones. Tables are stored by
         # (length, start), so "the rest [s+k, s+n)" is a skewed strided view (_skew).
@@ -646,6 +673,8 @@ class PeakTable:
         W = U + 1
         L, LT = band(U, max_len, top_len)
         self.u, self.pc, self.max_len, self.top_len = u, pc, L, LT
+        self.nest = nest_spans(nest)
+        nlo = nest_starts(U, L, LT, self.nest)
         sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
         kernel = jitted("_peak_kernel", U)
         if kernel is not None:
@@ -656,7 +685,7 @@ class PeakTable:
                 np.ascontiguousarray(pc.fnone, dtype=i64), np.ascontiguousarray(u.x_out, dtype=i64),
                 np.ascontiguousarray(pc.inner_extra.T, dtype=i64),
                 np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64),
-                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64), L, LT, sa)
+                np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64), L, LT, sa, nlo)
             return
         ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
         en = ln + st
@@ -696,8 +725,19 @@ class PeakTable:
             vmin = v.min(axis=0)
             kc = (_diag(Q, 1, n, ns)[:nj] - P[:ns]) + _skew(KD, n, ns)[:nj] + KD[1:nj + 1, :ns]
             kmin = np.where(v == vmin, kc, INF).min(axis=0)
-            s0 = U - n  # the tail [s0, U): long top-level checkpoints, every unit inside stored
-            js = np.arange(s0 + L + 1, min(U, s0 + LT + 1))
+            s0 = U - n  # the tail [s0, U): long top-level checkpoints
+            js = np.arange(s0 + L + 1, min(U, s0 + max(L, LT) + 1))
+            js = js[nlo[js] <= s0]  # with an inner plan of the band (``nest``)
+            if len(js):
+                vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
+                                pc.inner_extra[js, U] + D[js - s0, s0])
+                kl = ((Q[js] - P[s0]) + KD[U - js, js]) + KD[js - s0, s0]
+                lo = vl.min()
+                if lo < vmin[-1]:
+                    vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
+                elif lo == vmin[-1]:
+                    kmin[-1] = min(kmin[-1], kl[vl == lo].min())
+            js = np.arange(s0 + L + 1, min(U, s0 + LT + 1))  # every unit inside stored
             if len(js):
                 vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
                                 pc.inner_extra[js, U] + sa[s0, js])
@@ -710,8 +750,9 @@ class PeakTable:
             store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
             KD[n, :ns] = np.where(store, sk, kmin)
             D[n, :ns] = np.where(store, sr, vmin)
-            if n > L:  # only the tail [U - n, U) is reached
-                KD[n, :ns - 1], D[n, :ns - 1] = INF, BIG
+            if n > L:  # only the tail [U - n, U) and the nest ends' sub-chains are reached
+                far = nlo[n:U] > np.arange(ns - 1)  # [s, s + n) for s < ns - 1
+                KD[n, :ns - 1][far], D[n, :ns - 1][far] = INF, BIG
         R = np.full((U, W), BIG, dtype=np.int64)
         K = np.full((U, W), INF)
         R[sc[ok], ec[ok]] = D[ok]
@@ -790,8 +831,8 @@ class InnerPart:
         self._taken = False
 
     def check(self, u: Units, pc: PairCosts, R: np.ndarray, top: int, L: int, LT: int,
-              max_points: int | None, max_total: int | None) -> None:
-        if self._key != (id(u), id(pc), id(R), top, L, LT, max_points, max_total):
+              max_points: int | None, max_total: int | None, nest: Spans) -> None:
+        if self._key != (id(u), id(pc), id(R), top, L, LT, max_points, max_total, nest):
             raise ValueError("inner part built for another table (units, pair costs, R, top "
                              "bytes, band or limits differ)")
 
@@ -832,7 +873,9 @@ class ParetoTable:
     ``max_len``, ``top_len``: only plans whose checkpoints span at most ``max_len`` units, except
     top-level ones of up to ``top_len`` (default ``max_len``) units that store every unit inside
     (the banded DP: optimal among those plans; ``R`` should then be
-    ``PeakTable(u, pc, max_len, top_len).R``).
+    ``PeakTable(u, pc, max_len, top_len, nest).R``). ``nest``: pairs ``(lo, e)``; a top-level
+    checkpoint ``[s, e)`` with ``s >= lo`` of up to ``top_len`` units may also have an inner plan
+    of the band (checkpoints of at most ``max_len`` units inside; ``nest_starts``).
 
     ``trim`` (0: off) thins the tails' frontiers ``F[(s, U)]``, where long chains spend their
     time, at every ``trim_every``-th start ``s`` (``s % trim_every == 0``): of their points (bytes
@@ -857,7 +900,7 @@ class ParetoTable:
                  max_points: int | None = None, max_cost: float | None = None,
                  max_len: int | None = None, top_len: int | None = None, trim: float = 0.0,
                  max_total: int | None = None, trim_every: int = 1, trim_abs: float = 0.0,
-                 inner: InnerPart | None = None):
+                 inner: InnerPart | None = None, nest: Spans = ()):
         self.trim_abs = float(trim_abs)
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         if not 0.0 <= trim < 1.0:
@@ -870,6 +913,8 @@ class ParetoTable:
         U = u.size
         L, LT = band(U, max_len, top_len)
         self.max_len, self.top_len = L, LT
+        self.nest = nest_spans(nest)
+        nlo = nest_starts(U, L, LT, self.nest)
         sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
         # A plan's parts cost no more than the plan: with an upper bound on the optimum (a
         # plan that fits), dearer breakpoints and checkpoints are never part of an optimal plan.
@@ -879,18 +924,18 @@ class ParetoTable:
         self._F: dict[tuple[int, int], Frontier] | None = None
         kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
         if kernel is None or caps is None:
-            self._build_numpy(R, ub, max_points, L, LT, sa, max_total)
+            self._build_numpy(R, ub, max_points, L, LT, sa, max_total, nlo)
             return
         args = _kernel_args(u, pc)
         Ri = np.ascontiguousarray(R, dtype=np.int64)
-        cap, kcap = caps(U, Ri, self.top, ub, *args, L, LT, sa)
+        cap, kcap = caps(U, Ri, self.top, ub, *args, L, LT, sa, nlo)
         limits = (-1 if max_points is None else int(max_points), L, LT, sa, self.trim,
-                  -1 if max_total is None else int(max_total), self.trim_every, self.trim_abs)
+                  -1 if max_total is None else int(max_total), self.trim_every, self.trim_abs, nlo)
         if inner is None:
             state = _fresh_state(U)
             e_lo = 1
         else:  # the sub-chains ending before the last unit, built beforehand
-            inner.check(u, pc, R, self.top, L, LT, max_points, max_total)
+            inner.check(u, pc, R, self.top, L, LT, max_points, max_total, self.nest)
             state = inner.take_state()
             e_lo = U
             if not state[6]:
@@ -904,7 +949,8 @@ class ParetoTable:
     @staticmethod
     def inner_part(u: Units, pc: PairCosts, R: np.ndarray, top_bytes: int,
                    max_points: int | None = None, max_len: int | None = None,
-                   top_len: int | None = None, max_total: int | None = None) -> InnerPart | None:
+                   top_len: int | None = None, max_total: int | None = None,
+                   nest: Spans = ()) -> InnerPart | None:
         """The frontiers of the sub-chains ``[s, e)`` with ``e < U`` of the table with these
         arguments at *any* recompute bound (caps from ``top_bytes`` alone), for
         ``ParetoTable(..., inner=...)`` to build only the tails ``[s, U)`` on: the tails it then
@@ -917,25 +963,27 @@ class ParetoTable:
         if kernel is None or caps is None:
             return None
         L, LT = band(U, max_len, top_len)
+        spans = nest_spans(nest)
+        nlo = nest_starts(U, L, LT, spans)
         sa = pc.store_all if LT > L else np.zeros((1, 1), dtype=np.int64)
         args = _kernel_args(u, pc)
         Ri = np.ascontiguousarray(R, dtype=np.int64)
-        cap, kcap = caps(U, Ri, int(top_bytes), np.inf, *args, L, LT, sa)
+        cap, kcap = caps(U, Ri, int(top_bytes), np.inf, *args, L, LT, sa, nlo)
         state = _fresh_state(U)
         out = kernel(U, Ri, cap, kcap, *args, -1 if max_points is None else int(max_points), L, LT,
-                     sa, 0.0, -1 if max_total is None else int(max_total), 1, 0.0, 1, U - 1,
+                     sa, 0.0, -1 if max_total is None else int(max_total), 1, 0.0, nlo, 1, U - 1,
                      *state[:6], state[7])
-        return InnerPart((id(u), id(pc), id(R), int(top_bytes), L, LT, max_points, max_total),
+        return InnerPart((id(u), id(pc), id(R), int(top_bytes), L, LT, max_points, max_total, spans),
                          (u, pc, R), out)
 
     def _build_numpy(self, R: np.ndarray, ub: float, max_points: int | None, L: int,
-                     LT: int, sa: np.ndarray, max_total: int | None = None) -> None:
+                     LT: int, sa: np.ndarray, max_total: int | None, nlo: np.ndarray) -> None:
         """The frontiers with numpy (without numba): every option's breakpoints at once."""
         u, pc = self.u, self.pc
         U = u.size
         P = pc.fwd_prefix_ms
         xo = u.x_out
-        cap, kcap = reach(u, pc, R, self.top, ub, L, LT)
+        cap, kcap = reach(u, pc, R, self.top, ub, L, LT, self.nest)
         ohold, oms = u.opt_hold, u.opt_ms
         self.ok = True
         self.n_points = self.total_points = 0
@@ -961,7 +1009,8 @@ class ParetoTable:
                         costs.append(rc + ms if o else rc)
                         chs.append(np.full(len(rm), STORE - o, dtype=i64))
                 if e - s >= 2:
-                    js = np.arange(s + 1, min(e, s + L + 1))
+                    js = np.arange(s + 1, min(e, s + (L if e < U else max(L, LT)) + 1))
+                    js = js[nlo[js] <= s]  # over L units: top-level, at a nest end
                     need = np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                                       pc.inner_extra[js, e] + R[s, js])
                     js = js[(need <= c_se) & (pc.ckpt_end_ms[js] - P[s] <= k_se)]
@@ -1123,7 +1172,7 @@ def reach_caps(u: Units, pc: PairCosts, R: np.ndarray, top: int,
 
 def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
           ub: float = np.inf, max_len: int | None = None,
-          top_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+          top_len: int | None = None, nest: Spans = ()) -> tuple[np.ndarray, np.ndarray]:
     """``cap[s, e]``: the most bytes a plan of the whole chain with ``top`` bytes (and at most
     ``ub`` ms of recompute) can give the sub-chain [s, e) (below ``R[s, e]`` when none can), and
     ``kcap[s, e]``: the most recompute such a plan can spend inside [s, e) (negative when none
@@ -1133,9 +1182,11 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
     option's sub-chains, for each option (``Store(s)`` with each selective option included)
     whose least need fits its cap and whose own recompute its recompute cap. Checkpoints span
     at most ``max_len`` units, except top-level ones of up to ``top_len`` units that store every
-    unit inside (``band``)."""
+    unit inside (``band``), or have an inner plan of the band where ``nest`` allows it
+    (``nest_starts``)."""
     U = u.size
     L, LT = band(U, max_len, top_len)
+    nlo = nest_starts(U, L, LT, nest)
     sa = pc.store_all if LT > L else None  # long top-level checkpoints store every unit inside
     xo = u.x_out
     n_opt = u.n_options
@@ -1162,7 +1213,8 @@ def reach(u: Units, pc: PairCosts, R: np.ndarray, top: int,
                 jl = jl[okl]
                 cap[jl, e] = np.maximum(cap[jl, e], c - xo[jl - 1])
                 kcap[jl, e] = np.maximum(kcap[jl, e], k - (Q[jl] - P[s]))
-            js = np.arange(s + 1, min(e, s + L + 1))
+            js = np.arange(s + 1, min(e, s + (L if e < U else max(L, LT)) + 1))
+            js = js[nlo[js] <= s]
             ok = (np.maximum(np.maximum(pc.fnone[s, js], xo[js - 1] + R[js, e]),
                              pc.inner_extra[js, e] + R[s, js]) <= c)
             ok &= Q[js] - P[s] <= k
@@ -1360,7 +1412,8 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,
                    L: int, LT: int, sa: np.ndarray, trim: float, max_total: int,
-                   trim_every: int, trim_abs: float, e_lo: int, e_hi: int, off: np.ndarray,
+                   trim_every: int, trim_abs: float, nlo: np.ndarray, e_lo: int, e_hi: int,
+                   off: np.ndarray,
                    ln: np.ndarray, mem: np.ndarray, cost: np.ndarray, ch: np.ndarray,
                    used: int, most: int) -> tuple:
     """``ParetoTable``'s frontiers of the sub-chains ``[s, e)`` with ``e_lo <= e <= e_hi``,
@@ -1407,7 +1460,9 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
                     tm, tc, tch = _grow(tm, ne + nc), _grow(tc, ne + nc), _grow(tch, ne + nc)
                 n = _merge_into(em, ec, ech, ne, cm, cc, cch, nc, tm, tc, tch, c_se, k_se)
                 em, ec, ech, tm, tc, tch, ne = tm, tc, tch, em, ec, ech, n
-            for j in range(s + 1, min(e, s + L + 1)):
+            for j in range(s + 1, min(e, s + (L if e < U else max(L, LT)) + 1)):
+                if s < nlo[j]:
+                    continue  # a top-level checkpoint over L units, not at a nest end
                 fn = fnone[s, j]
                 xa, xb = xo[j - 1], inner[j, e]
                 need = max(fn, xa + R[j, e], xb + R[s, j])
@@ -1539,8 +1594,8 @@ def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr
 def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, ohold: np.ndarray,
                  oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray, inner: np.ndarray,
                  P: np.ndarray, Q: np.ndarray, L: int, LT: int,
-                 sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`reach`, compiled (``L``, ``LT``, ``sa``: the band, ``ParetoTable``)."""
+                 sa: np.ndarray, nlo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`reach`, compiled (``L``, ``LT``, ``sa``, ``nlo``: the band, ``ParetoTable``)."""
     n_opt = osr.shape[0]
     cap = np.full((U + 1, U + 1), -1, dtype=np.int64)
     kcap = np.full((U + 1, U + 1), -np.inf)
@@ -1556,7 +1611,9 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
                 if (o == 0 or ms <= k) and max(osr[o, s, e], h + R[s + 1, e]) <= c:
                     cap[s + 1, e] = max(cap[s + 1, e], c - h)
                     kcap[s + 1, e] = max(kcap[s + 1, e], k - ms if o else k)
-            for j in range(s + 1, min(e, s + L + 1)):
+            for j in range(s + 1, min(e, s + (L if e < U else max(L, LT)) + 1)):
+                if s < nlo[j]:
+                    continue  # a top-level checkpoint over L units, not at a nest end
                 dp = Q[j] - P[s]
                 if max(fnone[s, j], xo[j - 1] + R[j, e], inner[j, e] + R[s, j]) <= c and dp <= k:
                     cap[j, e] = max(cap[j, e], c - xo[j - 1])
@@ -1574,7 +1631,8 @@ def _caps_kernel(U: int, R: np.ndarray, top: int, ub: float, osr: np.ndarray, oh
 
 def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray,
                  xo: np.ndarray, innerT: np.ndarray, P: np.ndarray,
-                 Q: np.ndarray, L: int, LT: int, sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 Q: np.ndarray, L: int, LT: int, sa: np.ndarray,
+                 nlo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``PeakTable``'s R and K, compiled: the same options, comparisons and sums in the same
     order (identical tables); with ``L < U``, the banded plans (``PeakTable``): only the entries
     they reach are filled (tails ``[s, U)`` and sub-chains of at most ``L`` units); ``sa`` is
@@ -1589,7 +1647,7 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
     vbuf = np.empty(U + 1, dtype=np.int64)
     for e in range(1, U + 1):
         for s in range(e - 1, -1, -1):
-            if e < U and e - s > L:
+            if e < U and s < nlo[e]:
                 break  # no plan of [0, U) reaches [s, e): R stays BIG
             if s + 1 == e:
                 r, k = osr[0, s, e], 0.0
@@ -1618,7 +1676,17 @@ def _peak_kernel(U: int, osr: np.ndarray, ohold: np.ndarray, oms: np.ndarray, fn
                 for i in range(nj):
                     if vs[i] == vmin:
                         kmin = min(kmin, ((pj[i] - ps) + kt[i]) + ks[i])
-                if e == U:  # long top-level checkpoints, every unit inside stored
+                if e == U:  # long top-level checkpoints with an inner plan of the band
+                    for j in range(s + L + 1, min(e, s + max(L, LT) + 1)):
+                        if s < nlo[j]:
+                            continue
+                        v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + R[s, j])
+                        kj = ((Q[j] - ps) + KT[e, j]) + K[s, j]
+                        if v < vmin:
+                            vmin, kmin = v, kj
+                        elif v == vmin:
+                            kmin = min(kmin, kj)
+                    # and every unit inside stored
                     for j in range(s + L + 1, min(e, s + LT + 1)):
                         v = max(fnone[s, j], xo[j - 1] + RT[e, j], innerT[e, j] + sa[s, j])
                         kj = (Q[j] - ps) + KT[e, j]
