@@ -361,16 +361,26 @@ def mark_over_budget(rows, budget_bytes: int | None) -> list[RankRow]:
 
 
 def fsdp_runs_on_cpu() -> bool:
-    """FSDP2 on CPU ranks (gloo) records events on CPU streams, which torch has from 2.7."""
-    return hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "record_event")
+    """Whether this torch's FSDP2 trains correctly on CPU ranks (gloo): it records events on CPU
+    streams, which torch has from 2.7, and torch 2.7 and 2.8 sum the gradients over gloo ranks
+    instead of averaging them (world_size times one process's; 2.9 averages them)."""
+    has_events = hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "record_event")
+    return has_events and _torch_minor() >= (2, 9)
+
+
+def _torch_minor() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def check_kind(kind: str, device_type: str) -> None:
     """Refuse a data-parallel kind this torch cannot run on ``device_type``."""
     if kind == "fsdp" and device_type == "cpu" and not fsdp_runs_on_cpu():
-        raise UsageError(f"--parallel fsdp on CPU ranks needs torch 2.7 or newer (this is torch "
-                         f"{torch.__version__.split('+')[0]}, whose FSDP2 records CPU stream events it "
-                         "does not have)", tip="use --parallel ddp, --device cuda, or torch>=2.7")
+        version = torch.__version__.split("+")[0]
+        why = ("sums the gradients over gloo ranks instead of averaging them" if _torch_minor() >= (2, 7)
+               else "records CPU stream events it does not have")
+        raise UsageError(f"--parallel fsdp on CPU ranks needs torch 2.9 or newer (this is torch "
+                         f"{version}, whose FSDP2 {why})", tip="use --parallel ddp, --device cuda, or torch>=2.9")
 
 
 def check_world(nproc: int, device_type: str, *, force: bool = False) -> list[str]:

@@ -43,7 +43,7 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_flops.py"]),
     "meta": ("profile on meta equal to the CPU profile (attention kernels, GQA)", [
         "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel"]),
-    "fsdp2": ("FSDP2 (from torch 2.7: CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
+    "fsdp2": ("FSDP2 (from torch 2.9 on CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
               "checkpoints included; a plan exported under fully_shard", [
         "tests/test_distributed.py::test_fsdp_per_rank_model_matches_measured_peak",
         "tests/test_distributed.py::test_fsdp_gradients_equal_one_process",

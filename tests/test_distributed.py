@@ -60,7 +60,7 @@ def prof(spec):
 
 def _needs_fsdp_on_cpu(kind: str = "fsdp") -> None:
     if kind == "fsdp" and not fsdp_runs_on_cpu():
-        pytest.skip(f"FSDP2 on CPU ranks needs torch 2.7 (this is {torch.__version__})")
+        pytest.skip(f"FSDP2 on CPU ranks needs torch 2.9 (this is {torch.__version__})")
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def multi(tmp_path_factory):
 def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, monkeypatch):
     import ckplan.distributed as distributed
     monkeypatch.setattr(distributed, "fsdp_runs_on_cpu", lambda: False)
-    with pytest.raises(UsageError, match=r"needs torch 2\.7") as e:
+    with pytest.raises(UsageError, match=r"needs torch 2\.9") as e:
         bench_distributed(spec, nproc=2, kind="fsdp", device="cpu")
     assert "--parallel ddp" in e.value.tip
     distributed.check_kind("ddp", "cpu")  # DDP is fine

@@ -275,7 +275,7 @@ def test_fsdp_snippet_under_fully_shard(one_thread):
         pytest.skip("needs torch.distributed and no process group yet")
     from ckplan.distributed import fsdp_runs_on_cpu
     if not fsdp_runs_on_cpu():
-        pytest.skip(f"FSDP2 on CPU needs torch 2.7 (this is {torch.__version__})")
+        pytest.skip(f"FSDP2 on CPU needs torch 2.9 (this is {torch.__version__})")
     from torch.distributed.fsdp import fully_shard
 
     with socket.socket() as s:
