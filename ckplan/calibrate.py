@@ -1,0 +1,119 @@
+"""``ckplan calibrate``: measure this machine's device model (``ckplan.device_model``) once.
+
+Each field is timed on the device with the op it prices: the matrix rate per dtype from square
+matmuls, the memory bandwidth from a large copy (it reads and writes every byte), the dispatch cost
+from a loop of tiny ops (each launches one kernel and waits for nothing), what a selective-checkpoint
+policy adds per op from the same loop run under one, and on CUDA the host link from pinned copies
+each way. The rates measured are what eager PyTorch reaches, so the efficiencies are 1.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from datetime import date
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .device_model import DeviceModel
+from .sac import context_fn
+
+GiB = 2**30
+
+
+def _timed(device: torch.device, fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` runs after one warm-up, the device waited for."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / _timed(device, lambda: torch.mm(a, b), repeats)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    x = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * 4 / _timed(device, lambda: y.copy_(x), repeats)
+
+
+def _tiny_ops(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = x + 1
+    return x
+
+
+def dispatch_ms(device: torch.device, n: int = 400, repeats: int = 5) -> float:
+    x = torch.ones(8, device=device)
+    return _timed(device, lambda: _tiny_ops(x, n), repeats) / n * 1e3
+
+
+def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> float:
+    """What one op costs more in a forward under ckplan's ``sac-compute`` policy than plainly
+    inside a checkpoint (both forwards keep what they save; the difference is the policy)."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def plain():
+        return checkpoint(_tiny_ops, x, n, use_reentrant=False)
+
+    def sac():
+        return checkpoint(_tiny_ops, x, n, use_reentrant=False, context_fn=context_fn("sac-compute"))
+
+    return max(0.0, (_timed(device, sac, repeats) - _timed(device, plain, repeats)) / n * 1e3)
+
+
+def host_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    """Bytes/s of a pinned host-to-device copy and back (the slower of the two), 0 off CUDA."""
+    if device.type != "cuda":
+        return 0.0
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
+    dev = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    up = _timed(device, lambda: dev.copy_(host, non_blocking=True), repeats)
+    down = _timed(device, lambda: host.copy_(dev, non_blocking=True), repeats)
+    return nbytes / max(up, down)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,
+              progress: Callable[[str], None] = lambda s: None) -> DeviceModel:
+    """Measure ``device`` and return its :class:`DeviceModel` (``quick``: smaller sizes, fewer
+    repeats, for a first look or a test)."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    n = (1024 if quick else 8192) if cuda else (256 if quick else 1024)
+    nbytes = (64 if quick else 1024) * 2**20 if cuda else (16 if quick else 128) * 2**20
+    repeats = 3 if quick else 7
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if cuda else [])
+    rates = {}
+    for dt in dtypes:
+        progress(f"matmul {n}x{n} {dt}")
+        rates[str(dt).replace("torch.", "")] = matmul_rate(dev, dt, n, repeats)
+    progress("memory bandwidth")
+    bw = copy_bandwidth(dev, nbytes, repeats)
+    progress("dispatch")
+    disp = dispatch_ms(dev, 100 if quick else 400, repeats)
+    progress("selective-checkpoint dispatch")
+    sac = sac_dispatch_ms(dev, 50 if quick else 200, repeats)
+    host = host_bandwidth(dev, nbytes, repeats)
+    return DeviceModel(
+        name=device_name(dev), kind="cuda" if cuda else "cpu", matmul_flops=rates,
+        vector_flops={"float32": rates["float32"]}, memory_bw=bw, dispatch_ms=disp, matmul_eff=1.0,
+        memory_eff=1.0, sac_dispatch_ms=sac, host_bw=host,
+        source=f"measured by ckplan calibrate on {device_name(dev)}, torch {torch.__version__}, {date.today()}",
+        extra={"matmul_n": n, "copy_bytes": nbytes, "quick": quick})

@@ -1,0 +1,35 @@
+"""`ckplan calibrate` measures a usable device model on the machine it runs on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckplan.calibrate import calibrate, copy_bandwidth, matmul_rate
+from ckplan.device_model import MATMUL, VECTOR, load_device, save_device
+
+
+def test_a_cpu_calibration_is_a_device_model_that_round_trips(tmp_path):
+    seen = []
+    d = calibrate("cpu", quick=True, progress=seen.append)
+    assert d.kind == "cpu" and "measured by ckplan calibrate" in d.source
+    assert d.matmul_flops["float32"] > 1e6 and d.memory_bw > 1e6
+    assert d.dispatch_ms > 0 and d.sac_dispatch_ms >= 0 and d.host_bw == 0
+    assert any("matmul" in s for s in seen)
+    p = tmp_path / "cpu.json"
+    save_device(d, p)
+    back = load_device(p)
+    assert back.to_dict() == d.to_dict()
+    # the model prices what it measured: a big fp32 matmul at about the measured rate
+    n = 256
+    assert back.op_ms(MATMUL, "float32", 2 * n**3, 0) == pytest.approx(
+        max(2 * n**3 / d.matmul_flops["float32"] * 1e3, d.dispatch_ms))
+    assert back.op_ms(VECTOR, "float32", 0, 1e9) == pytest.approx(1e9 / d.memory_bw * 1e3)
+
+
+def test_rates_follow_the_work():
+    # twice the side, eight times the FLOPs: the rate (FLOPs per second) stays of one order
+    cpu = torch.device("cpu")
+    r1 = matmul_rate(cpu, torch.float32, 128, 3)
+    r2 = matmul_rate(cpu, torch.float32, 256, 3)
+    assert 0.05 < r2 / r1 < 20
+    assert copy_bandwidth(cpu, 2**22, 3) > 0
