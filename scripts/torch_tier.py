@@ -62,8 +62,8 @@ CLI: dict[str, tuple[str, list[str]]] = {
                  ["plan", GQA, "--device", "meta", "--strategy", "all", "--budget", "50%act",
                   "--format", "json"]),
     "cli-bench-gqa": ("`ckplan bench` on a GQA Llama: every row ok, peaks predicted within 0.1%",
-                      ["bench", GQA, "--device", "cpu", "--steps", "1", "--warmup", "1",
-                       "--compare", "none,every-k,sqrtn,dp", "--format", "json"]),
+                      ["bench", GQA, "--device", "cpu", "--steps", "1", "--warmup", "1", "--no-options",
+                       "--compare", "none,every-k,dp", "--format", "json"]),
 }
 
 
