@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from test_planner_options import Best, _assign, budgets, plans
 
 from ckplan.planner import min_peak, plan_chain, plan_dp, plan_none, simulate
+from ckplan.planner import limits
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
 from ckplan.planner.dp import BAND_MIN_LAYERS, banded_plan, base_bytes, fixed_peak, layer_tables, plan_from
@@ -123,10 +124,10 @@ def test_banded_tables_compiled_equal_numpy(monkeypatch, n, seed, size, opts, mo
     t = layer_tables(ch)
     u, pc = t.units, t.pairs
     top = n if long_top else most
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
 
     def build(flag: bool):
-        monkeypatch.setattr(T, "USE_NUMBA", flag)
+        monkeypatch.setattr(limits, "USE_NUMBA", flag)
         pk = T.PeakTable(u, pc, most, top)
         lo, hi = base_bytes(ch) + int(pk.R[0, u.size]), simulate(ch, plan_none(n)).peak_bytes
         avail = (lo + hi) // 3 * 2 - base_bytes(ch) if hi > lo else int(pk.R[0, u.size])
@@ -265,8 +266,8 @@ def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1, eps_share
     then ``(optimum + k eps) / (1 - trim) ** k``."""
     if numba:
         pytest.importorskip("numba")
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
-    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "USE_NUMBA", numba)
     changed = 0
     for n, seed, opts in ((8, 1, 0), (12, 2, 2), (20, 3, 1), (30, 4, 0)):
         ch = with_tails(random_chain(n, seed, max_size=1_000_003, options=opts), seed)
@@ -316,8 +317,8 @@ def test_only_every_nth_tail_is_thinned(monkeypatch, numba):
     untrimmed table's, point for point."""
     if numba:
         pytest.importorskip("numba")
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
-    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "USE_NUMBA", numba)
     ch = with_tails(random_chain(20, 5, max_size=1_000_003, options=2), 5)
     t = layer_tables(ch)
     u, pc = t.units, t.pairs
