@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ckplan.planner import min_peak, min_peak_plan, plan_none, simulate
-from ckplan.planner import limits
+from ckplan.planner import limits, min_peak, min_peak_plan, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.dp import base_bytes, layer_tables
 from ckplan.planner.groups import cheap_cuts, make_units

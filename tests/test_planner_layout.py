@@ -13,7 +13,10 @@ ORDER = ["limits", "chain", "plan", "simulate", "baselines", "calibrate", "group
          "tables.common", "tables.table_kernels", "tables.frontier_kernel", "tables.compiled",
          "tables.pairs", "tables.reader", "tables.peaks", "tables.slots", "tables.frontiers",
          "tables.pareto", "tables",
-         "casts", "held", "dp", "strategies", "budget", "parallel", "synthetic"]
+         "casts", "held",
+         "solve.common", "solve.lowest", "solve.solver", "solve.improve", "solve.near_min", "solve.band",
+         "solve.coarse", "solve.unkept", "solve.portfolio", "solve.held_fallback", "solve.entry", "solve",
+         "dp", "strategies", "budget", "parallel", "synthetic"]
 
 
 def _name(path: Path) -> str:

@@ -25,11 +25,11 @@ from functools import cache
 import numpy as np
 import pytest
 
-from ckplan.planner import min_peak, plan_dp, plan_none, simulate
-from ckplan.planner import limits
+from ckplan.planner import limits, min_peak, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import BAND_START, base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.dp import base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.limits import BAND_START
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import long_run_chain, random_chain, with_tails
