@@ -9,7 +9,7 @@ import ckplan.planner
 PLANNER = Path(ckplan.planner.__file__).parent
 # Each module may import only the ones before it; a subpackage (its ``__init__``) comes after its
 # own modules, which import each other and the planner's modules above them.
-ORDER = ["limits", "chain", "plan", "simulate", "baselines", "calibrate", "groups", "floor",
+ORDER = ["limits", "chain", "plan", "boundaries", "replay", "simulate", "baselines", "calibrate", "groups", "floor",
          "tables.common", "tables.table_kernels", "tables.frontier_kernel", "tables.compiled",
          "tables.pairs", "tables.reader", "tables.peaks", "tables.slots", "tables.frontiers",
          "tables.pareto", "tables",
