@@ -107,118 +107,169 @@ def banded_plan(chain: Chain, budget_bytes: int, start: int = limits.BAND_START,
     inner frontiers, built beforehand (``_coarse_beside_inner``).
 
     Chains with autocast copies or unkept boundaries are not handled here (``plan_dp``)."""
-    t = layer_tables(chain)
-    u, pc = t.units, t.pairs
-    U, n = u.size, chain.n_layers
-    avail = budget_bytes - base_bytes(chain)
-    if budget_bytes < fixed_peak(chain) or avail < 0:
+    if budget_bytes < fixed_peak(chain) or budget_bytes < base_bytes(chain):
         return None
-    L = max(1, min(start, n))
-    LT = n if top is None else min(top, n)
-    work = 0  # breakpoints of the last band's table
-    solved = False  # some band's table was built (else the bound alone is no answer)
-    slot_tried = False
-    best: Banded | None = None
-    cost = INF
-    params = {"budget_bytes": budget_bytes}
-    if bound is not None:  # a plan known to fit: prunes every band
-        sc = simulate(chain, bound)
-        if sc.peak_bytes <= budget_bytes:
-            bound = replace(bound, params=params)
-            best, cost = Banded(bound, 0, False, _longest(bound)), sc.recompute_ms
-    spans: Spans = ()  # where top-level checkpoints may nest (``nest``; ``ParetoTable``)
-    rounds = 0
-    k = _thinned_items(U, trim_every)
-    rel_within = math.expm1(-math.log1p(-trim) * k) if trim else 0.0
-    scale = cost if trim_scale is None else min(cost, trim_scale)
-    eps = trim_abs * scale / k if trim and trim_abs > 0 and cost < INF else 0.0
-    limit = rel_within  # absolute thinning only where it proves as much as relative would
+    search = _BandSearch(chain, budget_bytes, bound, trim, trim_every, trim_abs, trim_scale, top,
+                         prebuilt, nest)
+    return search.run(start, max_work, widen_top)
 
-    def table(L: int, R: np.ndarray, absolute: bool) -> ParetoTable:
-        inner = (prebuilt.inner if prebuilt is not None
-                 and (prebuilt.band, prebuilt.top) == (L, max(L, LT)) else None)
-        return ParetoTable(u, pc, R, avail, limits.BAND_MAX_POINTS, cost, max_len=L, top_len=max(L, LT),
-                           trim=0.0 if absolute else trim, trim_abs=eps if absolute else 0.0,
-                           max_total=limits.BAND_MAX_TOTAL, trim_every=trim_every, inner=inner,
-                           nest=spans)
 
-    def read(pt: ParetoTable, L: int, full: bool) -> None:
-        nonlocal best, cost
-        assert best is not None
+class _BandSearch:
+    """``banded_plan``'s state while it widens the band: the best plan so far (its recompute
+    prunes every table), where top-level checkpoints may nest, and the thinning."""
+
+    def __init__(self, chain: Chain, budget_bytes: int, bound: Plan | None, trim: float,
+                 trim_every: int, trim_abs: float, trim_scale: float | None, top: int | None,
+                 prebuilt: Prebuilt | None, nest: bool):
+        self.chain, self.budget_bytes, self.prebuilt, self.nest = chain, budget_bytes, prebuilt, nest
+        self.t = layer_tables(chain)
+        self.u, self.pc = self.t.units, self.t.pairs
+        self.U, self.n = self.u.size, chain.n_layers
+        self.avail = budget_bytes - base_bytes(chain)
+        self.LT = self.n if top is None else min(top, self.n)
+        self.trim, self.trim_every, self.trim_abs = trim, trim_every, trim_abs
+        self.slot_tried = False
+        self.best: Banded | None = None
+        self.cost = INF
+        self.params = {"budget_bytes": budget_bytes}
+        if bound is not None:  # a plan known to fit: prunes every band
+            sc = simulate(chain, bound)
+            if sc.peak_bytes <= budget_bytes:
+                bound = replace(bound, params=self.params)
+                self.best, self.cost = Banded(bound, 0, False, _longest(bound)), sc.recompute_ms
+        self.spans: Spans = ()  # where top-level checkpoints may nest (``nest``; ``ParetoTable``)
+        self.rounds = 0
+        self.k = _thinned_items(self.U, trim_every)
+        self.rel_within = math.expm1(-math.log1p(-trim) * self.k) if trim else 0.0
+        scale = self.cost if trim_scale is None else min(self.cost, trim_scale)
+        self.eps = trim_abs * scale / self.k if trim and trim_abs > 0 and self.cost < INF else 0.0
+        self.limit = self.rel_within  # absolute thinning only where it proves as much as relative would
+
+    def run(self, start: int, max_work: int, widen_top: bool) -> Banded | None:
+        n = self.n
+        L = max(1, min(start, n))
+        work = 0  # breakpoints of the last band's table
+        solved = False  # some band's table was built (else the bound alone is no answer)
+        while True:
+            full = n <= L
+            if self.nest and not full and self.best is not None:
+                self.spans = _nest_spans(self.best.plan, self.spans)
+            peaks = self.peaks_for(L, full)
+            if int(peaks.R[0, self.U]) <= self.avail:
+                if self.best is None:  # a plan of this band that fits bounds every band's optimum
+                    peaks = self.first_plan(L, full, peaks)
+                pt = self.build(L, peaks)
+                if pt is None:
+                    break
+                work, solved = pt.total_points, True
+                self.read(pt, L)
+                step = self.settle(L, full, self.thin_bound(L, peaks), widen_top)
+                if step == "again":
+                    continue
+                if step == "stop":
+                    break
+            if full or 4 * work > max_work:
+                break
+            L = min(2 * L, n)
+        return self.best if solved else None
+
+    def peaks_for(self, L: int, full: bool) -> PeakTable:
+        """The band's min-peak table (the prebuilt one when it is this band's)."""
+        pre, LT = self.prebuilt, self.LT
+        ready = pre is not None and (pre.band, pre.top) == (L, max(L, LT)) and not self.spans
+        if full:
+            return self.t.peaks
+        if ready and pre is not None:
+            return pre.peaks
+        return PeakTable(self.u, self.pc, L, max(L, LT), nest=self.spans)
+
+    def first_plan(self, L: int, full: bool, peaks: PeakTable) -> PeakTable:
+        """The band's smallest-peak plan as the first bound (and where it nests: the table again)."""
+        u, pc, LT = self.u, self.pc, self.LT
+        first = plan_from(self.chain, u, *reconstruct_options(
+            u.bounds, self.U, self.avail,
+            exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, max(L, LT)))), self.params)
+        self.cost = simulate(self.chain, first).recompute_ms
+        self.best = Banded(first, L, False, _longest(first))
+        if self.nest and not full:
+            self.spans = _nest_spans(first, self.spans)
+            peaks = PeakTable(u, pc, L, max(L, LT), nest=self.spans)
+        return peaks
+
+    def table(self, L: int, R: np.ndarray, absolute: bool) -> ParetoTable:
+        pre, LT = self.prebuilt, self.LT
+        inner = pre.inner if pre is not None and (pre.band, pre.top) == (L, max(L, LT)) else None
+        return ParetoTable(self.u, self.pc, R, self.avail, limits.BAND_MAX_POINTS, self.cost, max_len=L,
+                           top_len=max(L, LT), trim=0.0 if absolute else self.trim,
+                           trim_abs=self.eps if absolute else 0.0, max_total=limits.BAND_MAX_TOTAL,
+                           trim_every=self.trim_every, inner=inner, nest=self.spans)
+
+    def build(self, L: int, peaks: PeakTable) -> ParetoTable | None:
+        """The band's table; past its point limits, again pruned by the slot table's plan (once,
+        chains of up to ``BAND_MAX_LAYERS`` layers); None when it still outgrows them."""
+        pt = self.table(L, peaks.R, self.eps > 0)
+        if not pt.ok and not self.slot_tried and self.n <= limits.BAND_MAX_LAYERS:
+            self.slot_tried = True  # the bound prunes too little: the slot table's plan
+            alt = _slot_plan(self.chain, self.budget_bytes)
+            sc = simulate(self.chain, alt)
+            if sc.peak_bytes <= self.budget_bytes and sc.recompute_ms < self.cost:
+                self.cost, self.best = sc.recompute_ms, Banded(alt, 0, False, _longest(alt))
+                pt = self.table(L, peaks.R, self.eps > 0)
+        return pt if pt.ok else None
+
+    def read(self, pt: ParetoTable, L: int) -> None:
+        """The table's plan at the budget, kept when no dearer than the best so far."""
+        assert self.best is not None
         # no plan of this band is cheaper (the cap), or (thinned) much cheaper
-        best = replace(best, band=L)
-        if pt.cost(avail) < INF:
-            plan = plan_from(chain, u, *pt.parts(avail), params)
-            sc = simulate(chain, plan)
-            if sc.peak_bytes > budget_bytes:
+        self.best = replace(self.best, band=L)
+        if pt.cost(self.avail) < INF:
+            plan = plan_from(self.chain, self.u, *pt.parts(self.avail), self.params)
+            sc = simulate(self.chain, plan)
+            if sc.peak_bytes > self.budget_bytes:
                 raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
-                                   f"{budget_bytes}: planner bug")
-            if sc.recompute_ms <= cost:
-                cost, best = sc.recompute_ms, Banded(plan, L, False, _longest(plan))
+                                   f"{self.budget_bytes}: planner bug")
+            if sc.recompute_ms <= self.cost:
+                self.cost, self.best = sc.recompute_ms, Banded(plan, L, False, _longest(plan))
 
-    while True:
-        full = n <= L
-        if nest and not full and best is not None:
-            spans = _nest_spans(best.plan, spans)
-        ready = (prebuilt is not None and (prebuilt.band, prebuilt.top) == (L, max(L, LT))
-                 and not spans)
-        peaks = (t.peaks if full else prebuilt.peaks if ready and prebuilt is not None
-                 else PeakTable(u, pc, L, max(L, LT), nest=spans))
-        if int(peaks.R[0, U]) <= avail:
-            if best is None:  # a plan of this band that fits bounds every band's optimum
-                first = plan_from(chain, u, *reconstruct_options(
-                    u.bounds, U, avail,
-                    exact_chooser(u, pc, peaks.R, peaks.K, None, None if full else (L, max(L, LT)))), params)
-                cost = simulate(chain, first).recompute_ms
-                best = Banded(first, L, False, _longest(first))
-                if nest and not full:
-                    spans = _nest_spans(first, spans)
-                    peaks = PeakTable(u, pc, L, max(L, LT), nest=spans)
-            pt = table(L, peaks.R, eps > 0)
-            if not pt.ok and not slot_tried and n <= limits.BAND_MAX_LAYERS:
-                slot_tried = True  # the bound prunes too little: the slot table's plan
-                alt = _slot_plan(chain, budget_bytes)
-                sc = simulate(chain, alt)
-                if sc.peak_bytes <= budget_bytes and sc.recompute_ms < cost:
-                    cost, best = sc.recompute_ms, Banded(alt, 0, False, _longest(alt))
-                    pt = table(L, peaks.R, eps > 0)
-            if not pt.ok:
-                break
-            work, solved = pt.total_points, True
-            read(pt, L, full)
-            within = rel_within
-            if eps > 0:  # R <= optimum + k eps: proven within k eps / (R - k eps)
-                within = _abs_within(k * eps, cost)
-                if within > limit:  # the bound was far above the optimum: eps from R, again
-                    eps = trim_abs * cost / k
-                    pt = table(L, peaks.R, True)
-                    if pt.ok:
-                        read(pt, L, full)
-                        within = _abs_within(k * eps, cost)
-                if within > limit:  # (rarely) relative
-                    eps = 0.0
-                    pt = table(L, peaks.R, False)
-                    if pt.ok:
-                        read(pt, L, full)
-                        within = rel_within
-            assert best is not None
-            best = replace(best, exact=full and not within, within=within,
-                           top=None if n <= LT else LT, nested=bool(spans) and not full)
-            wider = nest and not full and 2 * L <= limits.NEST_WIDEN and _nests_within(best.plan, L)
-            if nest and not full and not wider and rounds < limits.NEST_ROUNDS and _nests(best.plan, L):
-                more = _nest_spans(best.plan, spans)
-                if more != spans:  # it nests, with top-level checkpoints elsewhere: again
-                    spans, rounds = more, rounds + 1
-                    continue
-            if full or (_longest(best.plan, L) < L and not wider):
-                if widen_top and n > LT and 2 * best.longest > LT:
-                    LT = min(4 * LT, n)  # a long top-level checkpoint near the limit: widen
-                    continue
-                break
-        if full or 4 * work > max_work:
-            break
-        L = min(2 * L, n)
-    return best if solved else None
+    def thin_bound(self, L: int, peaks: PeakTable) -> float:
+        """How far (relative) the plan is proven from the band's optimum; with absolute thinning,
+        the table is built again while that bound is looser than the relative trim's."""
+        within = self.rel_within
+        if self.eps > 0:  # R <= optimum + k eps: proven within k eps / (R - k eps)
+            within = _abs_within(self.k * self.eps, self.cost)
+            if within > self.limit:  # the bound was far above the optimum: eps from R, again
+                self.eps = self.trim_abs * self.cost / self.k
+                pt = self.table(L, peaks.R, True)
+                if pt.ok:
+                    self.read(pt, L)
+                    within = _abs_within(self.k * self.eps, self.cost)
+            if within > self.limit:  # (rarely) relative
+                self.eps = 0.0
+                pt = self.table(L, peaks.R, False)
+                if pt.ok:
+                    self.read(pt, L)
+                    within = self.rel_within
+        return within
+
+    def settle(self, L: int, full: bool, within: float, widen_top: bool) -> str | None:
+        """After a band's table: "again" (the same band, nesting elsewhere or a wider ``top``),
+        "stop" (the plan does not need a wider band), or None (widen the band)."""
+        n, LT, nest = self.n, self.LT, self.nest
+        assert self.best is not None
+        best = self.best = replace(self.best, exact=full and not within, within=within,
+                                   top=None if n <= LT else LT, nested=bool(self.spans) and not full)
+        wider = nest and not full and 2 * L <= limits.NEST_WIDEN and _nests_within(best.plan, L)
+        if nest and not full and not wider and self.rounds < limits.NEST_ROUNDS and _nests(best.plan, L):
+            more = _nest_spans(best.plan, self.spans)
+            if more != self.spans:  # it nests, with top-level checkpoints elsewhere: again
+                self.spans, self.rounds = more, self.rounds + 1
+                return "again"
+        if full or (_longest(best.plan, L) < L and not wider):
+            if widen_top and n > LT and 2 * best.longest > LT:
+                self.LT = min(4 * LT, n)  # a long top-level checkpoint near the limit: widen
+                return "again"
+            return "stop"
+        return None
 
 
 def _nest_spans(plan: Plan, spans: Spans, merge: int = limits.NEST_MERGE) -> Spans:
