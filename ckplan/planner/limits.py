@@ -62,7 +62,10 @@ TAIL_TRIM_ERROR, TRIM_MIN_LAYERS = 0.045, 200
 TRIM_EVERY = 8  # over 400 layers every 8th tail, thinned 8x as much (4 and 16 were slower)
 TAIL_TRIM_ABS = 0.04  # with a bound plan: absolute thinning, this share of its recompute (within 4.2%)
 
-# ---- Unkept boundaries and held layers (solve/unkept.py, solve/held_fallback.py) ----------
+# ---- Held layers, autocast copies, unkept boundaries (held.py, casts.py, solve/) ------------
+HELD_MAX_LAYERS = 200  # held.py plans held chains up to here exactly (per-rank chains of real models are)
+HELD_PARETO_MAX_POINTS = 50_000  # breakpoints per inner sub-chain before held.py's exact DP gives up
+CAST_MAX_STATES = 32  # mixed precision: top-level states kept per unit (casts.py's beam, cheapest first)
 UNKEPT_STEPS = 8  # budgets read above the asked one on the bound that keeps every boundary
 HELD_FALLBACK_READS = 12  # held chains held.py does not take: reads lowered by each overshoot
 

@@ -80,7 +80,7 @@ def _plan_dp_held(chain: Chain, budget_bytes: int, none_peak: int) -> DPResult:
             raise RuntimeError(f"held dp fallback found no plan at budget {budget_bytes}: planner bug")
         plan, exact = Plan("dp", n, found.items, {"budget_bytes": budget_bytes}), False
         notes = ["held layers (FSDP2 per rank) on a chain the exact held DP does not take (autocast "
-                 f"copies, unkept boundaries or over {held.HELD_MAX_LAYERS} layers): planned without "
+                 f"copies, unkept boundaries or over {limits.HELD_MAX_LAYERS} layers): planned without "
                  "the holds at budgets lowered until the plan fits (not proven optimal)"]
     peak = simulate(chain, plan).peak_bytes
     if peak > budget_bytes:
