@@ -15,7 +15,7 @@ from .tables import PairCosts, PeakTable
 
 
 def held_applies(chain: Chain) -> bool:
-    """Whether the exact held DP plans ``chain`` (else ``dp.py``'s fallback, module doc)."""
+    """Whether the exact held DP plans ``chain`` (else ``solve/held_fallback.py``; ``held.py``'s docstring)."""
     return (chain.has_holds and chain.all_kept and not chain.has_casts
             and chain.n_layers <= limits.HELD_MAX_LAYERS)
 
@@ -36,7 +36,7 @@ def _beside(chain: Chain, e: int) -> int:
 
 
 def inner_costs(chain: Chain) -> tuple[Units, PairCosts]:
-    """Units and pair costs of the inner sub-chains ``[s, e)``, ``e <= n`` (module doc); their
+    """Units and pair costs of the inner sub-chains ``[s, e)``, ``e <= n`` (``held.py``'s docstring); their
     columns ``e = U`` (the top level) are not used."""
     L = chain.layers
     n = len(L)

@@ -138,7 +138,7 @@ class DPSolver:
 
         With autocast copies: the cheaper of the tables read at lowered budgets until a plan
         fits, and the plan of the exact top-level frontiers (``casts.py``), which fits whenever
-        any plan does (see the module docstring)."""
+        any plan does (docs/planner.md, "Chains that need more than one budget")."""
         if self.pareto is not None:
             return self._pareto_plan(budget_bytes)
         best, over = self._best_at(budget_bytes, budget_bytes)

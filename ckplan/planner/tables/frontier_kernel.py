@@ -165,6 +165,8 @@ def _trim(em: np.ndarray, ec: np.ndarray, ech: np.ndarray, ne: int, trim: float,
     return n
 
 
+# One loop over every sub-chain, 180 lines: split into functions, numba would pass the frontier
+# buffers and their counters in and out on every point (kept whole for speed).
 def _pareto_kernel(U: int, R: np.ndarray, cap: np.ndarray, kcap: np.ndarray, osr: np.ndarray,
                    ohold: np.ndarray, oms: np.ndarray, fnone: np.ndarray, xo: np.ndarray,
                    inner: np.ndarray, P: np.ndarray, Q: np.ndarray, max_points: int,

@@ -72,7 +72,6 @@ class PeakTable:
         # option of a length-n sub-chain only needs shorter ones. Tables are stored by
         # (length, start), so "the rest [s+k, s+n)" is a skewed strided view (_skew).
         U = u.size
-        W = U + 1
         L, LT = band(U, max_len, top_len)
         self.u, self.pc, self.max_len, self.top_len = u, pc, L, LT
         self.nest = nest_spans(nest)
@@ -89,77 +88,7 @@ class PeakTable:
                 np.ascontiguousarray(pc.fwd_prefix_ms, dtype=np.float64),
                 np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64), L, LT, sa, nlo)
             return
-        ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
-        en = ln + st
-        ok = (en <= U) & (st < U)
-        sc, ec = np.where(ok, st, 0), np.where(ok, en, 0)
-        FN = np.where(ok, pc.fnone[sc, ec], BIG)  # FN[k, s] = fnone(s, s + k)
-        n_opt = u.n_options
-        # SR[o][n, s] = opt_store_req(o, s, s + n)
-        SR = [np.where(ok, pc.opt_store_req[o][sc, ec], BIG) for o in range(n_opt)]
-        opt_ok = [np.isfinite(u.opt_ms[:, o]) for o in range(n_opt)]
-        # DL[n, j] = inner_extra(j, j + n)
-        DL = np.where(en <= U, pc.inner_extra[st, np.where(en <= U, en, 0)], 0)
-        P, Q = pc.fwd_prefix_ms, np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64)
-        xo = u.x_out
-        D = np.full((W, W), BIG, dtype=np.int64)  # D[n, s] = R(s, s + n)
-        KD = np.zeros((W, W))  # KD[n, s] = K(s, s + n)
-        for n in range(1, U + 1):
-            ns = U - n + 1
-            if n == 1:
-                D[1, :ns], KD[1, :ns] = SR[0][1, :ns], 0.0
-                for o in range(1, n_opt):  # the least need, then the least recompute
-                    r1, k1 = SR[o][1, :ns], u.opt_ms[:ns, o]
-                    better = opt_ok[o][:ns] & ((r1 < D[1, :ns]) | ((r1 == D[1, :ns]) & (k1 < KD[1, :ns])))
-                    D[1, :ns] = np.where(better, r1, D[1, :ns])
-                    KD[1, :ns] = np.where(better, k1, KD[1, :ns])
-                continue
-            sr = np.maximum(SR[0][n, :ns], u.hold[:ns] + D[n - 1, 1:ns + 1])
-            sk = KD[n - 1, 1:ns + 1]
-            for o in range(1, n_opt):
-                ro = np.maximum(SR[o][n, :ns], u.opt_hold[:ns, o] + D[n - 1, 1:ns + 1])
-                ko = KD[n - 1, 1:ns + 1] + u.opt_ms[:ns, o]
-                better = opt_ok[o][:ns] & ((ro < sr) | ((ro == sr) & (ko < sk)))
-                sr, sk = np.where(better, ro, sr), np.where(better, ko, sk)
-            nj = min(n - 1, L)  # checkpoints [s, s + k) for k <= nj
-            v = np.maximum(FN[1:nj + 1, :ns], _diag(xo, 0, n, ns)[:nj] + _skew(D, n, ns)[:nj])
-            np.maximum(v, _skew(DL, n, ns)[:nj] + D[1:nj + 1, :ns], out=v)
-            vmin = v.min(axis=0)
-            kc = (_diag(Q, 1, n, ns)[:nj] - P[:ns]) + _skew(KD, n, ns)[:nj] + KD[1:nj + 1, :ns]
-            kmin = np.where(v == vmin, kc, INF).min(axis=0)
-            s0 = U - n  # the tail [s0, U): long top-level checkpoints
-            js = np.arange(s0 + L + 1, min(U, s0 + max(L, LT) + 1))
-            js = js[nlo[js] <= s0]  # with an inner plan of the band (``nest``)
-            if len(js):
-                vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
-                                pc.inner_extra[js, U] + D[js - s0, s0])
-                kl = ((Q[js] - P[s0]) + KD[U - js, js]) + KD[js - s0, s0]
-                lo = vl.min()
-                if lo < vmin[-1]:
-                    vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
-                elif lo == vmin[-1]:
-                    kmin[-1] = min(kmin[-1], kl[vl == lo].min())
-            js = np.arange(s0 + L + 1, min(U, s0 + LT + 1))  # every unit inside stored
-            if len(js):
-                vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
-                                pc.inner_extra[js, U] + sa[s0, js])
-                kl = (Q[js] - P[s0]) + KD[U - js, js]
-                lo = vl.min()
-                if lo < vmin[-1]:
-                    vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
-                elif lo == vmin[-1]:
-                    kmin[-1] = min(kmin[-1], kl[vl == lo].min())
-            store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
-            KD[n, :ns] = np.where(store, sk, kmin)
-            D[n, :ns] = np.where(store, sr, vmin)
-            if n > L:  # only the tail [U - n, U) and the nest ends' sub-chains are reached
-                far = nlo[n:U] > np.arange(ns - 1)  # [s, s + n) for s < ns - 1
-                KD[n, :ns - 1][far], D[n, :ns - 1][far] = INF, BIG
-        R = np.full((U, W), BIG, dtype=np.int64)
-        K = np.full((U, W), INF)
-        R[sc[ok], ec[ok]] = D[ok]
-        K[sc[ok], ec[ok]] = KD[ok]
-        self.R, self.K = R, K
+        self.R, self.K = _peaks_numpy(u, pc, L, LT, sa, nlo)
 
     def ranges(self, avail: int) -> list[tuple[int, int]]:
         """Checkpointed layer ranges of a plan fitting ``avail`` exact bytes (at least
@@ -172,3 +101,91 @@ class PeakTable:
         ``reconstruct_options``)."""
         return reconstruct_options(self.u.bounds, self.u.size, avail,
                                    exact_chooser(self.u, self.pc, self.R, self.K, None))
+
+
+def _peaks_numpy(u: Units, pc: PairCosts, L: int, LT: int, sa: np.ndarray,
+                 nlo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``PeakTable``'s ``(R, K)``, vectorised by length (``_peak_kernel``'s numpy twin)."""
+    U = u.size
+    W = U + 1
+    ln, st = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
+    en = ln + st
+    ok = (en <= U) & (st < U)
+    sc, ec = np.where(ok, st, 0), np.where(ok, en, 0)
+    FN = np.where(ok, pc.fnone[sc, ec], BIG)  # FN[k, s] = fnone(s, s + k)
+    n_opt = u.n_options
+    # SR[o][n, s] = opt_store_req(o, s, s + n)
+    SR = [np.where(ok, pc.opt_store_req[o][sc, ec], BIG) for o in range(n_opt)]
+    opt_ok = [np.isfinite(u.opt_ms[:, o]) for o in range(n_opt)]
+    # DL[n, j] = inner_extra(j, j + n)
+    DL = np.where(en <= U, pc.inner_extra[st, np.where(en <= U, en, 0)], 0)
+    P, Q = pc.fwd_prefix_ms, np.ascontiguousarray(pc.ckpt_end_ms, dtype=np.float64)
+    xo = u.x_out
+    D = np.full((W, W), BIG, dtype=np.int64)  # D[n, s] = R(s, s + n)
+    KD = np.zeros((W, W))  # KD[n, s] = K(s, s + n)
+    for n in range(1, U + 1):
+        ns = U - n + 1
+        if n == 1:
+            D[1, :ns], KD[1, :ns] = SR[0][1, :ns], 0.0
+            for o in range(1, n_opt):  # the least need, then the least recompute
+                r1, k1 = SR[o][1, :ns], u.opt_ms[:ns, o]
+                better = opt_ok[o][:ns] & ((r1 < D[1, :ns]) | ((r1 == D[1, :ns]) & (k1 < KD[1, :ns])))
+                D[1, :ns] = np.where(better, r1, D[1, :ns])
+                KD[1, :ns] = np.where(better, k1, KD[1, :ns])
+            continue
+        sr = np.maximum(SR[0][n, :ns], u.hold[:ns] + D[n - 1, 1:ns + 1])
+        sk = KD[n - 1, 1:ns + 1]
+        for o in range(1, n_opt):
+            ro = np.maximum(SR[o][n, :ns], u.opt_hold[:ns, o] + D[n - 1, 1:ns + 1])
+            ko = KD[n - 1, 1:ns + 1] + u.opt_ms[:ns, o]
+            better = opt_ok[o][:ns] & ((ro < sr) | ((ro == sr) & (ko < sk)))
+            sr, sk = np.where(better, ro, sr), np.where(better, ko, sk)
+        nj = min(n - 1, L)  # checkpoints [s, s + k) for k <= nj
+        v = np.maximum(FN[1:nj + 1, :ns], _diag(xo, 0, n, ns)[:nj] + _skew(D, n, ns)[:nj])
+        np.maximum(v, _skew(DL, n, ns)[:nj] + D[1:nj + 1, :ns], out=v)
+        vmin = v.min(axis=0)
+        kc = (_diag(Q, 1, n, ns)[:nj] - P[:ns]) + _skew(KD, n, ns)[:nj] + KD[1:nj + 1, :ns]
+        kmin = np.where(v == vmin, kc, INF).min(axis=0)
+        s0 = U - n  # the tail [s0, U): long top-level checkpoints
+        _long_tops(pc, xo, D, KD, P, Q, s0, L, LT, sa, nlo, vmin, kmin)
+        store = (sr < vmin) | ((sr == vmin) & (sk <= kmin))
+        KD[n, :ns] = np.where(store, sk, kmin)
+        D[n, :ns] = np.where(store, sr, vmin)
+        if n > L:  # only the tail [U - n, U) and the nest ends' sub-chains are reached
+            far = nlo[n:U] > np.arange(ns - 1)  # [s, s + n) for s < ns - 1
+            KD[n, :ns - 1][far], D[n, :ns - 1][far] = INF, BIG
+    R = np.full((U, W), BIG, dtype=np.int64)
+    K = np.full((U, W), INF)
+    R[sc[ok], ec[ok]] = D[ok]
+    K[sc[ok], ec[ok]] = KD[ok]
+    return R, K
+
+
+def _long_tops(pc: PairCosts, xo: np.ndarray, D: np.ndarray, KD: np.ndarray, P: np.ndarray,
+               Q: np.ndarray, s0: int, L: int, LT: int, sa: np.ndarray, nlo: np.ndarray,
+               vmin: np.ndarray, kmin: np.ndarray) -> None:
+    """The tail ``[s0, U)``'s long top-level checkpoints (longer than the band): nesting the
+    band's (where ``nest`` allows), then storing every unit inside; lowers ``vmin[-1]``,
+    ``kmin[-1]`` in place."""
+    U = pc.store_req.shape[0]
+    js = np.arange(s0 + L + 1, min(U, s0 + max(L, LT) + 1))
+    js = js[nlo[js] <= s0]  # with an inner plan of the band (``nest``)
+    if len(js):
+        vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
+                        pc.inner_extra[js, U] + D[js - s0, s0])
+        kl = ((Q[js] - P[s0]) + KD[U - js, js]) + KD[js - s0, s0]
+        lo = vl.min()
+        if lo < vmin[-1]:
+            vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
+        elif lo == vmin[-1]:
+            kmin[-1] = min(kmin[-1], kl[vl == lo].min())
+    js = np.arange(s0 + L + 1, min(U, s0 + LT + 1))  # every unit inside stored
+    if len(js):
+        vl = np.maximum(np.maximum(pc.fnone[s0, js], xo[js - 1] + D[U - js, js]),
+                        pc.inner_extra[js, U] + sa[s0, js])
+        kl = (Q[js] - P[s0]) + KD[U - js, js]
+        lo = vl.min()
+        if lo < vmin[-1]:
+            vmin[-1], kmin[-1] = lo, kl[vl == lo].min()
+        elif lo == vmin[-1]:
+            kmin[-1] = min(kmin[-1], kl[vl == lo].min())
