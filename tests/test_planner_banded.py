@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 
 import pytest
@@ -16,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_planner_options import Best, _assign, budgets, plans
 
-from ckplan.planner import min_peak, plan_chain, plan_dp, plan_none, simulate
+from ckplan.planner import limits, min_peak, plan_chain, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import BAND_MIN_LAYERS, banded_plan, base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.dp import banded_plan, base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.limits import BAND_MIN_LAYERS
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain, uniform_chain, with_tails
@@ -123,10 +125,10 @@ def test_banded_tables_compiled_equal_numpy(monkeypatch, n, seed, size, opts, mo
     t = layer_tables(ch)
     u, pc = t.units, t.pairs
     top = n if long_top else most
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
 
     def build(flag: bool):
-        monkeypatch.setattr(T, "USE_NUMBA", flag)
+        monkeypatch.setattr(limits, "USE_NUMBA", flag)
         pk = T.PeakTable(u, pc, most, top)
         lo, hi = base_bytes(ch) + int(pk.R[0, u.size]), simulate(ch, plan_none(n)).peak_bytes
         avail = (lo + hi) // 3 * 2 - base_bytes(ch) if hi > lo else int(pk.R[0, u.size])
@@ -194,12 +196,11 @@ def test_banded_plan_when_frontiers_outgrow_the_limit(monkeypatch, most_points, 
     the slot table's plan, and when that is still too big the banded DP gives up (None) and
     ``plan_dp`` plans with its other tables: the answer fits either way, and with the retry it
     is still the optimum."""
-    from ckplan.planner import dp
     ch = random_chain(BAND_MIN_LAYERS + 6, 2, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + 0.9 * (hi - lo))  # the first table: ~3000 points; pruned by the slot plan: ~80
     want = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
-    monkeypatch.setattr(dp, "BAND_MAX_POINTS", most_points)
+    monkeypatch.setattr(limits, "BAND_MAX_POINTS", most_points)
     got = banded_plan(ch, b)
     res = plan_dp(ch, b)
     assert simulate(ch, res.plan).peak_bytes <= b
@@ -232,7 +233,8 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
     """Past 150 layers, away from the smallest peak, the banded DP starts from the plan of the
     same band on sizes rounded up to 1/4000 of the budget: it fits, it is a bound only (the
     answer equals the banded DP's without it)."""
-    from ckplan.planner.dp import COARSE_MIN_LAYERS, _coarse_plan
+    from ckplan.planner.dp import _coarse_plan
+    from ckplan.planner.limits import COARSE_MIN_LAYERS
     ch = random_chain(COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + frac * (hi - lo))
@@ -265,8 +267,8 @@ def _trim_cases(trim: float, numba: bool, monkeypatch, every: int = 1, eps_share
     then ``(optimum + k eps) / (1 - trim) ** k``."""
     if numba:
         pytest.importorskip("numba")
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
-    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "USE_NUMBA", numba)
     changed = 0
     for n, seed, opts in ((8, 1, 0), (12, 2, 2), (20, 3, 1), (30, 4, 0)):
         ch = with_tails(random_chain(n, seed, max_size=1_000_003, options=opts), seed)
@@ -316,8 +318,8 @@ def test_only_every_nth_tail_is_thinned(monkeypatch, numba):
     untrimmed table's, point for point."""
     if numba:
         pytest.importorskip("numba")
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
-    monkeypatch.setattr(T, "USE_NUMBA", numba)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "USE_NUMBA", numba)
     ch = with_tails(random_chain(20, 5, max_size=1_000_003, options=2), 5)
     t = layer_tables(ch)
     u, pc = t.units, t.pairs
@@ -347,21 +349,21 @@ def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch
     from the coarse plan's recompute away from the smallest peak): the plan fits, says it is
     within some bound of at most 4.6%, and is, against the exact DP."""
     from ckplan.planner import dp as D
-    monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
-    monkeypatch.setattr(D, "COARSE_MIN_LAYERS", BAND_MIN_LAYERS)
+    monkeypatch.setattr(limits, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    monkeypatch.setattr(limits, "COARSE_MIN_LAYERS", BAND_MIN_LAYERS)
     if over_band:
-        monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
+        monkeypatch.setattr(limits, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     ch = random_chain(BAND_MIN_LAYERS + 6, 7, max_size=1_000_003, options=2)
     n = ch.n_layers
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
-    assert D.tail_trim(ch)[1] == (D.TRIM_EVERY if over_band else 1)
+    assert D.tail_trim(ch)[1] == (limits.TRIM_EVERY if over_band else 1)
     got = plan_dp(ch, b)
     ref = plan_dp(ch, b, mode="exact")
     assert ref.exact and not got.exact
     stated = [float(m.group(1)) for x in got.notes for m in [re.search(r"within (\d+\.\d)%", x)] if m]
     assert len(stated) == 1 and stated[0] <= 4.6, got.notes
-    if not over_band or frac < D.COARSE_MIN_FRAC:
+    if not over_band or frac < limits.COARSE_MIN_FRAC:
         assert stated[0] == 4.6  # relative thinning: the bound known beforehand
     else:
         assert stated[0] < 4.6  # absolute thinning, its bound proven after the fact
@@ -372,8 +374,8 @@ def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch
 
 def _thinned(chain: Chain, budget: int, bound, monkeypatch, **kw):
     from ckplan.planner import dp as D
-    monkeypatch.setattr(D, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
-    monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
+    monkeypatch.setattr(limits, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
+    monkeypatch.setattr(limits, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     trim, every = D.tail_trim(chain)
     return banded_plan(chain, budget, bound=bound, trim=trim, trim_every=every, **kw), trim, every
 
@@ -392,7 +394,7 @@ def test_absolute_thinning_proves_its_bound_after_the_fact(monkeypatch, frac):
     ref = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
     absolute = 0
     for bound in (D._coarse_plan(ch, b).plan, D.min_peak_plan(ch)):
-        got, trim, every = _thinned(ch, b, bound, monkeypatch, trim_abs=D.TAIL_TRIM_ABS)
+        got, trim, every = _thinned(ch, b, bound, monkeypatch, trim_abs=limits.TAIL_TRIM_ABS)
         sc = simulate(ch, got.plan)
         assert sc.peak_bytes <= b and not got.exact
         relative = math.expm1(-math.log1p(-trim) * -(-(n + 1) // every))
@@ -410,7 +412,7 @@ def test_absolute_thinning_falls_back_to_relative_when_its_bound_is_too_loose(mo
     n = ch.n_layers
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + 0.5 * (hi - lo))
-    trim, every = D.TAIL_TRIM_ERROR / -(-(n + 1) // D.TRIM_EVERY), D.TRIM_EVERY
+    trim, every = limits.TAIL_TRIM_ERROR / -(-(n + 1) // limits.TRIM_EVERY), limits.TRIM_EVERY
     got = banded_plan(ch, b, bound=D._coarse_plan(ch, b).plan, trim=trim, trim_every=every,
                       trim_abs=0.5)  # k eps = half the optimum: never as good as relative
     k = -(-(n + 1) // every)
@@ -422,7 +424,7 @@ def test_absolute_thinning_falls_back_to_relative_when_its_bound_is_too_loose(mo
 def test_coarse_plan_is_reproducible():
     """Stochastic rounding with a fixed seed: the same chain and budget give the same plan."""
     from ckplan.planner import dp as D
-    ch = random_chain(D.COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
+    ch = random_chain(limits.COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + 0.4 * (hi - lo))
     first = D._coarse_plan(ch, b)
@@ -467,7 +469,7 @@ def test_long_chains_with_options_take_the_banded_dp_and_fall_back_when_it_outgr
     and when the banded DP's frontiers outgrow BAND_MAX_TOTAL, by the grouped tables too."""
     from ckplan.planner import dp as D
     n = BAND_MIN_LAYERS + 6
-    monkeypatch.setattr(D, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
+    monkeypatch.setattr(limits, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     ch = random_chain(n, 3, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
@@ -482,9 +484,9 @@ def test_long_chains_with_options_take_the_banded_dp_and_fall_back_when_it_outgr
     plain = plan_dp(ch.without_options(), b) if b >= min_peak(ch.without_options()) else None
     if plain is not None:
         assert not any("checkpoints span at most" in x for x in plain.notes)  # the tables'
-    monkeypatch.setattr(D, "BAND_MAX_TOTAL", 1000)
-    monkeypatch.setattr(D, "EXACT_MAX_LAYERS", BAND_MIN_LAYERS)  # grouped tables, as over 400
-    monkeypatch.setattr(D, "DEFAULT_GROUPS", 10)
+    monkeypatch.setattr(limits, "BAND_MAX_TOTAL", 1000)
+    monkeypatch.setattr(limits, "EXACT_MAX_LAYERS", BAND_MIN_LAYERS)  # grouped tables, as over 400
+    monkeypatch.setattr(limits, "DEFAULT_GROUPS", 10)
     small = plan_dp(ch, b)
     assert simulate(ch, small.plan).peak_bytes <= b
     assert D.OPTIONS_IGNORED in small.notes or any("smallest peak" in x for x in small.notes)
@@ -497,13 +499,13 @@ def test_inner_frontiers_built_beside_the_coarse_plan_change_nothing(monkeypatch
     for the coarse plan (``_coarse_beside_inner``): the plan equals the one built on one CPU."""
     pytest.importorskip("numba")
     from ckplan.planner import dp as D
-    ch = random_chain(D.COARSE_MIN_LAYERS + 10, 6, max_size=1_000_003, options=2)
+    ch = random_chain(limits.COARSE_MIN_LAYERS + 10, 6, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + frac * (hi - lo))
     coarse, pre = D._coarse_beside_inner(ch, b, None)
     assert pre is not None and pre.inner is not None and coarse is not None
     two = plan_dp(ch, b)
-    monkeypatch.setattr(D.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert D._coarse_beside_inner(ch, b, None)[1] is None
     one = plan_dp(ch, b)
     assert two.plan == one.plan and two.notes == one.notes

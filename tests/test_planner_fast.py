@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ckplan.planner import min_peak, min_peak_plan, plan_none, simulate
+from ckplan.planner import limits, min_peak, min_peak_plan, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.dp import base_bytes, layer_tables
 from ckplan.planner.groups import cheap_cuts, make_units
@@ -30,10 +30,10 @@ def _chain(n: int, seed: int, size: int, opts: int = 0):
 
 
 def _both(monkeypatch, build):
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)  # compiled on small tables too
-    monkeypatch.setattr(T, "USE_NUMBA", False)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)  # compiled on small tables too
+    monkeypatch.setattr(limits, "USE_NUMBA", False)
     a = build()
-    monkeypatch.setattr(T, "USE_NUMBA", True)
+    monkeypatch.setattr(limits, "USE_NUMBA", True)
     return a, build()
 
 
@@ -146,7 +146,7 @@ def test_tails_on_a_prebuilt_inner_part_equal_a_table_built_whole(monkeypatch, n
     ch = _chain(n, seed, size, opts)
     t = layer_tables(ch)
     u, pc = t.units, t.pairs
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
     avail = b - base_bytes(ch)

@@ -25,10 +25,11 @@ from functools import cache
 import numpy as np
 import pytest
 
-from ckplan.planner import min_peak, plan_dp, plan_none, simulate
+from ckplan.planner import limits, min_peak, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import BAND_START, base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.dp import base_bytes, fixed_peak, layer_tables, plan_from
+from ckplan.planner.limits import BAND_START
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import long_run_chain, random_chain, with_tails
@@ -211,10 +212,10 @@ def test_nested_band_tables_compiled_equal_numpy(monkeypatch, n, seed, size, opt
         pk = T.PeakTable(u, pc, L, n, nest=spans)
         return pk, T.ParetoTable(u, pc, pk.R, avail, None, None, max_len=L, top_len=n, nest=spans)
 
-    monkeypatch.setattr(T, "NUMBA_MIN_UNITS", 0)
-    monkeypatch.setattr(T, "USE_NUMBA", False)
+    monkeypatch.setattr(limits, "NUMBA_MIN_UNITS", 0)
+    monkeypatch.setattr(limits, "USE_NUMBA", False)
     (pa, ta), caps = build(), T.reach(u, pc, build()[0].R, avail, np.inf, L, n, spans)
-    monkeypatch.setattr(T, "USE_NUMBA", True)
+    monkeypatch.setattr(limits, "USE_NUMBA", True)
     pb, tb = build()
     np.testing.assert_array_equal(pa.R, pb.R)
     np.testing.assert_array_equal(pa.K, pb.K)

@@ -85,7 +85,7 @@ def test_describe_runs_shortens_long_stretches_of_plain_stores_only():
 def test_plan_for_another_chain_is_refused_before_any_layer_is_built():
     import time
 
-    from ckplan.planner import plan as plan_module
+    from ckplan.planner import plan_items as plan_module
     start = time.perf_counter()
     with pytest.raises(SpecError, match="the plan is for about 10\\^12 layers but the chain has 4"):
         Plan.from_dict({"n_layers": 10**12, "checkpoints": [[0, 2]]}, chain_layers=4)

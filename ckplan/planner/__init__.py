@@ -4,19 +4,24 @@ Pipeline: ``chain_from_profile(profile) -> Chain``; a strategy gives a ``Plan``;
 scores any plan. ``plan_chain`` / ``compare`` / ``sweep`` are the entry points the CLI uses;
 ``parse_budget`` / ``default_budget`` / ``no_gain_reason`` hold the budget rules.
 
-Modules, imports flowing one way (each imports only those above it):
+Modules, imports flowing one way (each imports only those above it; ``tests/test_planner_layout.py``):
 
-* ``chain``: the cost model's types (Layer, Pre, Post, Chain).
-* ``plan``: the one plan type (Store / Checkpoint items) and its JSON.
-* ``simulate``: the one simulator (peak, recompute, trace of any plan).
+* ``limits``: every tuning constant of the solvers and tables (read as ``limits.NAME``).
+* ``layer``, ``chain``: the cost model's types (Option, Layer; Pre, Post, Chain).
+* ``plan_items``, ``plan``: the plan's items (Store / Checkpoint), the one plan type and its JSON.
+* ``boundaries``, ``replay``, ``simulate``: the one simulator (what a plan keeps beyond the plain
+  forward; the op-by-op replay; peak, recompute, trace of any plan).
 * ``baselines``: none, every-k, sqrtn, chen.
 * ``calibrate``: profile -> Chain, transients calibrated on the measured windows.
 * ``groups``: merged costs of runs of layers (the DP's units).
 * ``floor``: what the smallest peak is made of; the infeasible-budget error.
-* ``tables``: the DP's tables and the one plan reader.
+* ``tables/``: the DP's tables (pairs, plan reader, min-peak, slot tables, Pareto frontiers,
+  compiled kernels).
 * ``casts``: mixed precision, the top-level frontiers that make min peak and feasibility exact.
-* ``held``: held layers (FSDP2 per rank): the DP whose inner plans hold their layers.
-* ``dp``: the solver and its entry points (plan_dp, min_peak, min_peak_plan).
+* ``held_costs``, ``held``: held layers (FSDP2 per rank): the DP whose inner plans hold their layers.
+* ``solve/``: the solvers (exact, slot and grouped tables, banded DP, coarse bound, near-minimum
+  search, unkept boundaries, held fallback) and their entry points (plan_dp, min_peak, min_peak_plan).
+* ``dp``: the entry points under their long-standing names.
 * ``strategies``: plan_chain, compare, sweep (``selective``: one SAC policy on every layer).
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
 * ``parallel``: what one rank holds under FSDP2 / DDP (the per-rank chain).

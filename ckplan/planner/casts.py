@@ -27,12 +27,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import limits
 from .chain import Chain
 from .groups import Units
 from .tables import PairCosts, PeakTable, base_bytes, exact_chooser, fixed_peak, reconstruct
 
 Estimate = Callable[[int, int, int, float], float]
-MAX_STATES = 32  # top-level states kept per unit by ``CastFrontier.ranges`` (a beam: cheapest first)
 
 
 def _pareto(fwd: np.ndarray, bwd: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +113,7 @@ class CastFrontier:
         return i >= 0 and int(B[i]) <= b_avail
 
     def ranges(self, avail: int, estimate: Estimate | None = None,
-               max_states: int = MAX_STATES) -> list[tuple[int, int]] | None:
+               max_states: int | None = None) -> list[tuple[int, int]] | None:
         """Checkpointed layer ranges of the least-recompute plan needing at most ``avail`` bytes
         above the chain's start, or None when there is none.
 
@@ -124,6 +124,7 @@ class CastFrontier:
         ``estimate(s, j, bytes, K)`` (default: the min-peak table's ``K``); with the exact cost
         table's estimate this is the optimum. Above ``max_states`` states per unit the cheapest
         are kept (still feasible, maybe not optimal)."""
+        max_states = limits.CAST_MAX_STATES if max_states is None else max_states
         u, pc, pt = self.u, self.pc, self.pt
         U = u.size
         P = pc.fwd_prefix_ms

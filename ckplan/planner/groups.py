@@ -137,6 +137,21 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
     grad.append(post.grad_bytes)
     fwd_ms.append(post.fwd_ms)
     i64 = lambda v: np.asarray(v, dtype=np.int64)
+    opt_hold, opt_fwd, opt_bwd, opt_ms, names = _option_columns(chain, bounds, hold, fwd_req, bwd_req)
+    return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
+                 i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
+                 opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
+                 np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
+                 int(post.backward_hold_bytes), i64(fwd_stop),
+                 i64([L[b - 1].lead_bytes for a, b in bounds[:-1]] + [0]), tuple(chain.breaks))
+
+
+def _option_columns(chain: Chain, bounds: list[tuple[int, int]], hold: list[int], fwd_req: list[int],
+                    bwd_req: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                  list[tuple[str, ...]]]:
+    """``make_units``' ``opt_*`` columns and option names: column 0 ``store`` (the unit's own
+    costs), then each selective option of a single-layer unit (the post has none)."""
+    L = chain.layers
     U = len(bounds)
     single = [b - a == 1 for a, b in bounds[:-1]] + [False]
     n_opt = 1 + max((len(L[a].options) for (a, _), one in zip(bounds, single) if one), default=0)
@@ -158,12 +173,7 @@ def make_units(chain: Chain, cuts: list[int] | None = None) -> Units:
                 opt_fwd[s, c] = o.xbar_bytes + o.fwd_tmp_bytes
                 opt_bwd[s, c] = o.xbar_bytes + ly.x_bytes + bt
                 opt_ms[s, c] = o.recompute_ms
-    return Units(tuple(bounds), i64(hold), i64(fwd_req), i64(bwd_req), i64(x_out), i64(fn_first),
-                 i64(fn_next), i64(grad), np.asarray(fwd_ms, dtype=np.float64),
-                 opt_hold, opt_fwd, opt_bwd, opt_ms, tuple(names),
-                 np.asarray([L[b - 1].tail_ms for a, b in bounds[:-1]] + [0.0], dtype=np.float64),
-                 int(post.backward_hold_bytes), i64(fwd_stop),
-                 i64([L[b - 1].lead_bytes for a, b in bounds[:-1]] + [0]), tuple(chain.breaks))
+    return opt_hold, opt_fwd, opt_bwd, opt_ms, names
 
 
 def size_gcd(chain: Chain) -> int:

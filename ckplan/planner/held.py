@@ -40,16 +40,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import limits
 from .baselines import plan_none
 from .chain import STORE, Chain
-from .groups import Units, make_units
+from .held_costs import _beside, held_applies, inner_costs, inner_tables, top_costs, without_holds
 from .plan import Plan, items_from_ranges
 from .simulate import simulate
 from .tables import (
     INF,
-    PairCosts,
     ParetoTable,
-    PeakTable,
     _envelope,
     base_bytes,
     exact_chooser,
@@ -57,86 +56,10 @@ from .tables import (
     reconstruct_options,
 )
 
-HELD_MAX_LAYERS = 200
-PARETO_MAX_POINTS = 50_000  # breakpoints per inner sub-chain before the exact DP gives up
+__all__ = ["TopLevel", "held_applies", "inner_costs", "inner_tables", "min_peak", "min_peak_plan",
+           "plan_held", "top_costs", "top_level", "without_holds"]
+
 UNCAPPED = 2**60  # bytes: the inner table's "top" (see TopLevel.frontier)
-
-
-def held_applies(chain: Chain) -> bool:
-    """Whether the exact held DP plans ``chain`` (else ``dp.py``'s fallback, module doc)."""
-    return (chain.has_holds and chain.all_kept and not chain.has_casts
-            and chain.n_layers <= HELD_MAX_LAYERS)
-
-
-def without_holds(chain: Chain) -> Chain:
-    """The chain with nothing held (the fallback's tables plan on it)."""
-    def free(ly):
-        return replace(ly, held_bytes=0, held_fwd_tmp_bytes=None, held_bwd_tmp_bytes=None,
-                       gather_bytes=0, retained_bytes=0,
-                       options=tuple(replace(o, held_fwd_tmp_bytes=None, held_bwd_tmp_bytes=None)
-                                     for o in ly.options))
-    return replace(chain, layers=tuple(free(ly) for ly in chain.layers))
-
-
-def _beside(chain: Chain, e: int) -> int:
-    """What the backward of layer ``e`` left, beside a held forward of a recompute of [., e)."""
-    return chain.layers[e].retained_bytes if e < chain.n_layers else 0
-
-
-def inner_costs(chain: Chain) -> tuple[Units, PairCosts]:
-    """Units and pair costs of the inner sub-chains ``[s, e)``, ``e <= n`` (module doc); their
-    columns ``e = U`` (the top level) are not used."""
-    L = chain.layers
-    n = len(L)
-    U = n + 1
-    # a checkpoint's first forward inside a recompute: unsharding, beside the next layer's
-    fn_view = replace(chain, layers=tuple(ly.held(True, _beside(chain, k + 1)) for k, ly in enumerate(L)))
-    u = make_units(fn_view)
-    n_opt = u.n_options
-    grad = np.array([ly.grad_bytes - ly.held_bytes for ly in L] + [int(u.grad[-1])], dtype=np.int64)
-    bwd = u.opt_bwd_req.copy()
-    fwd = np.full((U, n_opt), 0, dtype=np.int64)  # xbar + held forward transient, no additions
-    for s, ly in enumerate(L):
-        d = L[s - 1].x_bytes if s > 0 else chain.delta_in_bytes
-        for o, name in enumerate(u.opt_names[s]):
-            v = ly.held(False)
-            v = v if name == STORE else v.option(name)
-            bwd[s, o] = v.xbar_bytes + v.x_bytes + max(v.bwd_tmp_bytes,
-                                                       d + int(grad[s]) - v.xbar_bytes - v.x_bytes)
-            fwd[s, o] = v.xbar_bytes + v.fwd_tmp_bytes
-    ua = replace(u, grad=grad, bwd_req=bwd[:, 0].copy(), opt_bwd_req=bwd)
-    pc = PairCosts(ua)
-    # Store(s)'s forward in a recompute of a checkpoint ending at e (<= n): beside what e's
-    # backward left, with the all-gather buffer unless s is that checkpoint's last layer
-    gp = np.concatenate([[0], np.cumsum(grad)])
-    xe = np.concatenate([[0], u.x_out]).astype(np.int64)
-    beside = np.array([_beside(chain, e) for e in range(U + 1)], dtype=np.int64)
-    gather = np.array([ly.gather_bytes for ly in L], dtype=np.int64)
-    for s in range(n):
-        es = np.arange(s + 1, n + 1)
-        later = gp[es] - gp[s + 1] - xe[es]  # gradients of s+1..e-1, less x[e-1]'s
-        for o, name in enumerate(u.opt_names[s]):
-            f = fwd[s, o] + beside[es] + np.where(es > s + 1, gather[s], 0)
-            if name == STORE and L[s].early_xbar_bytes is not None:  # early stop, last stored
-                v = L[s].held(False, int(beside[s + 1]))
-                f[0] = v.stop_xbar_bytes + v.stop_fwd_tmp_bytes
-            pc.opt_store_req[o, s, s + 1:n + 1] = np.maximum(f, bwd[s, o] + later)
-    return ua, pc
-
-
-@lru_cache(maxsize=16)
-def top_costs(chain: Chain) -> tuple[Units, PairCosts]:
-    """The chain's own units and pair costs (the top level's; ``dp.layer_tables`` builds the same)."""
-    u = make_units(chain)
-    return u, PairCosts(u)
-
-
-@lru_cache(maxsize=16)
-def inner_tables(chain: Chain) -> tuple[Units, PairCosts, np.ndarray, np.ndarray]:
-    """``inner_costs`` and their min-peak table ``(R, K)``, once per chain."""
-    ua, pa = inner_costs(chain)
-    peaks = PeakTable(ua, pa)
-    return ua, pa, peaks.R, peaks.K
 
 
 class TopLevel:
@@ -284,12 +207,12 @@ class TopLevel:
 
     def frontier(self, cap: int, ub: float | None = None) -> Frontiers | None:
         """The least-recompute frontiers up to ``cap`` bytes (None when the inner frontiers
-        outgrow ``PARETO_MAX_POINTS``), pruned by ``ub``, the recompute of a plan that fits.
+        outgrow ``HELD_PARETO_MAX_POINTS``), pruned by ``ub``, the recompute of a plan that fits.
 
         The inner table is given no bytes cap: it would reach its sub-chains through its own
         columns ``e = U``, which are not the top level's (only the recompute cap, which every
         path there passes, prunes it)."""
-        inner = ParetoTable(self.ua, self.pa, self.RA, UNCAPPED, PARETO_MAX_POINTS, ub)
+        inner = ParetoTable(self.ua, self.pa, self.RA, UNCAPPED, limits.HELD_PARETO_MAX_POINTS, ub)
         if not inner.ok:
             return None
         return Frontiers(self, inner, cap)

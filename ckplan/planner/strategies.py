@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
-from . import dp
+from . import dp, limits
 from .baselines import (
     baseline_candidates,
     chen_grid,
@@ -345,7 +345,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     better one than ``b`` does), so the DP runs once per distinct plan, not once per point."""
     n = chain.n_layers
     lo = dp.min_peak(chain)
-    banded = dp.plans_banded(chain, **dp_options) and n > dp.EXACT_MAX_LAYERS
+    banded = dp.plans_banded(chain, **dp_options) and n > limits.EXACT_MAX_LAYERS
     if not chain.all_kept or banded or chain.has_holds:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
         # beats the grouped tables, or held layers (held.py): plan_dp per budget

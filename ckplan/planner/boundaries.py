@@ -1,0 +1,118 @@
+"""What a plan holds beyond rotor's chain, for the replay (``replay.py``): inputs and boundaries
+no op of the plain forward keeps, and side inputs.
+
+The model (the replay implements all of it; these helpers decide the first two):
+
+* boundaries no op keeps (``Layer.x_kept`` / ``Pre.x_kept`` False: a Linear's output that only a
+  ReLU reads, which saves its own output instead): ``xbar`` leaves the output out, so a stored
+  layer frees it once the next stage has run (inside the next forward's measured transient). A
+  checkpoint starting right after such a stored layer (or at layer 0 after such a pre), or a layer
+  stored there with a selective option (its own SAC checkpoint), keeps it as its input: ``hold``
+  adds it before that item's forward, ``unhold`` frees it after its backward. The measured forward
+  transient of such a layer, and of the layer after it, holds that output (``xbar`` leaves it
+  out): a forward that saves nothing (``Fn``) and the first layer of a recompute, where it is
+  live already, take the transient without it. A checkpoint nested inside a recompute gets such
+  an input (or the boundary of a checkpoint before it that nothing after saves) from the
+  enclosing recompute, which hands it over once: it is freed when the nested checkpoint's own
+  recompute is over (``unhold`` there), not after its backward. A checkpoint's own
+  boundary ``x[t-1]`` of that kind is freed once read (``release``) when a layer stored with
+  ``store`` (or post) comes next; so is one that only layer ``t-1``'s own ops save
+  (``Layer.x_kept_next`` False: nothing inside a checkpoint saves), after that next stage's
+  forward (which was measured with it live).
+* side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers, or a
+  chain layer for layers after the next one): live from pre's forward; freed when the chain's
+  forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
+  layer stored with a selective option) and does not contain the layer that made them, after the
+  backward of the first such item.
+* side-input gradients (``SideInput.grad_bytes``: T5's position bias comes from a parameter):
+  the autograd engine sums what the layers reading them send back, so they appear after the
+  backward of the last such layer and go after the backward of their maker (a chain layer or
+  pre); every recompute in between runs beside them. A recompute over the layer that makes a
+  side input makes it again; the recompute's frame holds it until the recompute is over (from
+  the maker's forward on: the first forward's measured transients count it as live there).
+* tensors a layer keeps that no saved-tensor hook sees (``Layer.unsaved_kept_bytes``: a custom
+  autograd Function's ``ctx`` attributes, a module cache): a checkpoint's first forward keeps
+  them beside its output, until the backward is over (the graph's nodes hold them). A stored
+  layer's are in its measured transients (calibration); a recompute's die with it (not counted).
+* held layers (``Layer.held_bytes``; FSDP2 per rank keeps a unit forwarded during backward
+  unsharded until its own backward, ``planner.parallel``): when the backward of a top-level
+  checkpoint [s, t) starts (its boundary dropped), ``mem += held[s..t-1]``, and each goes after
+  its layer's backward. There the layers' ops take their held transients (``Layer.held``): a
+  forward in the recompute of a checkpoint [a, b) runs beside layer b's ``retained_bytes`` (what
+  its backward left; a checkpoint's first forward inside a recompute beside the next layer's)
+  and, unless it is layer b - 1, adds its ``gather_bytes``; the ops of layer s once its backward
+  has begun (its backward; its recompute too when it is the checkpoint's only layer) add the
+  ``gather_bytes`` of layer s - 1 (FSDP2's backward prefetch of the unit before).
+"""
+from __future__ import annotations
+
+from .chain import Chain
+from .plan import STORE, Item, Store
+
+
+def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, int] | None) -> int:
+    """What checkpoint ``seq[idx]`` keeps beyond the plain forward: its input, when no op of the
+    plain forward saves it (``Layer.x_kept`` False) and the item before it stores the layer that
+    made it with ``store`` (pre at the top level). A checkpoint before it keeps its boundary
+    anyway; a selective option's ``xbar`` includes the output; the first item of an inner plan
+    gets its input from the checkpoint around it, which keeps it. A layer stored with a selective
+    option runs in a checkpoint of its own (SAC), which keeps its input the same way."""
+    it = seq[idx]
+    if isinstance(it, Store) and it.option == STORE:
+        return 0
+    start = it.layer if isinstance(it, Store) else it.start
+    if idx == 0:
+        return chain.input_hold(0) if ctx is None and start == 0 else 0
+    prev = seq[idx - 1]
+    if isinstance(prev, Store) and prev.option == STORE:
+        return chain.input_hold(start)
+    return 0
+
+
+def _boundary_released(chain: Chain, seq: tuple[Item, ...], idx: int,
+                       ctx: tuple[int, int] | None) -> bool:
+    """Whether checkpoint ``seq[idx]``'s boundary ``x[t-1]`` is freed once the next stage has
+    read it: no op after layer ``t-1`` saves it (``Layer.x_kept`` False, or only the layer's own
+    ops do: ``Layer.x_kept_next`` False; inside the checkpoint they save nothing) and that stage
+    is a layer stored with ``store`` (or post, at the top level); a checkpoint or a selective
+    option after it keeps it as its input."""
+    it = seq[idx]
+    if isinstance(it, Store):
+        return False
+    ly = chain.layers[it.stop - 1]
+    if ly.x_kept and ly.x_kept_next:
+        return False
+    if idx + 1 < len(seq):
+        nxt = seq[idx + 1]
+        return isinstance(nxt, Store) and nxt.option == STORE
+    return ctx is None  # the last item of the whole chain: post reads it
+
+
+def _span(it: Item) -> tuple[int, int]:
+    return (it.layer, it.layer + 1) if isinstance(it, Store) else (it.start, it.stop)
+
+
+def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int, int]]:
+    """Side-input bytes freed when the chain's forward ends, and per top-level item index the
+    bytes freed after that item's backward (the first item holding one of their layers)."""
+    if not chain.side_inputs:
+        return 0, {}
+    holder: dict[int, int] = {}  # layer -> index of the top-level item that holds it
+    for idx, it in enumerate(items):
+        if isinstance(it, Store):
+            if it.option != STORE:
+                holder[it.layer] = idx
+        else:
+            for k in range(it.start, it.stop):
+                holder[k] = idx
+    free = 0
+    held: dict[int, int] = {}
+    for si in chain.side_inputs:
+        maker = holder.get(si.made_by) if si.made_by >= 0 else None  # makes them again: keeps none
+        idxs = [holder[i] for i in si.layers if i in holder and holder[i] != maker]
+        if idxs:
+            first = min(idxs)
+            held[first] = held.get(first, 0) + si.bytes
+        else:
+            free += si.bytes
+    return free, held

@@ -1,0 +1,163 @@
+"""``plan_dp`` for chains without held layers: which solver plans which chain, and its notes."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import limits
+from ..baselines import plan_none
+from ..chain import Chain
+from ..floor import infeasible_error
+from ..plan import Plan
+from ..simulate import simulate
+from ..tables import (
+    base_bytes,
+)
+from .band import Banded, _band_note, banded_plan, plans_banded, tail_trim
+from .coarse import _coarse_beside_inner, _coarse_plan, _scale
+from .common import (
+    OPTIONS_IGNORED,
+    DPResult,
+)
+from .lowest import min_peak_kept, min_peak_plan_kept
+from .near_min import near_min_plan
+from .solver import DPSolver
+from .unkept import _plan_dp_unkept, min_peak_plan_unkept, min_peak_unkept
+
+
+def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: bool,
+                    **dp_options) -> tuple[Plan, bool, DPSolver | None]:
+    """``plan_dp`` with the exact, slot or grouped tables (``DPSolver``), and where they
+    cannot reach the budget, the banded DP (when ``band``) or ``near_min_plan`` (then no
+    solver: its notes do not apply)."""
+    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
+    solver = DPSolver(chain, **dp_options,
+                      top_bytes=max(budget_bytes, min(min_peak_kept(chain), none_peak)),
+                      lowest_bytes=budget_bytes)
+    found = solver.solve(budget_bytes)
+    exact = solver.exact
+    if found is None:
+        lowest = min_peak_kept(chain)
+        if budget_bytes < lowest:
+            raise infeasible_error(chain, budget_bytes, lowest)
+        trim, every = tail_trim(chain)
+        banded = banded_plan(chain, budget_bytes, trim=trim, trim_every=every, top=limits.BAND_TOP,
+                             widen_top=True) if band else None
+        if banded is not None:
+            found, exact = banded.plan, banded.exact
+            how = _band_note(banded)
+        else:
+            found, how = near_min_plan(chain, budget_bytes)
+            exact = False
+        which = "grouped" if solver.grouped else "slot"
+        notes.append(f"the {which} tables cannot reach a budget this close to the smallest peak: "
+                     + how)
+        return found, exact, None  # the tables' own notes do not apply to this plan
+    return found, exact, solver
+
+
+def none_fits(chain: Chain, budget_bytes: int, none_peak: int) -> DPResult | None:
+    """``plan_dp``'s answer when the plan without checkpointing fits, else None."""
+    if budget_bytes < none_peak:
+        return None
+    plan = Plan("dp", chain.n_layers, plan_none(chain.n_layers).items, {"budget_bytes": budget_bytes})
+    return DPResult(plan, 1, 0, True, chain.n_layers + 1, ("the plan without checkpointing fits",))
+
+
+def safe_side(chain: Chain, exact: bool, notes: list[str]) -> bool:
+    """``exact`` unless the tables count something on the safe side (lead bytes, memory no
+    saved-tensor hook sees), which ``notes`` then says."""
+    if exact and any(ly.lead_bytes for ly in chain.layers):
+        exact = False
+        notes.append("some layers' backward holds gradients before the recompute it starts "
+                     "(lead bytes): the tables count them through the whole recompute, on the "
+                     "safe side, so the plan fits but may recompute more than the optimum")
+    if exact and chain.unsaved_bytes:
+        exact = False
+        notes.append("some layers keep tensors no saved-tensor hook sees (ctx attributes, caches) "
+                     "until the backward is over: the tables count them as live for the whole step, "
+                     "on the safe side, so the plan fits but may recompute more than the optimum")
+    return exact
+
+
+def _banded_first(chain: Chain, budget_bytes: int, none_peak: int) -> Banded | None:
+    """The banded DP where ``plan_dp`` tries it first (``plans_banded``): long chains from a
+    coarse bound (``_coarse_plan``) away from the smallest peak, thinned tails, nested bands up
+    to ``NEST_MAX_LAYERS`` layers. None when it finds nothing within its work limits."""
+    coarse, prebuilt = None, None
+    long_chain = chain.n_layers > limits.BAND_MAX_LAYERS
+    top = limits.BAND_TOP if long_chain else None
+    nest = chain.n_layers <= limits.NEST_MAX_LAYERS
+    if chain.n_layers >= limits.COARSE_MIN_LAYERS:
+        lowest = min_peak_kept(chain)
+        if budget_bytes - lowest >= limits.COARSE_MIN_FRAC * (none_peak - lowest):
+            if nest:  # the first table nests at the coarse plan's checkpoints: no prebuilt part
+                coarse = _coarse_plan(chain, budget_bytes)
+            else:
+                coarse, prebuilt = _coarse_beside_inner(chain, budget_bytes, top)
+    trim, every = tail_trim(chain)
+    return banded_plan(chain, budget_bytes, bound=coarse.plan if coarse else None, trim=trim,
+                       trim_every=every, trim_abs=limits.TAIL_TRIM_ABS if long_chain else 0.0,
+                       trim_scale=_scale(coarse), top=top, widen_top=True,
+                       prebuilt=prebuilt, nest=nest)
+
+
+def _solver_notes(chain: Chain, solver: DPSolver, notes: list[str]) -> None:
+    """What the tables of ``solver`` add to ``plan_dp``'s notes."""
+    if solver.options_ignored:
+        notes.append(OPTIONS_IGNORED)
+    if solver.grouped:
+        notes.append(f"long chain: best of nested plans on {solver.units.size - 1} groups of "
+                     f"layers and single-level plans on all {chain.n_layers} layers (near-optimal)")
+    elif chain.has_casts:
+        notes.append("mixed precision: autocast weight copies kept until the end of the forward are "
+                     "planned at the top level (casts.py); the plan fits exactly")
+    elif not solver.exact:
+        notes.append(f"recompute estimated in slots of {solver.slot_bytes} bytes: the plan fits "
+                     "exactly but may recompute slightly more than the optimum")
+
+
+def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mode: str = "auto",
+                groups: int | None = None, rounding: str = "nearest") -> DPResult:
+    """``plan_dp`` of a chain that holds no layers: the exact DP in bytes up to
+    ``BAND_MIN_LAYERS`` layers, the banded DP up to ``BAND_MAX_LAYERS`` (with options up to
+    ``BAND_OPTIONS_MAX_LAYERS``), the grouped tables above, and chains with unkept boundaries
+    planned on a bound that keeps them (``unkept.py``)."""
+    notes: list[str] = []
+    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    fits = none_fits(chain, budget_bytes, none_peak)
+    if fits is not None:
+        return fits
+    if not chain.all_kept:
+        return _plan_dp_unkept(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
+                               rounding=rounding)
+    band_ok = mode == "auto" and max_slots is None and not chain.has_casts
+    banded = (_banded_first(chain, budget_bytes, none_peak)
+              if plans_banded(chain, max_slots=max_slots, mode=mode) else None)
+    if banded is not None:
+        found, exact, solver = banded.plan, banded.exact, None
+        if not exact:
+            notes.append(_band_note(banded))
+    else:
+        found, exact, solver = _plan_dp_tables(
+            chain, budget_bytes, notes, band_ok and chain.n_layers > limits.BAND_MAX_LAYERS,
+            max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
+    exact = safe_side(chain, exact, notes)
+    if solver is None:
+        return DPResult(found, 1, max(0, none_peak - base_bytes(chain)), exact,
+                        chain.n_layers + 1, tuple(notes))
+    _solver_notes(chain, solver, notes)
+    return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))
+
+
+@lru_cache(maxsize=16)
+def min_peak_unheld(chain: Chain) -> int:
+    """``min_peak`` of a chain that holds no layers."""
+    return min_peak_kept(chain) if chain.all_kept else min_peak_unkept(chain)
+
+
+def min_peak_plan_unheld(chain: Chain, budget_bytes: int | None = None) -> Plan:
+    """``min_peak_plan`` of a chain that holds no layers."""
+    if not chain.all_kept:
+        return min_peak_plan_unkept(chain, budget_bytes)
+    return min_peak_plan_kept(chain, budget_bytes)
