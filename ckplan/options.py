@@ -110,9 +110,17 @@ DEVICES = Device.names()
 PRECISIONS = Precision.names()
 OPTIMIZERS = Optimizer.names()
 
-# Selective recompute options a plan may give a layer besides ``store`` (ckplan.sac runs them; the
-# mincut ones only in compiled layers). Pure names here, so that a plan file is checked without torch.
-SELECTIVE_OPTIONS = ("sac-compute", "sac-linear", "sac-attn", "mincut-50", "mincut-20")
+# Selective recompute options a plan may give a layer besides ``store``, named here and nowhere
+# else: ckplan.sac runs them, and a plan file is checked against them without torch.
+# A SAC policy for any layer: option name -> what it keeps (ckplan.sac has the ops).
+SAC_POLICIES: dict[str, str] = {
+    "sac-compute": "keep matmul/attention/conv outputs, recompute pointwise, norms, activations",
+    "sac-linear": "keep linear/conv outputs, recompute the attention core and pointwise ops",
+    "sac-attn": "keep linear, norm and activation outputs; recompute the attention core",
+}
+# Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
+MINCUT_BUDGETS: dict[str, float] = {"mincut-50": 0.5, "mincut-20": 0.2}
+SELECTIVE_OPTIONS: tuple[str, ...] = (*SAC_POLICIES, *MINCUT_BUDGETS)
 
 # Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
 # checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.

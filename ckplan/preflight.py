@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .units import format_bytes
 
 MIB = 2**20
@@ -76,7 +78,6 @@ def available_memory(device) -> Available:
     """What ``device`` (a torch.device or its type name) has free now."""
     kind = getattr(device, "type", str(device))
     if kind == "cuda":
-        import torch
         index = getattr(device, "index", None)
         free, _total = torch.cuda.mem_get_info(index if index is not None else torch.cuda.current_device())
         return Available(int(free), "free GPU memory, torch.cuda.mem_get_info")

@@ -33,6 +33,7 @@ import weakref
 import torch
 import torch.nn as nn
 from torch.utils import checkpoint as _checkpoint
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import ModelRunError
 
@@ -80,7 +81,6 @@ def running_stats_kept(layer: nn.Module):
     finally:
         # Outside any dispatch mode: selective checkpointing's recompute mode would take the
         # bookkeeping op for one of the layer's own.
-        from torch.utils._python_dispatch import _disable_current_modes
         with torch.no_grad(), _disable_current_modes():
             for m, momentum, handle in saved:
                 handle.remove()
@@ -108,7 +108,6 @@ def _own_buffers(layer: nn.Module):
 def _no_modes():
     # Outside any dispatch mode (selective checkpointing's recompute mode would take a copy for
     # one of the layer's own ops) and outside autograd.
-    from torch.utils._python_dispatch import _disable_current_modes
     stack = contextlib.ExitStack()
     stack.enter_context(torch.no_grad())
     stack.enter_context(_disable_current_modes())

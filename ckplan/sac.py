@@ -46,7 +46,11 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .errors import SpecError
+from .options import MINCUT_BUDGETS as MINCUT
+from .options import SAC_POLICIES as POLICY_DOC
+from .options import SELECTIVE_OPTIONS as OPTIONS
 from .planner.chain import STORE
+from .recompute import recompute_keeping_stats
 
 
 def _ops(names: list[str]) -> frozenset:
@@ -65,15 +69,8 @@ NON_CORE_OPS = LINEAR_OPS | _ops(["native_layer_norm", "_fused_rms_norm", "nativ
                                   "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                                   "gelu", "silu", "relu", "tanh", "sigmoid", "_fused_rms_norm"])
 
-POLICY_DOC: dict[str, str] = {
-    "sac-compute": "keep matmul/attention/conv outputs, recompute pointwise, norms, activations",
-    "sac-linear": "keep linear/conv outputs, recompute the attention core and pointwise ops",
-    "sac-attn": "keep linear, norm and activation outputs; recompute the attention core",
-}
+# The option names are ckplan.options' (plan files are checked there without torch).
 POLICIES: tuple[str, ...] = tuple(POLICY_DOC)
-# Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
-MINCUT: dict[str, float] = {"mincut-50": 0.5, "mincut-20": 0.2}
-OPTIONS: tuple[str, ...] = POLICIES + tuple(MINCUT)
 
 
 def check_option(name: str) -> None:
@@ -160,6 +157,5 @@ def run_with_option(fn, name: str, *args, **kwargs):
     compiled = getattr(fn, "with_option", None)  # a compiled layer (ckplan.compiled): SAC compiled in
     if compiled is not None:
         return compiled(name)(*args, **kwargs)
-    from .recompute import recompute_keeping_stats
     return checkpoint(recompute_keeping_stats(fn), *args, use_reentrant=False, context_fn=context_fn(name),
                       **kwargs)

@@ -10,7 +10,7 @@ import contextlib
 import torch
 
 from .errors import SpecError
-from .measure import LiveTensorTracker
+from .measure import Clock, LiveTensorTracker
 
 
 def make_optimizer(params, name: str, lr: float, device_type: str):
@@ -43,7 +43,6 @@ def optimizer_step_ms(params, name: str, lr: float, device: torch.device, repeat
     gradients, get one step (the state is made) and ``repeats`` timed ones; the median is scaled
     by all elements / sampled elements. The user's parameters and optimizer are never touched.
     """
-    from .measure import Clock
     params = [p for p in params if p.requires_grad]
     if device.type == "meta" or not params:
         return None

@@ -1,0 +1,77 @@
+"""The model a spec names, built on a device: a zoo model, a Hugging Face config, or a target.
+
+A ``target`` is any importable callable, run with ``args:`` before ckplan sees its result (the
+package docstring: a spec is code).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch
+
+from ..errors import ModelRunError, SpecError
+from ..zoo import ZOO, build_builtin
+from .hf import build_hf
+from .limits import check_builtin_length, check_builtin_vocab, check_position_table
+from .schema import Spec
+
+
+def build_model(spec: Spec, device: str = "cpu"):
+    """Instantiate the model on ``device`` (``meta``: no memory is allocated) in train mode."""
+    torch.manual_seed(spec.seed)
+    if spec.model.builtin is not None:
+        check_builtin_vocab(spec)
+        check_builtin_length(spec)
+    if str(device) == "meta":
+        # Modules a model imports lazily (transformers' GenerationMixin pulls in torch._dynamo)
+        # run tensor code at import; under the meta device that code fails (torch 2.6: .item()
+        # on a meta tensor). Import dynamo first, outside the device.
+        importlib.import_module("torch._dynamo")
+    with torch.device(device):
+        if spec.model.builtin is not None:
+            model = _build_builtin(spec.model.builtin, spec.model.args)
+        elif spec.model.hf is not None:
+            model = build_hf(spec.model.hf, spec.model.task, inp=spec.input)
+        else:
+            model = _build_target(spec.model.target, spec.model.args)
+    if spec.model.hf is not None:
+        check_position_table(model, spec.input)
+    if not isinstance(model, torch.nn.Module):
+        where = f"model.target {spec.model.target!r}" if spec.model.target else "model.builtin"
+        raise SpecError(f"{where} returned {type(model).__name__}, not a torch.nn.Module",
+                        tip="a target is any importable callable and ckplan has already run it: "
+                            "run only specs you trust" if spec.model.target else None)
+    return model.train()
+
+
+def _build_builtin(name: str, args: dict):
+    if name not in ZOO:
+        raise SpecError(f"model.builtin: unknown model {name!r}",
+                        tip=f"choose one of {', '.join(sorted(ZOO))}, or use `hf:` / `target:`")
+    try:
+        return build_builtin(name, dict(args))
+    except TypeError as e:
+        raise SpecError(f"model.args for builtin {name!r}: {e}") from None
+
+
+def _build_target(target: str, args: dict):
+    mod_name, _, fn_name = target.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` would
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise SpecError(f"model.target: cannot import module {mod_name!r}: {e}",
+                        tip="run ckplan from the directory that holds it, or add it to PYTHONPATH") from None
+    fn = mod
+    for part in fn_name.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise SpecError(f"model.target: module {mod_name!r} has no attribute {fn_name!r}")
+    try:
+        return fn(**args)
+    except TypeError as e:
+        raise SpecError(f"model.target {target!r} rejected args {args}: {e}") from None
+    except Exception as e:
+        raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}") from e
