@@ -281,7 +281,7 @@ def test_autocast_state_per_layer_and_second_backward():
 
 
 def test_no_grad_forward_runs_plain_and_fallback_is_correct(monkeypatch):
-    import ckplan.execute as execute
+    import ckplan.execute.executor as executor
     torch.manual_seed(0)
     model = ckmodels.ScaledChain(d=16, n_layers=4)
     x = torch.randn(4, 16)
@@ -291,7 +291,7 @@ def test_no_grad_forward_runs_plain_and_fallback_is_correct(monkeypatch):
         assert model(x).item() == ref.item()
     _, g0 = _step(model, (x,), {}, None)
     # Without torch's checkpoint frames: warn, checkpoint each layer alone, same gradients.
-    monkeypatch.setattr(execute, "_CAN_SPAN", False)
+    monkeypatch.setattr(executor, "_CAN_SPAN", False)
     with pytest.warns(RuntimeWarning, match="each layer"):
         ex = apply_plan(model, plan)
     ex.remove()

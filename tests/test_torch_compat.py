@@ -71,10 +71,10 @@ class _TorchsOwnFrame(tc._CheckpointFrame):
 @pytest.fixture
 def old_frames(monkeypatch):
     monkeypatch.setattr(tc, "_CheckpointFrame", _TorchsOwnFrame)
-    monkeypatch.setattr(execute, "_SAVES_INPUTS", False)
-    monkeypatch.setattr(execute, "_CAN_SPAN", True)
-    monkeypatch.setattr(execute, "_PROBED", None)  # the probe runs on these frames
-    monkeypatch.setattr(execute, "_CheckpointFrame", _OldFrame)
+    monkeypatch.setattr(execute.frames, "_SAVES_INPUTS", False)
+    monkeypatch.setattr(execute.executor, "_CAN_SPAN", True)
+    monkeypatch.setattr(execute.executor, "_PROBED", None)  # the probe runs on these frames
+    monkeypatch.setattr(execute.frames, "_CheckpointFrame", _OldFrame)
     monkeypatch.setattr(tc, "_NoopSaveInputs", _NoopSaveInputs, raising=False)
 
 
@@ -115,8 +115,8 @@ class _UnknownFrame:
 
 @pytest.fixture
 def unknown_frames(monkeypatch):
-    monkeypatch.setattr(execute, "_CheckpointFrame", _UnknownFrame)
-    monkeypatch.setattr(execute, "_PROBED", None)
+    monkeypatch.setattr(execute.frames, "_CheckpointFrame", _UnknownFrame)
+    monkeypatch.setattr(execute.executor, "_PROBED", None)
 
 
 def test_unknown_frames_fall_back_to_one_layer_checkpoints_predicted(unknown_frames, tiny_gpt_spec, tmp_path):

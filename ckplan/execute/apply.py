@@ -1,0 +1,58 @@
+"""Installing a plan on a model: apply_plan(), remove_plan(), and plans read from a dict or a
+plan.json file (checked against the chain's length and ckplan's selective options)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch.nn as nn
+
+from ..chainfind import resolve_chain
+from ..errors import SpecError
+from ..planner.plan import Plan
+from ..sac import OPTIONS
+from .executor import _ATTR, PlanExecutor
+
+
+def apply_plan(model: nn.Module, plan: Plan | dict | str, *, chain: str | None = None) -> PlanExecutor:
+    """Checkpoint ``model``'s chain as ``plan`` says (a Plan, its dict, or a plan.json path).
+
+    Returns the executor; call ``.remove()`` (or use it as a context manager) to undo. Applying a
+    new plan replaces the previous one. A plan read from a dict or a file is checked against the
+    chain's length before any of its layers is built.
+    """
+    path, container, _ = resolve_chain(model, chain)
+    plan = _as_plan(plan, len(container))
+    old = getattr(model, _ATTR, None)
+    if old is not None:
+        old.remove()
+    return PlanExecutor(model, list(container), plan, path)
+
+
+def remove_plan(model: nn.Module) -> None:
+    old = getattr(model, _ATTR, None)
+    if old is not None:
+        old.remove()
+
+
+def _as_plan(plan, chain_layers: int | None = None) -> Plan:
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, dict):
+        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers, known_options=OPTIONS)
+    return load_plan(plan, chain_layers=chain_layers)
+
+
+def load_plan(path, *, chain_layers: int | None = None) -> Plan:
+    """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict()); with
+    ``chain_layers``, refuse a plan for another number of layers before building it."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"plan file {str(p)!r} does not exist",
+                        tip="write one with: ckplan plan SPEC --budget 12GB -o plan.json")
+    try:
+        doc = json.loads(p.read_text())
+    except ValueError as e:
+        raise SpecError(f"{p}: not JSON ({e})") from None
+    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers,
+                          known_options=OPTIONS)
