@@ -11,6 +11,7 @@ import torch
 
 from .errors import SpecError
 from .measure import Clock, LiveTensorTracker
+from .options import OPTIMIZERS
 
 
 def make_optimizer(params, name: str, lr: float, device_type: str):
@@ -27,7 +28,7 @@ def make_optimizer(params, name: str, lr: float, device_type: str):
         return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=foreach)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, foreach=foreach)
-    raise SpecError(f"optimizer {name!r} is not one of adamw, sgd-momentum, sgd")
+    raise SpecError(f"optimizer {name!r} is not one of {', '.join(OPTIMIZERS)}")
 
 
 # The optimizer's step is timed on stand-ins of at most this many parameter bytes, scaled up.

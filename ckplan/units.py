@@ -7,6 +7,7 @@ a bare number = bytes, as ``pydantic.ByteSize`` does); ``format_bytes`` prints I
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from .errors import UsageError
 
@@ -31,7 +32,6 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         if not m or unit not in _UNITS:
             raise UsageError(f"{what} {str(text)!r} is not a size", tip=f"use {ACCEPTED_SIZES}")
         # Exact decimal arithmetic: 1e400 is a (huge) size to reject, not a float overflow.
-        from decimal import Decimal
         exp = int(m.group(2)) if m.group(2) else 0
         if exp > 40:  # beyond MAX_SIZE whatever the unit; checked before building a 10**exp number
             raise UsageError(f"{what} {str(text)!r} is larger than any machine's memory",

@@ -29,12 +29,15 @@ from .schema import (
     ParallelSpec,
     Spec,
     TrainSpec,
+    check_optimizer,
     check_overrides,
+    check_precision,
     validate,
 )
 
 __all__ = [
     "DTYPES", "DTYPE_BYTES", "HF_GENERIC_FIELDS", "MAX_INPUT_BYTES", "InputSpec", "LabelSpec", "ModelSpec",
-    "ParallelSpec", "Spec", "TrainSpec", "batch_bytes", "build_model", "check_overrides", "check_token_range",
-    "hf_config_fields", "load_spec", "make_batch", "to_loss", "torch_dtype", "validate",
+    "ParallelSpec", "Spec", "TrainSpec", "batch_bytes", "build_model", "check_optimizer", "check_overrides",
+    "check_precision", "check_token_range", "hf_config_fields", "load_spec", "make_batch", "to_loss", "torch_dtype",
+    "validate",
 ]

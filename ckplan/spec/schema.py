@@ -202,10 +202,28 @@ def check_overrides(*, batch_size=None, seq_len=None, precision=None, optimizer=
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("accum", accum)):
         if value is not None:
             _positive_int(name, value)
-    if precision is not None and str(precision) not in PRECISIONS:
+    if precision is not None:
+        check_precision(precision)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+
+
+def check_precision(precision) -> str:
+    """``precision`` as its name (fp32, bf16, fp16), or a UsageError naming the choices: the one
+    check of a precision a caller passes (overrides, the Python API); a spec file's goes through
+    ``TrainSpec``, which takes the same names."""
+    if str(precision) not in PRECISIONS:
         raise UsageError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-    if optimizer is not None and OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer)) not in OPTIMIZERS:
+    return str(precision)
+
+
+def check_optimizer(optimizer) -> str:
+    """``optimizer``'s canonical name (aliases: ``adam``, ``momentum``...), or a UsageError naming
+    the choices: the one check of an optimizer a caller passes, as ``TrainSpec`` checks a spec's."""
+    name = OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer))
+    if name not in OPTIMIZERS:
         raise UsageError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    return name
 
 
 def validate(data: Any, *, source: str = "spec") -> Spec:
