@@ -5,7 +5,7 @@ import pytest
 
 from ckplan import api
 from ckplan.errors import SpecError, UsageError
-from ckplan.spec import build_model, validate
+from ckplan.spec import build_model, check_optimizer, check_overrides, check_precision, validate
 
 pytest.importorskip("transformers")
 
@@ -176,3 +176,13 @@ def test_spec_errors_show_the_value_and_a_fix(inp, needle, tip):
     assert "README" not in str(e.value)
     if tip:
         assert tip in e.value.tip
+
+
+def test_precision_and_optimizer_are_checked_in_one_place():
+    assert check_precision("bf16") == "bf16" and check_optimizer("adam") == "adamw"
+    for call in (lambda: check_precision("int8"), lambda: check_overrides(precision="int8")):
+        with pytest.raises(UsageError, match=r"precision='int8' is not one of fp32, bf16, fp16"):
+            call()
+    for call in (lambda: check_optimizer("lion"), lambda: check_overrides(optimizer="lion")):
+        with pytest.raises(UsageError, match=r"optimizer='lion' is not one of adamw, sgd-momentum, sgd"):
+            call()
