@@ -9,17 +9,9 @@ import time
 import torch
 
 from ..errors import ModelRunError
-from ..measure import (
-    TrackerLimitExceeded,
-)
-from ..peers import (
-    UNAVAILABLE,
-)
-from ..records import (
-    ERROR,
-    NON_FINITE,
-    WRONG_GRADIENTS,
-)
+from ..measure import TrackerLimitExceeded
+from ..peers import UNAVAILABLE
+from ..records import ERROR, NON_FINITE, WRONG_GRADIENTS
 from .entry import Entry
 from .status import one_line, row_error
 from .steps import Run, Stepper, applied, model_of

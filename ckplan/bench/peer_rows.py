@@ -3,19 +3,9 @@ what their predictions leave out."""
 from __future__ import annotations
 
 from ..chainfind import resolve_chain
-from ..peers import (
-    is_hf_model,
-)
-from ..planner import (
-    Plan,
-    Store,
-    held_for_backward_bytes,
-    plan_chain,
-    simulate,
-)
-from ..records import (
-    Profile,
-)
+from ..peers import is_hf_model
+from ..planner import Plan, Store, held_for_backward_bytes, plan_chain, simulate
+from ..records import Profile
 from .entry import Entry, fwd_bwd_peak
 
 PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "

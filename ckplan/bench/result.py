@@ -5,18 +5,8 @@ from __future__ import annotations
 import statistics
 
 from ..errors import CkplanError
-from ..planner import (
-    sweep,
-)
-from ..records import (
-    OK,
-    OVER_BUDGET,
-    BenchResult,
-    BenchRow,
-    Profile,
-    over_budget,
-    peak_error,
-)
+from ..planner import sweep
+from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
 from .entry import Entry
 
 

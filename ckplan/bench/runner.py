@@ -9,20 +9,9 @@ import torch
 from ..chainfind import resolve_chain
 from ..compiled import CompiledLayers
 from ..execute import remove_plan
-from ..measure import (
-    KEPT_MEMORY_NOTE,
-    Clock,
-    KeptFreedMemory,
-)
-from ..planner import (
-    Plan,
-    chain_from_profile,
-)
-from ..records import (
-    OK,
-    BenchResult,
-    Profile,
-)
+from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
+from ..planner import Plan, chain_from_profile
+from ..records import OK, BenchResult, Profile
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
 from .entry import Entry

@@ -6,14 +6,8 @@ import gc
 import torch
 
 from ..errors import ModelRunError
-from ..measure import (
-    TrackerLimitExceeded,
-)
-from ..records import (
-    ERROR,
-    OK,
-    OOM,
-)
+from ..measure import TrackerLimitExceeded
+from ..records import ERROR, OK, OOM
 from .entry import Entry
 from .steps import Run
 

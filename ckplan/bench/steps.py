@@ -10,17 +10,9 @@ import torch
 
 from ..compiled import CompiledLayers
 from ..execute import apply_plan
-from ..measure import (
-    unique_storage_bytes,
-)
-from ..peers import (
-    hf_checkpointing,
-    is_hf_model,
-    sac_policy,
-)
-from ..records import (
-    Profile,
-)
+from ..measure import unique_storage_bytes
+from ..peers import hf_checkpointing, is_hf_model, sac_policy
+from ..records import Profile
 from ..training import forward_loss
 from .entry import Entry
 
