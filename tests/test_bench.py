@@ -81,7 +81,7 @@ def test_report_files_are_complete_or_absent(tiny_gpt_spec, tmp_path, monkeypatc
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(report, "_plot_bench", interrupted)
+    monkeypatch.setattr(report.sets, "plot_bench", interrupted)
     with pytest.raises(KeyboardInterrupt):
         report.write_bench(out, res)
     # The PNG from before is intact, nothing half-written or temporary is left behind.
@@ -240,7 +240,7 @@ def test_results_printed_even_when_the_reports_cannot_be_written(tiny_gpt_spec, 
         if failure == "ctrl-c":
             raise KeyboardInterrupt
         raise OSError(28, "No space left on device", str(path))
-    monkeypatch.setattr(report, "_plot_bench", fail)
+    monkeypatch.setattr(report.sets, "plot_bench", fail)
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--compare",
                                  "none,every-k", "--steps", "1", "--warmup", "0", "--out-dir", str(out),
