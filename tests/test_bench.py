@@ -81,7 +81,7 @@ def test_report_files_are_complete_or_absent(tiny_gpt_spec, tmp_path, monkeypatc
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(report, "_plot_bench", interrupted)
+    monkeypatch.setattr(report.sets, "plot_bench", interrupted)
     with pytest.raises(KeyboardInterrupt):
         report.write_bench(out, res)
     # The PNG from before is intact, nothing half-written or temporary is left behind.
@@ -240,7 +240,7 @@ def test_results_printed_even_when_the_reports_cannot_be_written(tiny_gpt_spec, 
         if failure == "ctrl-c":
             raise KeyboardInterrupt
         raise OSError(28, "No space left on device", str(path))
-    monkeypatch.setattr(report, "_plot_bench", fail)
+    monkeypatch.setattr(report.sets, "plot_bench", fail)
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--compare",
                                  "none,every-k", "--steps", "1", "--warmup", "0", "--out-dir", str(out),
@@ -298,17 +298,17 @@ def test_error_is_a_share_of_the_prediction():
 def test_a_plan_measured_over_an_explicit_budget_is_over_budget_and_exits_3(tiny_gpt_spec, tmp_path, monkeypatch):
     """A row predicted to fit --budget that measures above it: status over-budget (red), its
     error against the prediction, exit 3 (the budget was not met) after the table and files."""
-    from ckplan import bench
+    from ckplan.bench import runner
     from ckplan.planner import chain_from_profile, min_peak, plan_chain
 
     extra = 10 * 2**20
-    real = bench._memory_step
+    real = runner.memory_step
 
     def short(run, e):  # dp's prediction 10 MiB short of what its step holds
         real(run, e)
         if e.name == "dp":
             e.mem["measured"] += extra
-    monkeypatch.setattr(bench, "_memory_step", short)
+    monkeypatch.setattr(runner, "memory_step", short)
     spec = tiny_gpt_spec(tmp_path)
     chain = chain_from_profile(api.profile(api.load(spec), device="cpu", repeats=1, warmup=0))
     budget = (min_peak(chain) + plan_chain(chain, "none").score.peak_bytes) // 2

@@ -5,9 +5,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from ckplan import api, bench
+from ckplan import api
 from ckplan.api import profile_model
-from ckplan.bench import profiled_step_memory, run_bench, within_noise
+from ckplan.bench import compiled_rows, profiled_step_memory, run_bench, within_noise
 from ckplan.peers import budget_fraction
 from ckplan.render import bench_table
 
@@ -76,7 +76,7 @@ def test_budget_fraction():
 
 def test_torch_compile_rows_say_why_when_unavailable(run_peers, monkeypatch):
     # No compiler: both rows are unavailable with the reason and the budget, the others run.
-    monkeypatch.setattr(bench, "compile_unavailable", lambda device_type: "no C++ compiler on PATH (test)")
+    monkeypatch.setattr(compiled_rows, "compile_unavailable", lambda device_type: "no C++ compiler on PATH (test)")
     _, res = run_peers(["none", "torch-compile", "torch-compile-nobudget"])
     rows = {r.strategy: r for r in res.rows}
     assert rows["none"].status == "ok"
@@ -191,7 +191,7 @@ def test_cli_runs_peers_beside_strategies(tiny_gpt_spec, tmp_path, monkeypatch):
     from ckplan.peers import COMPILE_PEERS, PEER_NAMES
     assert set(PEERS) == set(PEER_NAMES) | set(COMPILE_PEERS)
     # Compiling is slow (the slow test runs it); here the row only has to be there and say why.
-    monkeypatch.setattr(bench, "compile_unavailable", lambda device_type: "not compiled in this test")
+    monkeypatch.setattr(compiled_rows, "compile_unavailable", lambda device_type: "not compiled in this test")
     r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path)), "--device", "cpu", "--steps", "1",
                                  "--compare", "none,every-k,hf,sac-policy,torch-compile", "--k", "1",
                                  "--out-dir", str(tmp_path / "out"), "-f", "json"])

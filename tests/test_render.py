@@ -146,7 +146,7 @@ def test_narrow_bench_table_drops_extras_first():
 def test_piped_output_gets_every_column(monkeypatch, capsys):
     monkeypatch.delenv("COLUMNS", raising=False)
     con = Console(file=io.StringIO(), width=80, force_terminal=False)
-    monkeypatch.setattr(render, "stdout", con)
+    monkeypatch.setattr(render.consoles, "stdout", con)
     render.bench_table(make_bench())
     text = con.file.getvalue()
     assert "…" not in text and "min-max" in text and "growth tensors / RSS" in text

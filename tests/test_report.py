@@ -168,7 +168,7 @@ def _ctrl_c_during_the_renames(tmp_path, monkeypatch):
         if len(calls) == 1:
             os.kill(os.getpid(), signal.SIGINT)
         real_replace(src, dst)
-    monkeypatch.setattr(report.os, "replace", replace_and_interrupt)
+    monkeypatch.setattr(report.files.os, "replace", replace_and_interrupt)
     with pytest.raises(report.ReportsInterrupted) as e:
         report.write_files(_set(tmp_path, [_write("new")] * 3))
     assert e.value.kept == "new" and "new set is complete" in str(e.value)
@@ -187,7 +187,7 @@ def test_a_failing_rename_puts_the_previous_set_back(tmp_path, monkeypatch):
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
-    monkeypatch.setattr(report.os, "replace", replace_fails_second)
+    monkeypatch.setattr(report.files.os, "replace", replace_fails_second)
     from ckplan.errors import WriteError
     with pytest.raises(WriteError, match=r"cannot write .*r\.json': No space left on device"):
         report.write_files(_set(tmp_path, [_write("new")] * 3))
@@ -202,7 +202,7 @@ def test_bench_set_interrupted_at_the_png_keeps_the_previous_set(tmp_path, monke
 
     def interrupted(result, path):
         raise KeyboardInterrupt
-    monkeypatch.setattr(report, "_plot_bench", interrupted)
+    monkeypatch.setattr(report.sets, "plot_bench", interrupted)
     changed = BenchResult(**{**res.__dict__, "steps": 99})
     with pytest.raises(report.ReportsInterrupted):
         report.write_bench(out, changed)

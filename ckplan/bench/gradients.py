@@ -1,0 +1,159 @@
+"""Step 1, the gradient check: every row's loss and gradients from the same weights and seed, judged
+against ``none`` (the tolerances are in :mod:`ckplan.bench`)."""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from ..errors import ModelRunError
+from ..measure import TrackerLimitExceeded
+from ..peers import UNAVAILABLE
+from ..records import ERROR, NON_FINITE, WRONG_GRADIENTS
+from .entry import Entry
+from .status import one_line, row_error
+from .steps import Run, Stepper, applied, model_of
+
+# (rtol, atol) of the gradient check per precision; the package docstring (ckplan.bench) says why.
+GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16": (1.6e-2, 1e-6),
+                                                   "fp16": (2e-3, 1e-6)}
+
+
+
+
+def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str]) -> None:
+    """Step 1: same initial weights and RNG, one accumulated backward per plan, judged against none.
+
+    The reference (the first plan without checkpoints) runs first, whatever its place in the list.
+    Rows outside the tolerance become ``wrong-gradients``, NaN/inf ``non-finite`` (the tolerances: :mod:`ckplan.bench`).
+    """
+    init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
+    order = sorted(entries, key=lambda e: not e.is_reference)  # stable: the first none first
+    rtol, atol = GRAD_TOLERANCES.get(run.profile.precision, GRAD_TOLERANCES["fp32"])
+    ref: dict[str, torch.Tensor | None] | None = None
+    ref_loss = ref_scale = 0.0
+    for e in order:
+        tick(f"gradients: {e.name}" + (" (compiling)" if e.compiled is not None else ""))
+        if e.compiled is not None:
+            got = compile_first_step(run, e, init)
+            if got is None:
+                continue
+            e.loss, grads = got
+        else:
+            try:
+                e.loss, grads = loss_and_grads(run, e, init)
+            except (torch.cuda.OutOfMemoryError, TrackerLimitExceeded, ModelRunError):
+                raise
+            except RuntimeError as err:  # the row fails, the bench goes on (e.g. in-place inputs)
+                e.status, e.message = ERROR, row_error(err)
+                run.model.zero_grad(set_to_none=True)
+                continue
+        bad = _non_finite(e.loss, grads)
+        if bad:
+            e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
+        elif ref is None and e.is_reference:
+            ref, ref_loss = grads, e.loss
+            if run.layers is not None:
+                run.ref_grads = grads
+            ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None), default=0.0)
+            e.grad_diff, e.grad_tol = 0.0, rtol * ref_scale + atol
+        elif ref is not None:
+            _judge(e, grads, ref, ref_loss, ref_scale, rtol, atol)
+        del grads
+    run.model.load_state_dict(init)
+    if entries and ref is None:
+        notes.append("gradients not checked: no plan without checkpoints gave a finite reference "
+                     "(add none to --compare)")
+
+
+def compile_first_step(run: Run, e: Entry, init: dict):
+    """A compiled peer's first forward+backward, under its partitioner budget: it compiles here, so
+    its time goes into the row's message, never into the step time. A compiler that fails makes the
+    row ``unavailable`` with the reason (None is returned then)."""
+    c = e.compiled
+    assert c is not None
+    t0 = time.perf_counter()
+    try:
+        with c.compiling():
+            got = loss_and_grads(run, e, init)
+    except ModelRunError:
+        raise
+    except Exception as err:  # inductor's errors are many kinds; the row says which, the bench goes on
+        run.model.zero_grad(set_to_none=True)
+        e.status, e.message = UNAVAILABLE, f"{e.message}; torch.compile failed here ({one_line(err)})"
+        return None
+    if c.graphs == 0:
+        e.status = UNAVAILABLE
+        e.message += "; Dynamo compiled no graph for this model (it would run eagerly)"
+        return None
+    e.message += f"; compiled {c.graphs} graph(s) in {time.perf_counter() - t0:.1f} s (first step, not timed)"
+    return got
+
+
+@contextlib.contextmanager
+def _deterministic_kernels(device: torch.device):
+    """cuDNN's deterministic algorithms for the correctness steps on CUDA: its default convolution
+    backward accumulates with atomics (in TF32), so two identical steps differ; ResNet on an H200
+    differed by 6e-4 of the largest gradient, every-k and none alike. The timed steps keep the
+    defaults."""
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    old = cudnn.deterministic, cudnn.benchmark
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = old
+
+
+def loss_and_grads(run: Run, e: Entry, init: dict) -> tuple[float, dict[str, torch.Tensor | None]]:
+    run.model.load_state_dict(init)
+    torch.manual_seed(0)
+    with applied(run, e), _deterministic_kernels(run.device):
+        st = Stepper(model_of(run, e), None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
+                      run.device)
+        st.scaler = None  # gradients compared unscaled
+        loss = st.backward()
+    grads = {n: (p.grad.detach().float().cpu() if p.grad is not None else None)
+             for n, p in run.model.named_parameters()}
+    run.model.zero_grad(set_to_none=True)
+    return loss, grads
+
+
+def _non_finite(loss: float, grads: dict[str, torch.Tensor | None]) -> str:
+    """What is NaN or inf ('' when all is finite)."""
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    bad = next((n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()), None)
+    return "" if bad is None else f"the gradient of {bad} has NaN or inf"
+
+
+def _judge(e: Entry, grads: dict, ref: dict, ref_loss: float, ref_scale: float, rtol: float,
+           atol: float) -> None:
+    """Compare one plan's loss and gradients with the reference; mark it wrong outside the bound."""
+    e.grad_tol = rtol * ref_scale + atol
+    missing = sorted(n for n in ref.keys() | grads.keys()
+                     if (ref.get(n) is None) != (grads.get(n) is None))
+    diffs = {n: (g - ref[n]).abs().max().item() for n, g in grads.items()
+             if g is not None and ref.get(n) is not None}
+    e.grad_diff = max(diffs.values(), default=0.0)
+    loss_tol = rtol * abs(ref_loss) + atol
+    if missing:
+        e.status = WRONG_GRADIENTS
+        e.message = (f"{missing[0]} has a gradient in one run and none in the other "
+                     f"({len(missing)} such parameters); this plan changes what is trained")
+    elif e.grad_diff > e.grad_tol or abs(e.loss - ref_loss) > loss_tol:
+        worst = max(diffs, key=diffs.__getitem__) if diffs else "-"
+        e.status = WRONG_GRADIENTS
+        e.message = (f"max |grad - grad(none)| = {e.grad_diff:.3g} (at {worst}) and loss {e.loss:.6g} vs "
+                     f"{ref_loss:.6g}, over the tolerance {e.grad_tol:.3g} (rtol {rtol:g} x max|grad| "
+                     f"{ref_scale:.3g} + atol {atol:g}); this plan changes the math: a layer that behaves "
+                     "differently when recomputed (state, counters, RNG outside torch)")
+        if e.name == "sac-policy":
+            e.message += ("; or torch's SAC policy keeping a kernel that draws random numbers (CUDA's "
+                          "fused attention with dropout): the recompute then draws the later dropouts' "
+                          "masks from another RNG offset (ckplan's own options keep those too)")

@@ -1,0 +1,86 @@
+"""Peer rows (:mod:`ckplan.peers`): hf and sac-policy planned on the every-k k=1 layer split, and
+what their predictions leave out."""
+from __future__ import annotations
+
+from ..chainfind import resolve_chain
+from ..peers import is_hf_model
+from ..planner import Plan, Store, held_for_backward_bytes, plan_chain, simulate
+from ..records import Profile
+from .entry import Entry, fwd_bwd_peak
+
+PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
+              "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
+              "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
+              "recomputing the rest (no ckplan prediction); torch-compile = the model compiled with "
+              "torch.compile (TorchInductor) with torch._functorch.config.activation_memory_budget set from "
+              "the bench's budget (the share of none's activation memory it leaves), so the min-cut "
+              "partitioner recomputes to meet it; torch-compile-nobudget = the same at budget 1.0 (fusion "
+              "and the partitioner's default recomputation only)")
+
+
+def peer_entry(chain, name: str) -> Entry:
+    """A peer runs on the every-k k=1 plan's layer split: ``hf`` is that plan (so its prediction
+    is that plan's), ``sac-policy`` checkpoints the same layers selectively: predicted as every
+    layer stored with ckplan's ``sac-compute`` option when the profile has it on every layer."""
+    plan = plan_chain(chain, "every-k", None, 1).plan
+    if name == "hf":
+        sc = simulate(chain, plan)
+        return Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(chain, plan), held_for_backward_bytes(chain, plan),
+                      sc.overhead, kind="peer",
+                      message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
+                              "as Hugging Face's gradient_checkpointing_enable does")
+    message = ("torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
+               "convolution outputs, recomputes the rest")
+    if all(any(o.name == "sac-compute" for o in ly.options) for ly in chain.layers):
+        # The same thing as ckplan's sac-compute option on every layer: predicted by that plan.
+        n = chain.n_layers
+        sac = Plan("sac-policy", n, tuple(Store(i, "sac-compute") for i in range(n)))
+        sc = simulate(chain, sac)
+        return Entry(name, sac, sc.peak_bytes, fwd_bwd_peak(chain, sac),
+                      held_for_backward_bytes(chain, sac), sc.overhead, kind="peer",
+                      message=message + "; predicted as ckplan's sac-compute option on every layer")
+    return Entry(name, plan, kind="peer", message=message)
+
+
+def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, int]:
+    """(layers Hugging Face's own checkpointing wraps, how many of them are chain layers)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return 0, 0
+    _, container, _ = resolve_chain(model, chain_path)
+    chain = {id(m) for m in container.children()}
+    own: list = []
+
+    def outermost(m) -> None:  # a checkpointed layer's own checkpointed blocks run inside it
+        for child in m.children():
+            if isinstance(child, GradientCheckpointingLayer):
+                own.append(child)
+            else:
+                outermost(child)
+
+    outermost(model)
+    return len(own), sum(id(m) in chain for m in own)
+
+
+def peer_predictions(entries: list[Entry], model, profile: Profile, notes: list[str]) -> None:
+    """What the peers' predictions leave out: an hf model's own checkpointing beyond the chain, and
+    any prediction at all when the profile is of compiled layers (peers run eagerly)."""
+    for e in entries:
+        if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
+            e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
+                         "every-k k=1")
+            own, in_chain = _hf_checkpointed_layers(model, profile.chain)
+            if own > in_chain:
+                # An encoder-decoder checkpoints its decoder too: the chain plan does not describe it.
+                e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
+                e.message = (f"the model's own activation_checkpointing_enable(use_reentrant=False): it "
+                             f"checkpoints {own} layers, {own - in_chain} outside the chain, so no prediction")
+        if e.kind == "peer" and profile.compiled and e.compiled is None:
+            # Peers run as they are (eagerly), while the profile, and so every prediction, is of
+            # the compiled layers: no prediction for them.
+            e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
+            kept = [part for part in e.message.split("; ") if part and not part.startswith("predicted")]
+            e.message = "; ".join([*kept, "ran eagerly, so no prediction (the profile is of compiled layers)"])
+    if any(e.kind == "peer" for e in entries):
+        notes.append(PEERS_NOTE)

@@ -1,0 +1,112 @@
+"""Result assembly: each row from what was measured, the noise rule for slowdowns, dp's frontier,
+and the :class:`~ckplan.records.BenchResult`."""
+from __future__ import annotations
+
+import statistics
+
+from ..errors import CkplanError
+from ..planner import sweep
+from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
+from .entry import Entry
+
+
+def row_of(e: Entry, none: Entry | None, budget_bytes: int | None = None) -> BenchRow:
+    """The row of ``e``; ``budget_bytes``: the explicit --budget (a row predicted to fit it that
+    measured above it is ``over-budget``)."""
+    none_ms = statistics.median(none.times) if none is not None else None
+    noisy, rlo, rhi = (within_noise(e.times, none.times) if none is not None and e is not none
+                       and e.status == OK else (False, None, None))
+    measured = e.mem.get("measured") if e.status == OK else None
+    med = statistics.median(e.times) if e.times and e.status == OK else None
+    fb = e.mem.get("fwd_bwd") if e.status == OK else None
+    status, message = e.status, e.message
+    if status == OK and over_budget(e.predicted_peak, measured, budget_bytes):
+        status = OVER_BUDGET
+        message = "; ".join(m for m in (message, f"measured above the budget it was predicted to fit "
+                                                 f"({measured - budget_bytes} bytes over)") if m)
+    return BenchRow(
+        strategy=e.name, status=status, plan=e.plan.describe() if e.plan else e.plan_text,
+        n_checkpoints=e.plan.n_checkpoints if e.plan else 0,
+        predicted_peak_bytes=e.predicted_peak, measured_peak_bytes=measured,
+        peak_error=peak_error(e.predicted_peak, measured),
+        predicted_fwd_bwd_peak_bytes=e.predicted_fb_peak, measured_fwd_bwd_peak_bytes=fb,
+        fwd_bwd_peak_error=peak_error(e.predicted_fb_peak, fb),
+        predicted_activation_bytes=e.predicted_act,
+        measured_activation_bytes=e.mem.get("act") if e.status == OK else None,
+        reserved_peak_bytes=e.mem.get("reserved"), alloc_retries=e.mem.get("retries"),
+        nvml_used_bytes=e.mem.get("nvml"),
+        step_ms=med, step_ms_min=min(e.times) if med is not None else None,
+        step_ms_max=max(e.times) if med is not None else None,
+        slowdown=(med / none_ms) if med is not None and none_ms else None,
+        predicted_overhead=e.predicted_overhead, loss=e.loss, final_loss=e.final_loss,
+        max_grad_diff=e.grad_diff, message=message, grad_tolerance=e.grad_tol,
+        measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
+        measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
+        measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,
+        kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi)
+
+
+def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:
+    """Whether a row's slowdown against ``none`` is inside the timing noise, and the paired ratios'
+    min and max.
+
+    The rule: timed steps are interleaved, so round ``i`` of a row and round ``i`` of ``none`` ran
+    under the same load; ``r_i = t_i / t_none_i``. When the ratios straddle 1 (``min r <= 1 <= max r``:
+    some rounds faster than none, some slower) the difference is inside the noise and the table
+    shows ``~1.00x (within noise)``. Fewer than one paired round: not judged (False, None, None).
+    """
+    ratios = [t / r for t, r in zip(times, ref_times) if r > 0]
+    if not ratios:
+        return False, None, None
+    lo, hi = min(ratios), max(ratios)
+    return lo <= 1.0 <= hi, lo, hi
+
+
+# Fewer timed steps than this give a slowdown without a noise estimate worth the name.
+FEW_STEPS = 3
+
+
+def few_steps_note(steps: int, rows) -> str | None:
+    """The caveat for slowdowns from fewer than :data:`FEW_STEPS` timed steps: each is one or two
+    steps against as many of ``none``, so a cold or disturbed step decides it, and a row faster
+    than ``none`` (which does the least work) shows the noise."""
+    if steps >= FEW_STEPS:
+        return None
+    fast = [f"{r.strategy} {r.slowdown:.2f}x" for r in rows
+            if r.slowdown is not None and r.slowdown < 1.0 and r.strategy != "none"]
+    text = (f"--steps {steps}: each slowdown is {'one step' if steps == 1 else f'{steps} steps'} against "
+            f"{'one' if steps == 1 else 'as many'} of none, so the timing noise is unknown and one slow step "
+            "decides it")
+    if fast:
+        text += f" ({', '.join(fast)}: faster than none, which recomputes nothing, so that is noise)"
+    return text + f"; use --steps {max(5, FEW_STEPS)} or more (the default is 5) for slowdowns to compare"
+
+
+FRONTIER_POINTS = 16
+
+
+def frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
+    """dp's predicted frontier (and dp-layer's when the chain has selective options)."""
+    names = ["dp", "dp-layer"] if chain.has_options else ["dp"]
+    try:
+        pts = sweep(chain, names, FRONTIER_POINTS)
+    except CkplanError:  # a frontier is a picture; never fail a bench for it
+        return ()
+    return tuple((p.strategy, p.peak_bytes, 1.0 + p.overhead) for p in pts if p.strategy in names)
+
+
+def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str], *, steps: int, warmup: int,
+                 budget_bytes: int | None, k: int, explicit_budget: int | None) -> BenchResult:
+    """The rows (``explicit_budget``: the --budget a row predicted to fit must measure under), the
+    few-steps caveat, dp's frontier, all in one :class:`BenchResult`."""
+    none = next((e for e in entries if e.name == "none" and e.times), None)
+    rows = tuple(row_of(e, none, explicit_budget) for e in entries)
+    few = few_steps_note(steps, rows)
+    if few:
+        notes.append(few)
+    return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
+                       batch_size=profile.batch_size, precision=profile.precision,
+                       optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
+                       budget_bytes=budget_bytes, k=k, rows=rows,
+                       profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes),
+                       frontier=frontier_of(chain), compiled=profile.compiled)

@@ -1,0 +1,113 @@
+"""The bench's steps in order: plan the rows, check gradients, warm up, one memory step each, then
+timed rounds interleaved."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..chainfind import resolve_chain
+from ..compiled import CompiledLayers
+from ..execute import remove_plan
+from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
+from ..planner import Plan, chain_from_profile
+from ..records import OK, BenchResult, Profile
+from ..training import make_optimizer
+from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
+from .entry import Entry
+from .gradients import check_gradients
+from .memory import RSS_NOTE, memory_step
+from .peer_rows import peer_predictions
+from .plans import bench_budget, plan_entries
+from .result import bench_result
+from .status import guarded
+from .steps import Run, Stepper
+
+
+def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
+              k: int, steps: int, warmup: int, device: torch.device, lr: float,
+              extra_plans: dict[str, Plan] | None = None, memory_limit_bytes: int | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Bench ``strategies`` (and ``extra_plans``) on ``model``; see :mod:`ckplan.bench`.
+
+    Names in :data:`ckplan.peers.PEER_NAMES` among ``strategies`` are peers, run the same way."""
+    tick = progress or _silent
+    chain = chain_from_profile(profile)
+    notes = list(profile.notes)
+    explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
+    budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
+    entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    compile_entries(entries, model, chain, budget_bytes, device)
+    peer_predictions(entries, model, profile, notes)
+    runnable = [e for e in entries if e.runnable]
+    run = Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
+    if profile.compiled:
+        _, container, _ = resolve_chain(model, profile.chain)
+        run.layers = CompiledLayers(list(container))
+    try:
+        check_gradients(run, runnable, tick, notes)
+        if run.layers is not None:
+            eager_cross_check(run, runnable, tick, notes)
+        run.opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
+        run.stepper = Stepper(model, run.opt, batch, loss_fn, profile.precision, profile.accum, device)
+        _warm_up(run, runnable, warmup, tick)
+        for e in runnable:
+            if e.status == OK:
+                tick(f"memory: {e.name}")
+                guarded(run, e, memory_step)
+        profiler_cross_check(run, runnable, tick)
+        with KeptFreedMemory(device) as kept:
+            _timed_rounds(run, runnable, steps, tick)
+        if kept.active and KEPT_MEMORY_NOTE not in notes:
+            notes.append(KEPT_MEMORY_NOTE)
+        compile_notes(run, runnable, notes)
+        if run.layers is not None:
+            notes.append(f"--compile: ckplan's rows ran with each chain layer's forward compiled (torch.compile, "
+                         f"TorchInductor; {run.layers.graphs} graph(s) compiled), the plan applied around "
+                         "them, predicted from the compiled layers' profile; peers ran as they are")
+    finally:
+        remove_plan(model)
+    if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
+        notes.append(RSS_NOTE)
+    return bench_result(profile, entries, chain, notes, steps=steps, warmup=warmup, budget_bytes=budget_bytes, k=k,
+                        explicit_budget=explicit)
+
+
+def _silent(msg: str) -> None:
+    pass
+
+
+def _warm_up(run: Run, entries: list[Entry], warmup: int, tick) -> None:
+    """At least one step first: the optimizer creates its state then, and the prediction is for a
+    steady-state step."""
+    for _ in range(max(warmup, 1)):
+        for e in entries:
+            tick(f"warm-up: {e.name}")
+            guarded(run, e, _plain_step)
+    for e in entries:
+        if e.compiled is not None:
+            e.warm_graphs = e.compiled.graphs
+
+
+def _plain_step(run: Run, e: Entry) -> None:
+    run.step(e)
+
+
+def _timed_rounds(run: Run, entries: list[Entry], steps: int, tick) -> None:
+    """Step 3: one untimed round (the tracked step leaves caches cold), then timed steps,
+    strategies interleaved round by round."""
+    clock = Clock(run.device)
+    for e in entries:
+        tick(f"settle: {e.name}")
+        guarded(run, e, _plain_step)
+    for _ in range(steps):
+        for e in entries:
+            if e.status == OK:
+                tick(f"timing: {e.name}")
+                guarded(run, e, _timed_step, clock)
+
+
+def _timed_step(run: Run, e: Entry, clock: Clock) -> None:
+    t0 = clock.now_ms()
+    e.final_loss = run.step(e)
+    e.times.append(clock.now_ms() - t0)

@@ -1,0 +1,45 @@
+"""``export_plan``: the plan checked, its target's exporter run, selective options stored whole."""
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..planner.plan import STORE, Plan
+from .base import TARGETS, Ctx, Export
+from .layers import header
+from .targets import EXPORTERS
+
+
+def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | None = None,
+                model_name: str = "") -> Export:
+    """Render ``plan`` for ``target`` (one of :data:`TARGETS`).
+
+    ``chain_path``: the dotted path of the layer container in the user's model (``Profile.chain``,
+    e.g. ``"transformer.h"``); ``layer_class``: the chain layers' class name (``Block``), used where
+    a framework selects layers by class; ``model_name``: shown in the header comment only.
+    """
+    plan = getattr(plan, "plan", plan)  # a PlanResult
+    if not isinstance(plan, Plan):
+        raise UsageError(f"export needs a Plan, got {type(plan).__name__}",
+                         tip="pass PlanResult.plan or ckplan.load_plan('plan.json')")
+    key = str(target).strip().lower()
+    if key not in EXPORTERS:
+        raise UsageError(f"unknown export target {target!r}", tip=f"choose one of {', '.join(TARGETS)}")
+    if not chain_path or not isinstance(chain_path, str):
+        raise UsageError("export needs the chain path (the dotted path of the layer container), "
+                         f"got {chain_path!r}", tip="take it from the profile: Profile.chain, e.g. 'transformer.h'")
+    ctx = Ctx(chain_path, layer_class, model_name)
+    if not plan.uses_options:
+        return EXPORTERS[key](plan, ctx)
+    # Selective options: none of the targets' one-line settings carries a per-layer SAC policy,
+    # so the export applies the same checkpoints with those layers stored whole.
+    opts = {i: o for i, o in enumerate(plan.options()) if o != STORE}
+    plain = EXPORTERS[key](plan.with_options({}), ctx)
+    used = ", ".join(f"{i}: {o}" for i, o in opts.items())
+    line = (f"# Not exact: the plan stores layers with selective options ({used}); {key} "
+            "stores them whole here, which keeps more memory than planned.")
+    # the plain export's message speaks of the plan without its options
+    rest = plain.message.replace("applies this plan exactly", "applies the plan without its options exactly")
+    msg = (f"{key} cannot express selective options (layer: option {used}); the closest it applies "
+           "stores those layers whole, which keeps more for backward than planned. " + rest)
+    text = plain.text.split("\n")
+    text[0:1] = [*header(plan, ctx), line]
+    return Export(plain.target, "\n".join(text), False, plain.closest_plan, msg)
