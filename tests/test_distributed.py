@@ -221,11 +221,11 @@ def multi(tmp_path_factory):
     return get
 
 
-def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, monkeypatch):
+def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, prof, monkeypatch):
     import ckplan.distributed as distributed
     monkeypatch.setattr(distributed, "fsdp_runs_on_cpu", lambda: False)
     with pytest.raises(UsageError, match=r"needs torch 2\.9") as e:
-        bench_distributed(spec, nproc=2, kind="fsdp", device="cpu")
+        bench_distributed(spec, nproc=2, kind="fsdp", device="cpu", profile=prof)
     assert "--parallel ddp" in e.value.tip
     distributed.check_kind("ddp", "cpu")  # DDP is fine
     distributed.check_kind("fsdp", "cuda")

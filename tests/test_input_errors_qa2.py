@@ -212,13 +212,12 @@ def test_layers_called_through_forward_are_named(tmp_path):
 
 def test_distributed_bench_profiles_options_when_asked(tiny_gpt_spec, tmp_path, monkeypatch):
     """``bench --nproc`` (``api.bench_distributed``) passes ``--options`` on to its profile, as the
-    one-process bench does; without it (and without a budget) the ranks profile for themselves."""
-    from ckplan import distributed
+    one-process bench does, and hands the ranks' launcher the loaded spec and that profile."""
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=2))
     seen = []
-    monkeypatch.setattr(distributed, "bench_distributed", lambda spec, **kw: seen.append(kw.get("profile")))
+    monkeypatch.setattr(api, "_bench_distributed", lambda spec, **kw: seen.append(kw["profile"]))
     api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu", options=True)
     api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu")
     with_options, without = seen
-    assert with_options is not None and any(r.options for r in with_options.chain_layers)
-    assert without is None
+    assert any(r.options for r in with_options.chain_layers)
+    assert not any(r.options for r in without.chain_layers)
