@@ -13,14 +13,34 @@ from pathlib import Path
 
 from .api_plan import export, plan, resolve_budget, sweep, world_sizes
 from .api_profile import meta_cuda_note, predicted_peak_none, preflight, profile, profile_model
-from .arguments import (Note, Progress, bench_args, check_budget, check_meta_target, check_positive,
-                        check_train_args, compile_options, load, note_or_warn, option_names, resolve_device)
+from .arguments import (
+    Note,
+    Progress,
+    bench_args,
+    check_budget,
+    check_meta_target,
+    check_positive,
+    check_train_args,
+    compile_options,
+    load,
+    note_or_warn,
+    option_names,
+    resolve_device,
+)
 from .bench import run_bench
 from .chainfind import resolve_chain
 from .distributed import bench_distributed as _bench_distributed
 from .distributed import check_run, check_world, rank_chain
-from .documents import (PLAN_TIP, check_output_dir, check_output_file, check_plan_chain, load_profile, plan_of,
-                        read_plan, read_plan_document)
+from .documents import (
+    PLAN_TIP,
+    check_output_dir,
+    check_output_file,
+    check_plan_chain,
+    load_profile,
+    plan_of,
+    read_plan,
+    read_plan_document,
+)
 from .errors import DependencyError, SpecError, UsageError
 from .options import PEERS, Device, Strategy
 from .planner import parse_budget
@@ -144,9 +164,9 @@ def bench_distributed(spec: Spec, *, nproc: int, parallel: str = "fsdp", strateg
     budget_bytes = None
     if budget is not None:  # per rank: a share is of one rank's peak
         budget_bytes = parse_budget(budget, rank_chain(prof, spec, nproc, str(parallel)), what="budget").bytes
-    return _bench_distributed(spec, profile=prof, device=dev.type, nproc=nproc, kind=str(parallel), strategies=strategies,
-                              budget_bytes=budget_bytes, k=k, steps=steps, warmup=warmup, timeout_s=timeout_s,
-                              memory_limit_bytes=limit, force=force, machine_notes=notes)
+    return _bench_distributed(spec, profile=prof, device=dev.type, nproc=nproc, kind=str(parallel),
+                              strategies=strategies, budget_bytes=budget_bytes, k=k, steps=steps, warmup=warmup,
+                              timeout_s=timeout_s, memory_limit_bytes=limit, force=force, machine_notes=notes)
 
 
 def check_nproc(nproc: int, device: str | Device | None = "auto", *, force: bool = False) -> list[str]:

@@ -15,13 +15,22 @@ from .export import export_plan
 from .measure import nvml_memory
 from .options import STRATEGIES, Device, Strategy
 from .plan_report import PlanReport
-from .planner import (chain_from_profile, compare, default_budget, infeasible_budget, no_gain_reason,
-                      parse_budget, plan_chain, simulate)
+from .planner import (
+    chain_from_profile,
+    compare,
+    default_budget,
+    infeasible_budget,
+    no_gain_reason,
+    parse_budget,
+    plan_chain,
+    simulate,
+)
 from .planner import sweep as _sweep
 from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
 from .planner.strategies import check_sweep_points
 from .records import Profile
 from .spec import Spec
+
 
 def resolve_budget(budget: str | int | float, prof: Profile):
     """The :class:`ckplan.planner.Budget` for ``budget`` (``12GB``, ``12GiB``, bytes, ``40%`` of

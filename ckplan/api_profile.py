@@ -8,8 +8,18 @@ from dataclasses import replace
 
 import torch
 
-from .arguments import (Note, Progress, check_meta_target, check_positive, check_train_args, compile_options,
-                        note_or_warn, option_names, resolve_device, tick)
+from .arguments import (
+    Note,
+    Progress,
+    check_meta_target,
+    check_positive,
+    check_train_args,
+    compile_options,
+    note_or_warn,
+    option_names,
+    resolve_device,
+    tick,
+)
 from .chainfind import tensor_leaves
 from .errors import DependencyError, SpecError, UsageError
 from .measure import cuda_runtime_bytes, device_info
@@ -22,6 +32,7 @@ from .sdpa import default_target
 from .spec import Spec, batch_bytes, build_model, make_batch, to_loss
 from .training import optimizer_memory, optimizer_step_ms
 from .units import format_bytes
+
 
 def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool = False,
               progress: Progress | None = None, note: Note | None = None, hold: list[str] | None = None):

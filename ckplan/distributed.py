@@ -62,8 +62,18 @@ import torch
 
 from . import launch
 from .dist_rank import RankTracker, _rank_main, fsdp_unit_bytes  # noqa: F401  (RankTracker re-exported)
-from .dist_records import (ERROR, GRAD_ATOL, GRAD_RTOL, INFEASIBLE, OK, OOM,  # noqa: F401  (re-exported)
-                           DistBenchResult, Job, RankRow, mark_over_budget)
+from .dist_records import (  # noqa: F401  (re-exported)
+    ERROR,
+    GRAD_ATOL,
+    GRAD_RTOL,
+    INFEASIBLE,
+    OK,
+    OOM,
+    DistBenchResult,
+    Job,
+    RankRow,
+    mark_over_budget,
+)
 from .errors import InfeasibleBudgetError, UsageError
 from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate, trace
 from .planner.parallel import KINDS, per_rank_chain, per_rank_chain_from_profile

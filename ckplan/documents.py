@@ -10,9 +10,9 @@ from typing import Any
 
 from .errors import SpecError, UsageError
 from .options import SELECTIVE_OPTIONS
-from .profile_doc import profile_problem
 from .planner import Plan
 from .planner.plan import check_plan_header
+from .profile_doc import profile_problem
 from .records import Profile
 from .report import check_output_dir as _check_output_dir
 from .report import check_output_file as _check_output_file
