@@ -28,8 +28,8 @@ rest). ``from_dict`` also accepts a nested ``"items"`` list:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from difflib import get_close_matches
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ..errors import SpecError
