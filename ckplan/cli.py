@@ -140,9 +140,10 @@ def plan(
 
 
 def _plan_sweep(spec, common: dict, out_dir, points, options, compile, ignored, fmt, wide) -> None:
+    commands.check_sweep(ignored, out_dir)
     with working("sweeping") as (progress, note):
         prof, pts, files = commands.plan_sweep(spec, out_dir=out_dir, points=points, progress=progress, note=note,
-                                               options=options, compile=compile, ignored=ignored, **common)
+                                               options=options, compile=compile, **common)
     render.info("wrote " + ", ".join(str(f) for f in files))
     emit(fmt, report.sweep_doc(prof, pts, files), report.sweep_frame(pts),
          lambda: render.sweep_table(pts, wide=wide))
@@ -150,10 +151,10 @@ def _plan_sweep(spec, common: dict, out_dir, points, options, compile, ignored, 
 
 def _plan_world_sizes(spec, common: dict, sizes, world_size, kind, budget, strategy, k, exact, output, fmt,
                       wide) -> None:
+    commands.check_world_size_table(sizes, world_size, strategy, exact)
     with working("planning per rank") as (progress, note):
-        prof, rows = commands.plan_world_sizes(spec, sizes=sizes, world_size=world_size, parallel=kind, budget=budget,
-                                               strategy=strategy, k=k, exact=exact, progress=progress, note=note,
-                                               **common)
+        prof, rows = api.world_sizes(spec, world_sizes=sizes, parallel=kind, budget=budget, strategy=strategy, k=k,
+                                     progress=progress, note=note, **common)
     doc = report.world_size_doc(prof, rows)
     if output is not None:
         write_out(output, doc)

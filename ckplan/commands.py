@@ -19,19 +19,21 @@ STRATEGY_NAMES = Strategy.names()
 
 # ---- plan --------------------------------------------------------------------------------------
 
-def plan_sweep(spec, *, profile_path, out_dir: Path, points: int, device, overrides: dict, force: bool,
-               progress, note, options, compile: bool, meta_target, ignored: list[str]):
-    """``plan --sweep``: every strategy's frontier written under ``out_dir``; ``(profile, points,
-    files)``. ``ignored``: the options given that a sweep would ignore (refused)."""
+def check_sweep(ignored: list[str], out_dir: Path) -> None:
+    """Refuse, before any profile, the options a sweep would ignore (``ignored``: those given) and
+    an ``--out-dir`` it could not write."""
     if ignored:
         raise UsageError(f"--sweep with {', '.join(ignored)}: a sweep plans every strategy over a range of "
                          "budgets for one process and writes its frontier under --out-dir; "
                          f"{'it' if len(ignored) == 1 else 'they'} would be ignored",
                          tip="drop " + ", ".join(ignored) + ", or plan one budget without --sweep")
     api.check_output_dir(out_dir)
-    prof, pts = api.sweep(spec, profile_path=profile_path, device=device, points=points, overrides=overrides,
-                          force=force, progress=progress, note=note, options=options, compile=compile,
-                          meta_target=meta_target)
+
+
+def plan_sweep(spec, *, out_dir: Path, **kwargs):
+    """``plan --sweep`` (checked by :func:`check_sweep`): every strategy's frontier
+    (:func:`ckplan.api.sweep`) written under ``out_dir``; ``(profile, points, files)``."""
+    prof, pts = api.sweep(spec, **kwargs)
     return prof, pts, report.write_sweep(out_dir, prof.model, pts)
 
 
@@ -88,9 +90,8 @@ def check_world_size_options(sizes: list[int], parallel, export, output, flag: s
                              "or set parallel.world_size in the spec; or drop --parallel")
 
 
-def plan_world_sizes(spec, *, sizes: list[int], world_size: str, parallel: str, profile_path, budget, strategy,
-                     k: int, exact: bool, device, overrides: dict, force: bool, progress, note, meta_target):
-    """``plan --world-size 8,16,...``: per-rank peaks at each world size; ``(profile, rows)``."""
+def check_world_size_table(sizes: list[int], world_size: str, strategy, exact: bool) -> None:
+    """Refuse, before any profile, what the per-rank table over several world sizes cannot do."""
     if strategy == StrategyOrAll.all:
         raise UsageError("--strategy all with several --world-size values",
                          tip="pick one strategy for the per-rank table, or one world size")
@@ -99,9 +100,6 @@ def plan_world_sizes(spec, *, sizes: list[int], world_size: str, parallel: str, 
                          "table plans with the default dp",
                          tip="give one world size to prove its plan optimal, e.g. "
                              f"--world-size {sizes[-1]} --exact")
-    return api.world_sizes(spec, world_sizes=sizes, parallel=parallel, profile_path=profile_path, budget=budget,
-                           strategy=strategy, k=k, device=device, overrides=overrides, force=force,
-                           progress=progress, note=note, meta_target=meta_target)
 
 
 def check_some_world_size_fits(rows, budget) -> None:
