@@ -2,120 +2,43 @@
 
     plan = ckplan.plan_model(model, sample_batch, budget="12GB")   # a PlanResult
     ckplan.apply_plan(model, plan.plan)                              # or a plan.json path
+
+One facade: the public functions (:mod:`ckplan.public`: ``plan_model``, ``apply_plan``,
+``load_plan``, ``profile_model``, ``compiled_layers``, ``kept_freed_memory``, ``remove_plan``),
+``export_plan``, the errors, and the command functions of :mod:`ckplan.api` (``ckplan.load``,
+``ckplan.profile``, ``ckplan.plan``, ``ckplan.sweep``, ``ckplan.world_sizes``,
+``ckplan.bench_distributed``, ``ckplan.read_plan``, ``ckplan.load_profile``...). ``api.bench``,
+``api.preflight`` and ``api.export`` are named through :mod:`ckplan.api` only: ``ckplan.bench``,
+``ckplan.preflight`` and ``ckplan.export`` are modules.
 """
-from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError, UsageError  # noqa: F401
-from .export import Export, export_plan  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
+from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError, UsageError
+from .export import Export, export_plan
 
 __version__ = "0.1.0"
 
+# Where each name of the facade lives. They are imported on first use (PEP 562): ckplan's planner
+# (ckplan.planner, imported through this package) runs without torch, which these modules import.
+_PUBLIC = ("apply_plan", "compiled_layers", "kept_freed_memory", "load_plan", "plan_model", "profile_model",
+           "remove_plan")
+_API = ("bench_distributed", "check_bench_args", "check_budget", "check_nproc", "check_output_dir",
+        "check_output_file", "check_plan_chain", "check_positive", "check_train_args", "load", "load_profile",
+        "option_names", "plan", "profile", "profile_problem", "read_plan", "read_plan_document",
+        "resolve_budget", "resolve_device", "sweep", "world_sizes")
+_LAZY = {**{name: ".public" for name in _PUBLIC}, **{name: ".api" for name in _API}}
 
-def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain: str | None = None,
-               optimizer: str = "adamw", precision: str = "fp32", accum: int = 1, k: int = 2,
-               lr: float = 1e-4, compile: bool = False):
-    """Profile ``model`` on ``sample_batch`` (not changing it) and plan its checkpoints.
-
-    ``compile=True``: the chain layers are profiled compiled with ``torch.compile``, and the plan
-    is for them: apply it inside ``with ckplan.compiled_layers(model):`` (see ckplan.compiled).
-
-    ``sample_batch``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or
-    ``(args, kwargs)``; the model's output (a loss, an object with ``.loss``, or a tensor whose
-    mean square is used) must be trainable. ``budget``: ``"12GB"``, ``"12GiB"``, bytes, ``"40%"``
-    of the no-checkpoint peak, or None for the smallest feasible peak. Returns a
-    ``ckplan.planner.PlanResult``; raises ``InfeasibleBudgetError`` when nothing fits.
-    """
-    import torch
-
-    from .api import check_budget, check_positive, check_train_args, profile_model, resolve_budget
-    from .options import Strategy
-    from .planner import chain_from_profile, plan_chain
-
-    # Every argument is checked before the (possibly long) profile.
-    strategy = str(Strategy.parse(strategy, what="strategy"))
-    check_positive("k", k)
-    check_budget(budget)
-    check_train_args(optimizer=optimizer, precision=precision, accum=accum)
-    args, kwargs = _as_batch(sample_batch)
-    first = next(iter(model.parameters()), None)
-    device = first.device if first is not None else torch.device("cpu")
-    prof = profile_model(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
-                         optimizer=optimizer, precision=precision, accum=accum, lr=lr, compile=compile)
-    budget_bytes = None if budget is None else resolve_budget(budget, prof).bytes
-    return plan_chain(chain_from_profile(prof), strategy, budget_bytes, k)
+__all__ = ["CkplanError", "Export", "InfeasibleBudgetError", "ModelRunError", "SpecError", "UsageError",
+           "export_plan", *_PUBLIC, *_API]
 
 
-def _as_batch(batch):
-    import torch
-    if isinstance(batch, torch.Tensor):
-        return (batch,), {}
-    if isinstance(batch, dict):
-        return (), dict(batch)
-    if (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], (tuple, list))
-            and isinstance(batch[1], dict)):
-        return tuple(batch[0]), dict(batch[1])
-    if isinstance(batch, (tuple, list)):
-        return tuple(batch), {}
-    raise UsageError(f"sample_batch of type {type(batch).__name__} is not a tensor, tuple, dict or (args, kwargs)")
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def apply_plan(model, plan, *, chain: str | None = None):
-    """Checkpoint ``model``'s chain by ``plan`` (a Plan, a PlanResult, its dict, or a plan.json path)."""
-    import os
-
-    from .chainfind import resolve_chain
-    from .execute import apply_plan as _apply
-    plan = getattr(plan, "plan", plan)  # a PlanResult
-    where = "the plan"
-    if isinstance(plan, (str, os.PathLike)):  # a plan.json: checked as `ckplan bench --plan` checks it
-        from .api import read_plan
-        where = str(plan)
-        path, container, _ = resolve_chain(model, chain)
-        plan, _doc = read_plan(plan, chain_layers=len(container), chain=path, chain_tip=_CHAIN_TIP)
-    elif isinstance(plan, dict) and isinstance(plan.get("plan"), dict):  # a loaded `ckplan plan` document
-        from .api import check_plan_chain
-        check_plan_chain(plan, resolve_chain(model, chain)[0], where, tip=_CHAIN_TIP)
-    return _apply(model, plan, chain=chain)
-
-
-# {recorded}: the chain the plan was made for (filled by check_plan_chain)
-_CHAIN_TIP = "make the plan for this model, or pass chain={recorded!r} if that is this model's layer container"
-
-
-def compiled_layers(model, *, chain: str | None = None):
-    """A context that compiles each chain layer's forward with ``torch.compile`` (enter it before
-    :func:`apply_plan`, whose checkpoints then wrap the compiled layers); see ckplan.compiled."""
-    from .compiled import compiled_layers as _compiled
-    return _compiled(model, chain=chain)
-
-
-def kept_freed_memory(device="cpu"):
-    """A context for CPU training steps timed as ckplan times them: glibc's malloc keeps freed
-    memory in the process (as PyTorch's CUDA caching allocator does) instead of returning it
-    and faulting it in again every step; a no-op off glibc or off the CPU. See
-    ``ckplan.measure.KeptFreedMemory``."""
-    from .measure import KeptFreedMemory
-    return KeptFreedMemory(device)
-
-
-def remove_plan(model) -> None:
-    from .execute import remove_plan as _remove
-    _remove(model)
-
-
-def load_plan(path):
-    """The plan in a ``ckplan plan -o plan.json`` file (raises ``SpecError`` naming what is wrong)."""
-    from .api import read_plan
-    return read_plan(path)[0]
-
-
-def profile_model(model, sample_batch, *, chain: str | None = None, optimizer: str = "adamw",
-                  precision: str = "fp32", accum: int = 1, device=None):
-    """Per-stage profile (``ckplan.records.Profile``) of ``model`` on ``sample_batch``."""
-    import torch
-
-    from .api import profile_model as _profile
-    args, kwargs = _as_batch(sample_batch)
-    if device is None:
-        first = next(iter(model.parameters()), None)
-        device = first.device if first is not None else torch.device("cpu")
-    return _profile(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
-                    optimizer=optimizer, precision=precision, accum=accum)
+def __dir__():
+    return sorted({*globals(), *_LAZY})

@@ -6,6 +6,7 @@ from typing import Any
 
 from .planner import PlanResult
 from .records import Profile
+from .report import plan_doc
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,9 @@ class PlanReport:
 
     def to_frame(self):
         """One row per strategy (the CSV of ``ckplan plan``)."""
-        import pandas as pd
+        import pandas as pd  # optional: only for the CSV output; the plan itself never needs it
         return pd.DataFrame(self.summary_rows())
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON document of ``ckplan plan`` (built in ckplan.report, with the others)."""
-        from .report import plan_doc
         return plan_doc(self)

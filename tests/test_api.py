@@ -1,13 +1,17 @@
-"""The README's Python API example runs as written, and its plan keeps the math."""
+"""The README's Python API example runs as written, and its plan keeps the math; the Python API
+refuses a plan file made for another chain, names layers it cannot see, and hands the distributed
+bench a profile made with the options asked for."""
+import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
 import ckplan
 from ckplan import api
-from ckplan.errors import InfeasibleBudgetError, UsageError
+from ckplan.errors import InfeasibleBudgetError, ModelRunError, SpecError, UsageError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -98,3 +102,60 @@ def test_a_whole_float_budget_is_bytes():
         with pytest.raises(UsageError, match="is not a whole number of bytes") as e:
             ckplan.plan_model(model, x, budget=bad)
         assert "--" not in e.value.message
+
+
+def _plan_doc(chain="layers", model="mlp3", n=3, command="plan"):
+    return {"schema_version": 1, "command": command, "model": model, "chain": chain, "n_layers": n,
+            "plan": {"format": "ckplan.plan/1", "strategy": "every-k", "n_layers": n, "params": {},
+                     "checkpoints": [[0, 1]]}}
+
+
+def test_apply_plan_refuses_a_plan_file_made_for_another_chain(tmp_path):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for m in self.layers:
+                x = m(x)
+            return x
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_plan_doc(chain="blocks")))
+    with pytest.raises(SpecError, match="chain 'blocks'"):
+        ckplan.apply_plan(Net(), str(plan))
+    plan.write_text(json.dumps(_plan_doc(chain="layers")))  # the same chain still applies
+    ckplan.apply_plan(Net(), plan).remove()
+
+
+def test_layers_called_through_forward_are_named(tmp_path):
+    # SqueezeBERT's encoder calls `layer.forward(x)`: no module hook fires, so no container works;
+    # the message says why instead of asking for another `chain:`
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer.forward(x)
+            return x.pow(2).mean()
+
+    with pytest.raises(ModelRunError, match=r"layer\.forward\(x\)") as err:
+        api.profile_model(Net(), (torch.randn(4, 8),), {}, name="fwd", chain="layers", device="cpu",
+                          optimizer="sgd", repeats=1, warmup=0)
+    assert "instead of `layer.forward" in err.value.tip
+
+
+def test_distributed_bench_profiles_options_when_asked(tiny_gpt_spec, tmp_path, monkeypatch):
+    """``bench --nproc`` (``api.bench_distributed``) passes ``--options`` on to its profile, as the
+    one-process bench does, and hands the ranks' launcher the loaded spec and that profile."""
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=2))
+    seen = []
+    monkeypatch.setattr(api, "_bench_distributed", lambda spec, **kw: seen.append(kw["profile"]))
+    api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu", options=True)
+    api.bench_distributed(spec, nproc=2, strategies=["none"], device="cpu")
+    with_options, without = seen
+    assert any(r.options for r in with_options.chain_layers)
+    assert not any(r.options for r in without.chain_layers)

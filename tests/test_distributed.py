@@ -5,6 +5,7 @@ that comes back as rows instead of a hang, with nothing left behind, and a row o
 budget."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -221,11 +222,11 @@ def multi(tmp_path_factory):
     return get
 
 
-def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, monkeypatch):
+def test_fsdp_on_cpu_is_refused_where_torch_cannot_run_it(spec, prof, monkeypatch):
     import ckplan.distributed as distributed
     monkeypatch.setattr(distributed, "fsdp_runs_on_cpu", lambda: False)
     with pytest.raises(UsageError, match=r"needs torch 2\.9") as e:
-        bench_distributed(spec, nproc=2, kind="fsdp", device="cpu")
+        bench_distributed(spec, nproc=2, kind="fsdp", device="cpu", profile=prof)
     assert "--parallel ddp" in e.value.tip
     distributed.check_kind("ddp", "cpu")  # DDP is fine
     distributed.check_kind("fsdp", "cuda")
@@ -284,3 +285,15 @@ def test_a_row_predicted_to_fit_and_measured_above_the_budget_is_over_budget():
     assert [r.status for r in marked] == [OVER_BUDGET, OK, OK, ERROR]  # none was never predicted to fit
     assert "1 bytes over" in marked[0].message
     assert mark_over_budget(rows, None) == rows  # no explicit budget: nothing to break
+
+
+def test_distributed_default_budget_note_in_units(tiny_gpt_spec, tmp_path, monkeypatch):
+    from ckplan import distributed
+    spec = load(tiny_gpt_spec(tmp_path, n_layer=2))
+    prof = profile(spec, device="meta")
+    monkeypatch.setattr(distributed, "_launch", lambda job, nproc: "")  # no ranks: the notes are the test
+    monkeypatch.setattr(distributed, "_collect", lambda job, nproc, failure: ())
+    res = distributed.bench_distributed(spec, nproc=2, strategies=["none", "dp"], profile=prof, device="cpu")
+    note = next(n for n in res.notes if n.startswith("no budget"))
+    assert re.search(r"\d{4,}", note) is None, note
+    assert "iB" in note and "halfway between the smallest feasible peak (" in note

@@ -1,0 +1,102 @@
+"""What a distributed bench sends to its ranks and gets back: the job every rank runs
+(:class:`Job`), one strategy on one rank (:class:`RankRow`) and the whole run
+(:class:`DistBenchResult`), with the statuses and the gradient tolerance.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .records import OVER_BUDGET, over_budget
+
+OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
+GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see ckplan.distributed
+GRAD_ATOL = 1e-7
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One strategy on one rank."""
+
+    strategy: str
+    rank: int
+    status: str  # ok | OOM | infeasible | error | wrong-gradients (this rank's own) | over-budget
+    plan: str
+    predicted_peak_bytes: int | None  # per-rank model (planner.parallel), whole step
+    measured_peak_bytes: int | None
+    peak_error: float | None  # |measured - predicted| / predicted (records.peak_error)
+    predicted_fwd_bwd_peak_bytes: int | None  # forward + backward only
+    measured_fwd_bwd_peak_bytes: int | None
+    step_ms: float | None  # median of the timed steps on this rank
+    loss: float | None  # this rank's loss in the correctness step
+    max_grad_diff: float | None  # max |this rank's grad (its shard under FSDP) - one process's|
+    grad_ok: bool | None  # within GRAD_RTOL / GRAD_ATOL
+    message: str = ""
+    torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistBenchResult:
+    model: str
+    kind: str  # fsdp | ddp
+    world_size: int
+    backend: str  # gloo | nccl
+    device: str  # cpu | cuda
+    batch_size: int  # per rank
+    optimizer: str
+    budget_bytes: int | None  # per rank
+    k: int
+    steps: int
+    warmup: int
+    rows: tuple[RankRow, ...]
+    single_process_peak_bytes: int  # predicted peak of one unsharded process, no checkpointing
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = [r.to_dict() for r in self.rows]
+        d["notes"] = list(self.notes)
+        return d
+
+    def to_frame(self):
+        """One row per (strategy, rank), as a pandas DataFrame."""
+        import pandas as pd  # optional: only for the frame, which the ranks never build
+        return pd.DataFrame([r.to_dict() for r in self.rows])
+
+
+# ---- the parent: profile, plan, launch, collect --------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """What every rank runs: the spec, the plans (name, plan, predicted peak, predicted
+    forward+backward peak, why it is not runnable), and how."""
+
+    spec: dict
+    kind: str
+    plans: tuple[tuple[str, dict | None, int | None, int | None, str], ...]  # name, plan, pred, pred fb, msg
+    steps: int
+    warmup: int
+    device: str
+    timeout_s: float
+    out_dir: str
+    check_grads: bool
+    memory_limit_bytes: int | None
+    fail_rank: int | None
+    threads: int
+    start_method: str
+    cross_check: bool
+
+
+def mark_over_budget(rows, budget_bytes: int | None) -> list[RankRow]:
+    """``rows`` with ``over-budget`` for each one measured above ``budget_bytes`` (an explicit
+    per-rank budget) that it was predicted to fit."""
+    out = []
+    for r in rows:
+        if r.status == OK and over_budget(r.predicted_peak_bytes, r.measured_peak_bytes, budget_bytes):
+            r = replace(r, status=OVER_BUDGET, message=f"measured above the per-rank budget it was predicted "
+                                                      f"to fit ({r.measured_peak_bytes - budget_bytes} bytes over)")
+        out.append(r)
+    return out
+
