@@ -149,39 +149,8 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     opt_tmp = max(0, chain.opt_step_peak_bytes - chain.persistent_bytes - grads_full)
     opt_peak = persistent + sharded_grads + int(round(opt_tmp * ratio))
     n = chain.n_layers
-    # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
-    # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
-    flat = 1 if W > 1 else 0
-    layers = []
-    for i, ly in enumerate(chain.layers):
-        prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
-        retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
-        gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
-
-        around = (P[i], flat, prefetch, retained, gathered_before)
-        fwd, bwd = _with_buffers(ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.xbar_bytes, *around)
-        # (the early stop's shorter recompute is not modelled per rank: the whole forward)
-        # a checkpoint's first forward: the measured no-save peak, with the same buffers on top
-        nosave = None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + fwd - ly.fwd_tmp_bytes
-        # a layer stored with a selective option runs the same unit: its forward, and its
-        # backward (which starts with the option's recompute), hold the same buffers
-        options = []
-        for o in ly.options:
-            o_fwd, o_bwd = _with_buffers(o.fwd_tmp_bytes, o.bwd_tmp_bytes, o.xbar_bytes, *around)
-            options.append(replace(o, fwd_tmp_bytes=o_fwd, bwd_tmp_bytes=o_bwd,
-                                   held_fwd_tmp_bytes=o.fwd_tmp_bytes,
-                                   held_bwd_tmp_bytes=o.bwd_tmp_bytes + retained))
-        # inside a top-level checkpoint's backward the unit stays unsharded (held) until its own
-        # backward ends: its backward there has only the reduce-scatter input of the layer after
-        # on top, a forward there that of the last layer backwarded (the simulator adds it) and,
-        # when that forward unshards the unit, the all-gather buffer
-        layers.append(replace(ly, fwd_tmp_bytes=fwd, bwd_tmp_bytes=bwd,
-                              grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
-                              early_xbar_bytes=None, early_fwd_tmp_bytes=None,
-                              nosave_peak_bytes=nosave, options=tuple(options),
-                              held_bytes=P[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
-                              held_bwd_tmp_bytes=ly.bwd_tmp_bytes + retained,
-                              gather_bytes=flat * P[i], retained_bytes=P[i]))
+    flat = 1 if W > 1 else 0  # the flat all-gather buffer (none on one rank: _unit_layer)
+    layers = [_unit_layer(ly, i, P, R, W) for i, ly in enumerate(chain.layers)]
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
                   # the last reduce-scatter input (layer 0's) is held until the root's own
@@ -194,6 +163,42 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
                    persistent_bytes=persistent, opt_step_peak_bytes=max(opt_peak, persistent),
                    param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state,
                    opt_ms=chain.opt_ms / W)  # each rank steps its shard only
+
+
+def _unit_layer(ly, i: int, P: list[int], R: int, W: int):
+    """Chain layer ``i`` as one FSDP2 unit on ``W`` ranks (``P``: every unit's unsharded
+    parameter bytes, ``R``: the root's)."""
+    n = len(P)
+    # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
+    # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
+    flat = 1 if W > 1 else 0
+    prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
+    retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
+    gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
+    around = (P[i], flat, prefetch, retained, gathered_before)
+    fwd, bwd = _with_buffers(ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.xbar_bytes, *around)
+    # (the early stop's shorter recompute is not modelled per rank: the whole forward)
+    # a checkpoint's first forward: the measured no-save peak, with the same buffers on top
+    nosave = None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + fwd - ly.fwd_tmp_bytes
+    # a layer stored with a selective option runs the same unit: its forward, and its
+    # backward (which starts with the option's recompute), hold the same buffers
+    options = []
+    for o in ly.options:
+        o_fwd, o_bwd = _with_buffers(o.fwd_tmp_bytes, o.bwd_tmp_bytes, o.xbar_bytes, *around)
+        options.append(replace(o, fwd_tmp_bytes=o_fwd, bwd_tmp_bytes=o_bwd,
+                               held_fwd_tmp_bytes=o.fwd_tmp_bytes,
+                               held_bwd_tmp_bytes=o.bwd_tmp_bytes + retained))
+    # inside a top-level checkpoint's backward the unit stays unsharded (held) until its own
+    # backward ends: its backward there has only the reduce-scatter input of the layer after
+    # on top, a forward there that of the last layer backwarded (the simulator adds it) and,
+    # when that forward unshards the unit, the all-gather buffer
+    return replace(ly, fwd_tmp_bytes=fwd, bwd_tmp_bytes=bwd,
+                   grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
+                   early_xbar_bytes=None, early_fwd_tmp_bytes=None,
+                   nosave_peak_bytes=nosave, options=tuple(options),
+                   held_bytes=P[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
+                   held_bwd_tmp_bytes=ly.bwd_tmp_bytes + retained,
+                   gather_bytes=flat * P[i], retained_bytes=P[i])
 
 
 def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:

@@ -105,7 +105,8 @@ class _Replayer:
         # Explicit stack (plans may nest deeper than Python's recursion limit).
         self.stack: list[tuple] = [("opt",), ("preB",), ("bwd", self.items, None), ("postB",), ("postF",),
                                    ("fwd", self.items, None)]
-        steps = {"fwd": self.forward, "bwd": self.backward, "read": self.read, "unhold": self.unhold,
+        steps: dict[str, Callable[..., None]] = {
+                 "fwd": self.forward, "bwd": self.backward, "read": self.read, "unhold": self.unhold,
                  "side": self.side, "store": self.backward_store, "ckpt": self.backward_checkpoint,
                  "postF": self.post_forward, "postB": self.post_backward, "preB": self.pre_backward,
                  "opt": self.optimizer_step}
@@ -176,7 +177,7 @@ class _Replayer:
             # is not redone (a sequence ending in a checkpoint does not get this)
             s.recompute_ms -= L[seq[-1].layer].tail_ms
 
-    def left_on_module(self, k: int, ctx: tuple[int, int]) -> None:
+    def left_on_module(self, k: int, ctx: tuple[int, int] | None) -> None:
         """What the recompute of layer ``k`` leaves on the module: the layer's own measure, or
         the whole chain's when a later layer of this recompute keeps its graph (what this one made
         stays too). A later recompute of it replaces it (counted once), and it replaces what the

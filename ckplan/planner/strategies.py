@@ -15,6 +15,7 @@ caller can show the whole table and then exit with the error's code (see ``compa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -351,8 +352,9 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
         # beats the grouped tables, or held layers (held.py): plan_dp per budget
         hi = simulate(chain, plan_none(n)).peak_bytes
 
-        def solve(b: int) -> Plan | None:
+        def solve_one(b: int) -> Plan | None:
             return plan_chain(chain, "dp", b, **dp_options).plan
+        solve: Callable[[int], Plan | None] = solve_one
     else:
         solver = dp.DPSolver(chain, max_slots=dp_options.get("max_slots"),
                              mode=dp_options.get("mode", "auto"), groups=dp_options.get("groups"))
