@@ -55,7 +55,6 @@ import torch.nn as nn
 from .chainfind import first_tensor, resolve_chain, tensor_leaves
 from .errors import ModelRunError, UsageError, first_line
 from .execute import apply_plan, spans_layers
-from .flops import FlopCounter, estimated_note
 from .measure import (
     KEPT_MEMORY_NOTE,
     AllocatorTimeline,
@@ -66,6 +65,7 @@ from .measure import (
     storages_of,
     unique_storage_bytes,
 )
+from .profiling.flops import FlopCounter, estimated_note
 from .records import CHAIN, POST, PRE, OptionRecord, SideInput, StageRecord
 from .sac import check_option, policy_fn, run_with_option
 from .sdpa import TARGETS, SdpaOnMeta, default_target
