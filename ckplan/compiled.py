@@ -30,6 +30,7 @@ layer class and option, compiled on first use.
 """
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
@@ -37,13 +38,16 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from .chainfind import resolve_chain
 from .errors import UsageError
+from .peers import compile_unavailable as _peers_compile_unavailable
+from .peers import eager_random_ops
+from .sac import MINCUT, check_option, context_fn
 
 
 def compile_unavailable(device_type: str) -> str:
     """Why TorchInductor cannot compile for ``device_type`` here ("" when it can)."""
-    from .peers import compile_unavailable as why
-    return why(device_type)
+    return _peers_compile_unavailable(device_type)
 
 
 class _Backend:
@@ -54,9 +58,7 @@ class _Backend:
         self.graphs = 0
 
     def __call__(self, gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx
-
-        from .peers import eager_random_ops
+        from torch._inductor.compile_fx import compile_fx  # seconds to import: on the first graph only
         self.graphs += 1
         with eager_random_ops():
             return compile_fx(gm, example_inputs)
@@ -70,7 +72,6 @@ def _with_option(forward, *args, **kwargs):
 
 def _option_function(name: str):
     """``_with_option`` with option ``name``'s SAC contexts, as a function of its own."""
-    from .sac import context_fn
     code = _with_option.__code__.replace(co_name=f"ckplan_{name.replace('-', '_')}")
     return types.FunctionType(code, {**_with_option.__globals__, "CONTEXT_FN": context_fn(name)},
                               f"ckplan_{name}")
@@ -103,7 +104,6 @@ def _quiet_context_fn_warning() -> None:
     """Drop torch's one-time warning that a ``context_fn`` reached ``checkpoint`` under compile
     (its advice, no in-place ops in the region, is what functionalization and the gradient checks
     of ckplan's tests cover); other warnings of that logger stay."""
-    import logging
     logger = logging.getLogger("torch._higher_order_ops.wrap")
     if not any(isinstance(f, _DropContextFnWarning) for f in logger.filters):
         logger.addFilter(_DropContextFnWarning())
@@ -147,7 +147,6 @@ class CompiledLayers:
         """The compiled ``checkpoint(forward, *args)`` of option ``name``, shared by the layers."""
         run = self._runners.get(name)
         if run is None:
-            from .sac import MINCUT, check_option
             check_option(name)
             if name in MINCUT:
                 fn = torch.compile(_budget_function(name), backend=self.backend)
@@ -187,7 +186,6 @@ class CompiledLayers:
 def compiled_layers(model: nn.Module, *, chain: str | None = None) -> CompiledLayers:
     """Compile the forward of every layer of ``model``'s chain (``chain``: its dotted path; None:
     found as the profiler finds it). Use it as a context, entered before :func:`ckplan.apply_plan`."""
-    from .chainfind import resolve_chain
     why = compile_unavailable(_device_type(model))
     if why:
         raise UsageError(f"cannot compile the chain layers: {why}",

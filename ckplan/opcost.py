@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .device_model import MATMUL, VECTOR, DeviceModel, OpCost, ops_ms
-from .flops import FlopCounter
+from .profiling.flops import FlopCounter
 
 _VIEWS: dict[Any, bool] = {}
 

@@ -26,6 +26,7 @@ the rules are a transcription (sm80+ assumed) and may lag torch's.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +174,6 @@ def _unpacked_on_meta():
     token (a warning only). ckplan's batches hold one unpadded sequence per row (position ids
     0..T-1, no padding, no attention mask), so on meta the answers are what a real device gives
     for them: not packed, all ones, no warning. Returns the undo."""
-    import sys
     undo = []
 
     def patch(owner, name, make):

@@ -23,7 +23,7 @@ from ckplan.errors import SpecError
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate
 from ckplan.planner.plan import items_from_ranges
 from ckplan.planner.synthetic import random_chain
-from ckplan.profiler import BREAKS_NOTE
+from ckplan.profiling.notes import BREAKS_NOTE
 from ckplan.records import Profile
 
 CASES = {  # model, batch, the breaks its forward makes
@@ -112,7 +112,7 @@ def test_tensors_the_container_saves_between_layers_are_kept_by_every_plan():
     # output, and a checkpoint over the layer does not drop it. Planned as kept until the
     # backward ends (it is freed at the norm's backward): every plan predicted at or above its
     # measured peak, the plan without checkpoints exact, dp within its budget when measured.
-    from ckplan.profiler import OUTSIDE_NOTE
+    from ckplan.profiling.notes import OUTSIDE_NOTE
     torch.manual_seed(0)
     model, x = ckmodels.NormInLoop(32, 5), torch.randn(64, 32)
     prof = api.profile_model(model, (x,), {}, name="norm", chain=None, device="cpu", optimizer="sgd",

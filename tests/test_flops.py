@@ -1,4 +1,4 @@
-"""FLOP counting (ckplan.flops): ckplan's attention formula against torch's where torch's works,
+"""FLOP counting (ckplan.profiling.flops): ckplan's attention formula against torch's where torch's works,
 grouped-query attention counted as its broadcast to the query's heads, and a formula that raises
 never aborts a count."""
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.utils import flop_counter as fc
 
 from ckplan import api
-from ckplan.flops import FlopCounter, attention_flops, estimated_note, own_formula
+from ckplan.profiling.flops import FlopCounter, attention_flops, estimated_note, own_formula
 
 SHAPES = [((2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8)),
           ((1, 8, 33, 16), (1, 8, 20, 16), (1, 8, 20, 12)),  # cross-attention, d_v != d_qk

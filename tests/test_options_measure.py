@@ -281,7 +281,7 @@ def test_option_cost_adds_what_sac_adds_around_its_recompute():
     # 25 and 27 ms of which the recompute is 4 ms. Costs: 4 + 2 + 1 = 7 and 4 + 4 + 3 = 11,
     # shared by FLOPs: 9 each. A forward that ran faster under the option adds nothing, and a
     # compiled pass's difference (whole) is taken as it is.
-    from ckplan.profiler import _option_cost_ms, _OptionPass
+    from ckplan.profiling.option_passes import OptionPass, _option_cost_ms
     from ckplan.records import CHAIN, StageRecord
 
     def row(i):
@@ -292,10 +292,10 @@ def test_option_cost_adds_what_sac_adds_around_its_recompute():
 
     rows = (row(0), row(1))
     times = {("F", 0): [12.0, 12.0, 30.0], ("F", 1): [14.0], ("B", 0): [25.0], ("B", 1): [27.0]}
-    p = _OptionPass("sac-x", None, times, {0: [4.0, 3.0, 5.0], 1: [4.0]})
+    p = OptionPass("sac-x", None, times, {0: [4.0, 3.0, 5.0], 1: [4.0]})
     assert _option_cost_ms(p, rows) == {0: pytest.approx(9.0), 1: pytest.approx(9.0)}
-    faster = _OptionPass("sac-x", None, {("F", 0): [8.0], ("F", 1): [8.0], ("B", 0): [24.0], ("B", 1): [24.0]},
-                         {0: [4.0], 1: [4.0]})
+    faster = OptionPass("sac-x", None, {("F", 0): [8.0], ("F", 1): [8.0], ("B", 0): [24.0], ("B", 1): [24.0]},
+                        {0: [4.0], 1: [4.0]})
     assert _option_cost_ms(faster, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}
     whole = dataclasses.replace(p, whole=True)
     assert _option_cost_ms(whole, rows) == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}
@@ -305,15 +305,16 @@ def test_option_costs_from_whole_steps_where_kernels_run_ahead(monkeypatch, tiny
     """On CUDA an option's cost is what it adds to whole steps (the windows wait for the GPU at
     every layer, exposing SAC's CPU time); the path runs here on CPU when asked to: the chain's
     option costs then add up to the measured step difference, equal layers equally."""
-    from ckplan import api, profiler
-    monkeypatch.setattr(profiler, "WHOLE_STEP_OPTION_COSTS", ("cpu", "cuda"))
+    from ckplan import api
+    from ckplan.profiling import option_passes
+    monkeypatch.setattr(option_passes, "WHOLE_STEP_OPTION_COSTS", ("cpu", "cuda"))
     seen = []
-    orig = profiler._option_step_extra_ms
+    orig = option_passes._option_step_extra_ms
 
     def spy(*a, **k):
         seen.append(orig(*a, **k))
         return seen[-1]
-    monkeypatch.setattr(profiler, "_option_step_extra_ms", spy)
+    monkeypatch.setattr(option_passes, "_option_step_extra_ms", spy)
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, n_embd=64, block_size=64), batch_size=2, seq_len=64)
     prof = api.profile(spec, device="cpu", repeats=2, options=["sac-compute"])
     assert len(seen) == 1 and seen[0] >= 0

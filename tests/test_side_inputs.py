@@ -344,7 +344,7 @@ def test_profile_names_layers_that_hand_the_next_one_several_tensors():
     # One tensor per boundary is ckplan's model (rotor's): a layer returning (h, r) to the next
     # has r unmodelled, and the profile says so, with r's bytes (B x d fp32 per layer but the last,
     # whose pair goes to the loss); chains of one tensor (and side inputs) do not get the note.
-    from ckplan.profiler import CARRIED_NOTE
+    from ckplan.profiling.notes import CARRIED_NOTE
     torch.manual_seed(0)
     model, x = ckmodels.TwoStream(d=16, n_layers=5), torch.randn(B, 16)
     prof = api.profile_model(model, (x,), {}, name="two", chain=None, device="cpu", optimizer="sgd",

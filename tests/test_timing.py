@@ -7,7 +7,7 @@ import pytest
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, plan_chain, simulate
-from ckplan.profiler import RECOMPUTE_FACTOR_RANGE, recompute_factor, smoothed_chain_ms
+from ckplan.profiling.timing import RECOMPUTE_FACTOR_RANGE, recompute_factor, smoothed_chain_ms
 from ckplan.records import Profile
 
 
@@ -122,7 +122,7 @@ def test_optimizer_step_time_is_in_the_base_step(tiny_gpt_spec, tmp_path):
 
 
 def test_timed_recompute_is_the_median_per_layer_shared_by_flops_and_bounded():
-    from ckplan.profiler import timed_recompute_ms
+    from ckplan.profiling.timing import timed_recompute_ms
     kinds = ["Block", "Block", "Head"]
     flops = [100, 100, 50]
     fwd = [10.0, 10.0, 4.0]

@@ -93,7 +93,7 @@ def test_a_cache_on_the_module_keeps_the_recompute_and_plans_stay_safe():
     # the layers after it, whose graphs reach back through it) and every plan is predicted at or above its
     # measured peak (second step: the first step's caches are there when it starts), dp within
     # its budget, gradients equal.
-    from ckplan.profiler import LEFT_NOTE
+    from ckplan.profiling.notes import LEFT_NOTE
     torch.manual_seed(0)
     model, x = ckmodels.CachingChain(32, 6), torch.randn(4, 64, 32)
     prof = api.profile_model(model, (x,), {}, name="cache", chain=None, device="cpu", optimizer="sgd",

@@ -119,7 +119,7 @@ def estimated_note(estimated: dict[str, str]) -> str | None:
 
 def _register_cpu_flash_flops() -> None:
     """torch counts no FLOPs for the CPU flash-attention kernels (torch 2.13 registers the CUDA
-    ones only), so attention was free in CPU and meta profiles; count them as SDPA's formula does."""
+    ones only), so attention would be free in CPU and meta profiles; count them as SDPA's formula does."""
     aten = torch.ops.aten
     fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
