@@ -54,7 +54,6 @@ _OnOp = Callable[[str, "int | None", "tuple[int, int] | None", bool, int, int, i
 _Where = tuple[str, "int | None", "tuple[int, int] | None"]  # (op, stage, ctx) for _label
 
 
-
 @dataclass(eq=False, slots=True)
 class _State:
     """What the replay tracks while it runs the ops; at the end, its answer."""
@@ -102,7 +101,7 @@ class _Replayer:
         live = s.mem + chain.pre.retained_bytes + chain.side_bytes
         self.op("F", PRE, None, False, live, chain.pre.fwd_tmp_bytes, live)
         s.mem = live
-        # Explicit stack (plans may nest deeper than Python's recursion limit).
+        # an explicit stack (plans may nest deeper than Python's recursion limit)
         self.stack: list[tuple] = [("opt",), ("preB",), ("bwd", self.items, None), ("postB",), ("postF",),
                                    ("fwd", self.items, None)]
         steps: dict[str, Callable[..., None]] = {
