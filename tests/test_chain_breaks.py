@@ -15,8 +15,8 @@ from dataclasses import replace
 import ckmodels
 import pytest
 import torch
-from test_planner_dp import check_plan_chain_against_brute
-from test_side_inputs import measured_peak
+from brute_plans import check_plan_chain_against_brute
+from side_nets import measured_peak
 
 from ckplan import api
 from ckplan.errors import SpecError

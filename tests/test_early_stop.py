@@ -20,15 +20,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn as nn
+from brute_options import SIZE, check_against_brute
+from brute_plans import _check_against_brute, all_plans, check_long_chain_fits, check_plan_chain_against_brute
+from early_nets import B, D, Net, _measured
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_planner_dp import _check_against_brute, all_plans, check_long_chain_fits, check_plan_chain_against_brute
-from test_planner_options import SIZE, check_against_brute
 
 from ckplan import api
-from ckplan.execute import apply_plan
-from ckplan.measure import LiveTensorTracker
 from ckplan.planner import (
     Chain,
     Layer,
@@ -40,49 +38,6 @@ from ckplan.planner import (
 )
 from ckplan.planner.synthetic import random_chain, uniform_chain, with_casts, with_early, with_loss, with_tails
 from ckplan.records import Profile
-
-B, D, K = 32, 16, 24
-
-
-class Logged(nn.Module):
-    """A block that logs a statistic of its update after its last saved tensor (under no_grad:
-    a large temporary, nothing saved), then adds the residual (saves nothing either)."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin1, self.lin2 = nn.Linear(D, D), nn.Linear(D, D)
-        self.w = nn.Parameter(torch.randn(D, K))
-        self.stat = 0.0
-
-    def forward(self, x):
-        h = self.lin2(torch.tanh(self.lin1(x)))
-        with torch.no_grad():
-            self.stat = float((h.unsqueeze(-1) * self.w).abs().amax())
-        return x + h
-
-
-class Net(nn.Module):
-    """A stem, ``n`` chain layers of class ``block`` (``layers``), a head and a loss."""
-
-    def __init__(self, n: int = 3, block: type[nn.Module] = Logged):
-        super().__init__()
-        self.stem = nn.Linear(D, D)
-        self.layers = nn.ModuleList(block() for _ in range(n))
-        self.head = nn.Linear(D, 4)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).pow(2).mean()
-
-
-def _measured(model, x, plan: Plan) -> int:
-    model.zero_grad(set_to_none=True)
-    with apply_plan(model, plan), LiveTensorTracker() as tr:
-        loss = model(x)
-        loss.backward()
-    return tr.peak
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn as nn
-from test_early_stop import B, D, K, Net, _measured
-from test_planner_dp import all_plans
+from brute_plans import all_plans
+from early_nets import B, D, K, Net, _measured
 
 from ckplan import api
 from ckplan.execute import apply_plan

@@ -18,10 +18,10 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn as nn
+from brute_options import SIZE, check_against_brute
+from brute_plans import _check_against_brute, all_plans, check_long_chain_fits, check_plan_chain_against_brute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_planner_dp import _check_against_brute, all_plans, check_long_chain_fits, check_plan_chain_against_brute
-from test_planner_options import SIZE, check_against_brute
 
 from ckplan import api
 from ckplan.execute import apply_plan

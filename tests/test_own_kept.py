@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from test_planner_dp import all_plans
-from test_unkept import InPlaceNet, SeqNet, _grads, _measured_peak, _nested, _profiled
+from brute_plans import all_plans
+from unkept_nets import InPlaceNet, SeqNet, _grads, _measured_peak, _nested, _profiled
 
 from ckplan.execute import apply_plan
 from ckplan.measure import LiveTensorTracker

@@ -13,9 +13,9 @@ import os
 import re
 
 import pytest
+from brute_options import Best, _assign, budgets, plans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_planner_options import Best, _assign, budgets, plans
 
 from ckplan.planner import limits, min_peak, plan_chain, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T

@@ -8,9 +8,9 @@ import math
 from dataclasses import replace
 
 import pytest
+from brute_plans import all_plans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_planner_dp import all_plans
 
 from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import (

@@ -14,7 +14,7 @@ from ckplan.errors import UsageError
 from ckplan.records import BenchResult, BenchRow
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_render import make_bench
+from fake_records import make_bench
 
 
 @pytest.fixture

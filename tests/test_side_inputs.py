@@ -12,11 +12,10 @@ from dataclasses import replace
 import ckmodels
 import pytest
 import torch
-from test_planner_dp import all_plans
+from brute_plans import all_plans
+from side_nets import B, D, N, measured_peak, profiled
 
 from ckplan import api
-from ckplan.execute import apply_plan
-from ckplan.measure import LiveTensorTracker
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate, trace
 from ckplan.planner.chain import Chain
 from ckplan.planner.plan import Store, items_from_ranges
@@ -24,29 +23,9 @@ from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain
 from ckplan.records import SideInput
 
-B, D, N = 64, 32, 6
-
-
-def profiled(make, name: str):
-    """``make(D, N)`` seeded, a (B, D) batch, and their CPU profile (SGD, one pass)."""
-    torch.manual_seed(0)
-    model = make(D, N)
-    x = torch.randn(B, D)
-    prof = api.profile_model(model, (x,), {}, name=name, chain=None, device="cpu", optimizer="sgd",
-                             repeats=1, warmup=0)
-    return model, x, prof
-
 
 def _model_and_chain():
     return profiled(ckmodels.MaskedChain, "masked")
-
-
-def measured_peak(model, x, plan) -> int:
-    """Peak live bytes of one forward+backward above the step start (tracker), with ``plan``."""
-    model.zero_grad(set_to_none=True)
-    with apply_plan(model, plan), LiveTensorTracker() as tr:
-        model(x).backward()
-    return tr.peak
 
 
 def test_profile_finds_the_side_inputs():

@@ -16,47 +16,13 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn as nn
-from test_planner_dp import all_plans
+from brute_plans import all_plans
+from unkept_nets import B, D, InPlaceNet, SeqNet, _grads, _measured_peak, _nested, _profiled
 
-from ckplan import api
-from ckplan.execute import apply_plan
-from ckplan.measure import LiveTensorTracker
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate, trace
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of
 from ckplan.planner.synthetic import random_chain
-
-B, D = 64, 32
-
-
-class SeqNet(nn.Module):
-    """A stem, then Linear / activation modules, each a chain layer, then a head."""
-
-    def __init__(self, acts=("relu", "tanh")):
-        super().__init__()
-        mods: list[nn.Module] = []
-        for a in acts:
-            mods += [nn.Linear(D, D), nn.ReLU() if a == "relu" else nn.Tanh()]
-        self.stem = nn.Linear(D, D)
-        self.body = nn.Sequential(*mods)
-        self.head = nn.Linear(D, 3)
-
-    def forward(self, x):
-        return self.head(self.body(self.stem(x))).pow(2).mean()
-
-
-class InPlaceNet(nn.Module):
-    """torchvision's style: Linear, BatchNorm, ReLU(inplace=True), each a chain layer."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Linear(D, D)
-        self.body = nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(D), nn.ReLU(inplace=True),
-                                  nn.Linear(D, D), nn.ReLU(inplace=True))
-        self.head = nn.Linear(D, 3)
-
-    def forward(self, x):
-        return self.head(self.body(self.stem(x))).pow(2).mean()
 
 
 class CenterNorm(nn.Module):
@@ -91,31 +57,6 @@ class CohereLike(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.norm(x).pow(2).mean()
-
-
-def _profiled(model, chain: str):
-    torch.manual_seed(0)
-    x = torch.randn(B, D)
-    prof = api.profile_model(model, (x,), {}, name="unkept", chain=chain, device="cpu", optimizer="sgd",
-                             repeats=1, warmup=0)
-    return x, prof
-
-
-def _measured_peak(model, x, plan) -> int:
-    model.zero_grad(set_to_none=True)
-    with apply_plan(model, plan), LiveTensorTracker() as tr:
-        model(x).backward()
-    return tr.peak
-
-
-def _grads(model, x, plan=None):
-    model.zero_grad(set_to_none=True)
-    if plan is None:
-        model(x).backward()
-    else:
-        with apply_plan(model, plan):
-            model(x).backward()
-    return [p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("which", ["sequential", "cohere-like"])
@@ -158,11 +99,6 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
     for r in ("dp", "chen", "sqrtn"):
         got = _grads(model, x, plan_chain(chain, r, min_peak(chain)).plan)
         assert all(torch.equal(a, b) for a, b in zip(ref, got)), r
-
-
-def _nested(items) -> bool:
-    return any(isinstance(it, Checkpoint) and any(isinstance(j, Checkpoint) for j in it.inner)
-               for it in items)
 
 
 def test_sequential_without_checkpoints_is_no_longer_overstated():

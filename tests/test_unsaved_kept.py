@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import ckmodels
 import torch
-from test_side_inputs import B, D, N, measured_peak, profiled
+from side_nets import B, D, N, measured_peak, profiled
 
 from ckplan import api
 from ckplan.planner import Plan, chain_from_profile, min_peak, plan_chain, simulate
