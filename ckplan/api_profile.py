@@ -202,7 +202,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
 
 
 def meta_cuda_note(efficient_attention: bool) -> str:
-    """What a meta profile for a CUDA target leaves out, as measured on an H200 (session 15)."""
+    """What a meta profile for a CUDA target leaves out, as measured on an H200."""
     text = ("meta device for a CUDA target: not included are the CUDA runtime's own allocator blocks "
             "(cuBLAS workspaces, one per thread: 66.8 MiB on an H200 with torch 2.11)")
     if efficient_attention:

@@ -1,4 +1,4 @@
-"""Time the dp planner and measure its gap to the exact optimum, before and after issue 9 (3, 4).
+"""Time the dp planner and measure its gap to the exact optimum, with and without its faster paths.
 
     python scripts/bench_planner.py --speed 10 30 100 300 1000      # seconds per plan
     python scripts/bench_planner.py --gap 8 30 100 --seeds 3         # gap to the exact optimum

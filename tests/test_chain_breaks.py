@@ -2,8 +2,7 @@
 container's loop, U-Net skip connections added between blocks): no checkpoint can span such a
 boundary (apply_plan links the layers of one checkpoint by the identity of the tensor one
 returns and the next receives, inside tuples, lists and dicts too: a chain handing on a dict of
-tensors has no break). Before session 13 `bench` failed there, and a plan with multi-layer
-checkpoints could not be applied.
+tensors has no break).
 
 Oracles: which boundaries the profile finds (read off the models' code), the live-tensor
 tracker's peak of real steps under every strategy's plan (predicted to the byte), gradients

@@ -179,7 +179,7 @@ def test_thread_local_segments():
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(r, g))
 
 
-# ---- copies and checkpoints of a model with a plan applied (issue 7, item 12b) ---------------
+# ---- copies and checkpoints of a model with a plan applied ---------------
 def _planned_model():
     torch.manual_seed(0)
     model = ckmodels.ScaledChain(d=16, n_layers=4, dropout=0.2)

@@ -1,7 +1,7 @@
 """Mixed precision and gradient accumulation: predicted peaks match measured ones, gradients agree.
 
 Under autocast every weight's low-precision copy stays in autocast's cache until the forward ends,
-also for layers run inside a checkpoint (issue 7.5): the profile measures those copies per layer
+also for layers run inside a checkpoint: the profile measures those copies per layer
 (``cast_bytes``) and the simulator holds them, so bf16/fp16 plans are predicted within 1% and dp
 never goes over its budget.
 """

@@ -1,4 +1,4 @@
-"""A chain layer's output that only the layer's own ops save (issue 9; HF ResNet's last stage).
+"""A chain layer's output that only the layer's own ops save (HF ResNet's last stage).
 
 A block ending with a ReLU keeps its output for backward (the ReLU saves it); when what reads it
 next saves nothing (a scale by a constant, a sum pooling), a checkpoint ending at the block saves

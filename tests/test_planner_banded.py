@@ -1,4 +1,4 @@
-"""The banded DP (issue 9, items 3-4): optimal among its plans, never over budget.
+"""The banded DP: optimal among its plans, never over budget.
 
 Oracles: brute force over every plan of rotor's grammar with every option of every layer,
 filtered to the band (every checkpoint spans at most L layers, except top-level checkpoints

@@ -1,4 +1,4 @@
-"""Budget rules (issue 8.4/8.8): every form with exact bytes worked out by hand on a small chain.
+"""Budget rules: every form with exact bytes worked out by hand on a small chain.
 
 The chain: persistent 1000; pre keeps 20 (the chain input is 10); two layers with x = 10 and
 xbar = 30; the post keeps 40. Without checkpointing the live bytes are

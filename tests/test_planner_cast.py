@@ -1,4 +1,4 @@
-"""Mixed precision (issue 7.5): autocast's weight copies of the layers inside a top-level
+"""Mixed precision: autocast's weight copies of the layers inside a top-level
 checkpoint stay live until the forward ends. Oracles: a trace worked out by hand, and brute force
 over every plan with the simulator (the smallest peak, which budgets are feasible, and that no
 strategy returns a plan over a feasible budget)."""

@@ -1,4 +1,4 @@
-"""The dp is exact at every budget, whatever the sizes (issue 9, item 3).
+"""The dp is exact at every budget, whatever the sizes.
 
 Oracles: brute force over every nested plan (small chains, sizes in bytes that share no slot),
 scored by the simulator at *every* distinct budget breakpoint; and, on 20-30 layer chains, the

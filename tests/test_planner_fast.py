@@ -1,4 +1,4 @@
-"""The compiled tables (numba, optional) equal the numpy ones exactly (issue 9, item 4).
+"""The compiled tables (numba, optional) equal the numpy ones exactly.
 
 Oracle: the numpy path (``tables.USE_NUMBA = False``), itself checked against brute force by
 ``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py`` (tables under

@@ -1,4 +1,4 @@
-"""The planner's modules import one way, at the top of each file (issue 8.1), subpackages included."""
+"""The planner's modules import one way, at the top of each file, subpackages included."""
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,4 @@
-"""dp within 1% of the exact optimum on 65-200 layer chains near the smallest peak (issue 28, 5).
+"""dp within 1% of the exact optimum on 65-200 layer chains near the smallest peak.
 
 From 65 layers ``plan_dp`` plans with the banded DP (``dp.banded_plan``). Near the smallest peak
 the optimum often wraps a few short top-level checkpoints into one long top-level checkpoint

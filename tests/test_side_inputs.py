@@ -337,10 +337,8 @@ def test_profile_names_layers_that_hand_the_next_one_several_tensors():
 
 @pytest.mark.parametrize("make", [ckmodels.Coupling, ckmodels.TwoStream], ids=["coupling", "two-stream"])
 def test_layers_handing_on_two_tensors(make):
-    # Every layer returns (x, y) to the next. Before session 13 the profile billed the start of a
-    # layer's backward (the gradient of y reaching its ops before x's was complete) to the stage
-    # after it, and a checkpoint boundary held x only: checkpointed plans measured up to 27%
-    # below their prediction (two-stream, a checkpoint per layer: 20 KB). Now: the coupling chain
+    # Every layer returns (x, y) to the next: the boundary holds both, and a layer's backward
+    # starts at the first of their gradients. The coupling chain
     # is exact or predicted above (a checkpoint ending at such a layer is taken to keep all it
     # hands on); the two-stream chain (whose second tensor only passes through a ReLU inside
     # the next layer) within one boundary tensor either way. dp fits its budget.

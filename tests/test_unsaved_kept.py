@@ -88,8 +88,7 @@ def test_dp_fits_where_only_some_layers_keep_such_tensors():
 def test_a_cache_on_the_module_keeps_the_recompute_and_plans_stay_safe():
     # `self.last_attn = attn` keeps the forward's attention on the module; a recompute replaces it
     # with its own, whose graph holds the recompute's tensors until the layer's next forward.
-    # Before session 13 every checkpointed plan measured 17-34% above its prediction (dp over its
-    # budget). Now the profile measures what each recompute leaves (alone, and in one checkpoint with
+    # The profile measures what each recompute leaves (alone, and in one checkpoint with
     # the layers after it, whose graphs reach back through it) and every plan is predicted at or above its
     # measured peak (second step: the first step's caches are there when it starts), dp within
     # its budget, gradients equal.
