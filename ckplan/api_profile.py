@@ -21,6 +21,7 @@ from .arguments import (
     tick,
 )
 from .chainfind import tensor_leaves
+from .device_model import DeviceModel, target_device
 from .errors import DependencyError, SpecError, UsageError
 from .measure import cuda_runtime_bytes, device_info
 from .options import OPTIMIZER_ALIASES, Device
@@ -162,7 +163,9 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     # On meta the optimizer is the one the target device runs (foreach on CUDA, counters on the host).
-    opt_dev = dev.type if dev.type != "meta" else (meta_target or default_target())
+    kind, device_model = target_device(meta_target, default_target())
+    opt_dev = dev.type if dev.type != "meta" else kind
+    priced = device_model if dev.type == "meta" else None
     opt_state, opt_tmp, opt_scalars = optimizer_memory(trainable, optimizer, lr, opt_dev)
     info = device_info(dev)
     runtime = cuda_runtime_bytes(dev, [*params, *(p.grad for p in params), *model.buffers(),
@@ -172,11 +175,10 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     inputs = batch_bytes(args, kwargs)
     notes = list(m.notes)
     if dev.type == "meta":
-        notes.append("meta device: sizes and FLOPs are exact; times are estimated from FLOPs "
-                     "at an assumed 100 TFLOP/s, not measured")
+        notes.append(meta_time_note(device_model))
         if precision != "fp32":
             notes.append(f"meta device: autocast ({precision}) is not modelled; sizes are for fp32")
-        if (meta_target or default_target()) == "cuda":
+        if kind == "cuda":
             notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes)))
     totals = Totals(
         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
@@ -186,7 +188,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         predicted_peak_bytes=0,
         measured_peak_bytes=None if dev.type == "meta" else
         param_bytes + buffer_bytes + inputs + opt_state + runtime + m.measured_peak_rel,
-        optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev),
+        optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev, priced_by=priced),
         optimizer_scalar_bytes=opt_scalars, runtime_bytes=runtime,
     )
     prof = Profile(
@@ -199,6 +201,19 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
+
+
+def meta_time_note(device: DeviceModel | None) -> str:
+    """What a meta profile's times are: the device model that priced them, or the assumed rate."""
+    if device is None:
+        return ("meta device: sizes and FLOPs are exact; times are estimated from FLOPs at an assumed "
+                "100 TFLOP/s (no device model for a CPU: --target FILE from `ckplan calibrate` prices "
+                "this machine's ops)")
+    return (f"meta device: sizes and FLOPs are exact; times come from the {device.name} device model "
+            f"(each op's roofline: max of FLOPs at {device.rate('matmul', 'float32') / 1e12:.3g} TFLOP/s "
+            f"fp32 matmul x {device.matmul_eff:g}, bytes at {device.memory_bw / 1e9:.4g} GB/s x "
+            f"{device.memory_eff:g}, {device.dispatch_ms * 1e3:.3g} us dispatch; SAC "
+            f"+{device.sac_dispatch_ms * 1e3:.3g} us per op; {device.source}), not measured")
 
 
 def meta_cuda_note(efficient_attention: bool) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .compiled import compile_unavailable
+from .device_model import load_device
 from .errors import UsageError
 from .options import DEVICES, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS, Device
 from .planner import check_budget_text
@@ -59,16 +60,17 @@ def tick(progress: Progress | None, message: str) -> None:
 
 
 def check_meta_target(meta_target, device_type: str) -> str | None:
-    """``meta_target`` as 'cpu' or 'cuda' (None: the default), refused off meta."""
+    """``meta_target`` checked: 'cpu', 'cuda', a built-in device model (``h100``, ``h200``,
+    ``a100``, ``l4``) or a device profile file from ``ckplan calibrate`` (None: the default);
+    refused off meta."""
     if meta_target is None:
         return None
     target = str(getattr(meta_target, "value", meta_target))
-    if target not in ("cpu", "cuda"):
-        raise UsageError(f"target {target!r} is not one of cpu, cuda",
-                         tip="--target names the device a --device meta profile stands for: cpu or cuda")
     if device_type != "meta":
         raise UsageError(f"--target {target} is for --device meta (this profile runs on {device_type})",
                          tip="drop --target, or add --device meta to plan for a machine you do not have")
+    if target != "cpu":
+        load_device(target)  # an unknown name or a bad file fails here, naming the field
     return target
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from . import api, commands, render, report
+from .calibrate import calibrate as measure_device
 from .cli_support import (
     BENCH_DEVICE_OPT,
     BENCH_FORCE_OPT,
@@ -38,8 +39,9 @@ from .cli_support import (
     working,
     write_out,
 )
-from .errors import CkplanError, InfeasibleBudgetError
-from .options import Device, ExportTarget, Fmt, Parallel, StrategyOrAll, Target
+from .device_model import save_device
+from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .options import Device, ExportTarget, Fmt, Parallel, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -59,7 +61,7 @@ def profile(
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats (the median is reported)."),
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
-    target: Optional[Target] = TARGET_OPT,
+    target: Optional[str] = TARGET_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -115,7 +117,7 @@ def plan(
     exact: bool = typer.Option(False, "--exact", help="dp: prove the plan optimal over every nested plan "
                                "(the exact DP: 0.1-0.3 s at 100 layers, seconds at 300) instead of the "
                                "banded DP ckplan uses from 65 to 400 layers."),
-    target: Optional[Target] = TARGET_OPT,
+    target: Optional[str] = TARGET_OPT,
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -182,6 +184,31 @@ def _plan_one(spec, common: dict, *, budget, exact, export, output, fmt, wide, *
         render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
     if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
         raise InfeasibleBudgetError(rep.infeasible, tip=rep.infeasible_tip)
+
+
+@app.command()
+@guarded
+def calibrate(
+    device: Device = typer.Option(Device.auto, "--device", "-d", help="The device to measure: auto, cpu or cuda."),
+    fmt: Fmt = FORMAT_OPT,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the device profile (JSON) for "
+                                          "`--target FILE` with --device meta."),
+    quick: bool = typer.Option(False, "--quick", help="Smaller sizes and fewer repeats (seconds, rougher)."),
+    debug: bool = DEBUG_OPT,
+):
+    """Measure this machine's device model: matmul rates, bandwidth, per-op dispatch, SAC's cost."""
+    if output is not None:
+        api.check_output_file(output, csv=False)
+    dev = api.resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("calibrate measures a real device, not meta", tip="use --device cpu or cuda")
+    with working(f"calibrating {dev.type}") as (progress, _):
+        model = measure_device(dev, quick=quick, progress=progress)
+    doc = report.envelope("calibrate", model.to_dict())
+    if output is not None:
+        save_device(model, output)
+        render.info(f"wrote {output}")
+    emit(fmt, doc, None, lambda: render.device_table(model))
 
 
 @app.command()

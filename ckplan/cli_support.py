@@ -151,8 +151,9 @@ OUT_OPT = typer.Option(None, "--output", "-o", help="Also write the result to FI
 
 
 TARGET_OPT = typer.Option(None, "--target", help="With --device meta: the device the fake-tensor profile "
-                          "stands for, cpu or cuda (its attention kernels and optimizer; default: cuda when "
-                          "this machine has a GPU, else cpu).")
+                          "stands for: cpu, cuda (priced as an H100), h100, h200, a100, l4, or a device profile "
+                          "from `ckplan calibrate` (its kernels, optimizer and the device model that prices "
+                          "its times; default: cuda when this machine has a GPU, else cpu).")
 
 
 FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when the meta-pass preflight predicts "

@@ -81,9 +81,13 @@ class OpCost:
 
 
 def ops_ms(device: DeviceModel, ops: Iterable[OpCost], *, sac: bool = False) -> float:
-    """Milliseconds of ``ops`` run one after another on ``device`` (``sac``: under a policy)."""
-    extra = device.sac_dispatch_ms if sac else 0.0
-    return sum(device.op_ms(o.kind, o.dtype, o.flops, o.nbytes) + extra for o in ops)
+    """Milliseconds of ``ops`` run one after another on ``device`` (``sac``: under a policy): the
+    host dispatches them while the device runs the ones before, so the slower of the two sets
+    the time: max(sum of the ops' roofline times, sum of their dispatch costs)."""
+    ops = list(ops)
+    host = len(ops) * (device.dispatch_ms + (device.sac_dispatch_ms if sac else 0.0))
+    work = sum(device.op_ms(o.kind, o.dtype, o.flops, o.nbytes) for o in ops)
+    return max(work, host)
 
 
 def allreduce_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int = 1) -> float:
@@ -104,6 +108,13 @@ def gather_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int =
     return (world_size - 1) / world_size * nbytes / bw * 1e3
 
 
+# Host time per eager op, and what a SAC policy adds per op, on the host of an H200 with torch 2.11:
+# chosen from a sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py; gpt2-small at
+# 2 x 512 is bound by them). Other GPUs' hosts differ; `ckplan calibrate` measures yours.
+HOST_DISPATCH_MS = 0.02
+HOST_SAC_DISPATCH_MS = 0.055
+
+
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: float, net: float,
          host: float, sheet: str) -> DeviceModel:
     # fp32 matmuls run on CUDA cores unless the user allows TF32 (torch's default does not);
@@ -112,9 +123,9 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
           "float64": fp32 / 2 * T}
     vec = {"float32": fp32 * T, "bfloat16": fp32 * T, "float16": fp32 * T, "float64": fp32 / 2 * T}
     return DeviceModel(name=name, kind="cuda", matmul_flops=mm,
-                       vector_flops=vec, memory_bw=bw * GB, dispatch_ms=0.008,
-                       sac_dispatch_ms=0.012, link_bw=link * GB, network_bw=net * GB, host_bw=host * GB,
-                       source=f"vendor data sheet ({sheet}); efficiencies and dispatch typical of eager PyTorch")
+                       vector_flops=vec, memory_bw=bw * GB, dispatch_ms=HOST_DISPATCH_MS,
+                       sac_dispatch_ms=HOST_SAC_DISPATCH_MS, link_bw=link * GB, network_bw=net * GB, host_bw=host * GB,
+                       source=f"vendor data sheet ({sheet}); host dispatch per op fitted to H200 runs (reports/cuda)")
 
 
 BUILTIN: Mapping[str, DeviceModel] = MappingProxyType({
@@ -204,3 +215,15 @@ def save_device(device: DeviceModel, path: str | Path) -> None:
 def with_measured(device: DeviceModel, **fields: Any) -> DeviceModel:
     """``device`` with some fields replaced by measured ones (and its source saying so)."""
     return replace(device, **fields)
+
+
+def target_device(meta_target: str | None, default_kind: str) -> tuple[str, DeviceModel | None]:
+    """What a meta profile stands for: the kind of device whose kernels it follows ("cpu" or
+    "cuda") and the device model that prices its time (None: FLOPs at an assumed rate, for a CPU
+    with no calibration). ``meta_target``: "cpu", "cuda" (priced as an H100), a built-in device
+    name, or a device profile file; None: ``default_kind``."""
+    name = default_kind if meta_target is None else str(meta_target)
+    if name == "cpu":
+        return "cpu", None
+    device = load_device(name)
+    return device.kind, device

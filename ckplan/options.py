@@ -59,12 +59,6 @@ class Device(_Names):
     meta = "meta"  # fake tensors: sizes and FLOPs, nothing allocated
 
 
-class Target(_Names):
-    """The device a meta (fake-tensor) profile stands for."""
-    cpu = "cpu"
-    cuda = "cuda"
-
-
 class Precision(_Names):
     fp32 = "fp32"
     bf16 = "bf16"

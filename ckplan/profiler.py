@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from .chainfind import resolve_chain
 from .compiled import CompiledLayers
+from .device_model import target_device
 from .errors import UsageError
 from .measure import Clock, KeptFreedMemory
 from .profiling.compiled_passes import compiled_layers, compiled_run
@@ -31,7 +32,7 @@ from .profiling.step import Step, hooks_installed, model_errors, state_restored,
 from .profiling.timing import Times, timing_passes
 from .records import SideInput, StageRecord
 from .sac import check_option, policy_fn
-from .sdpa import TARGETS, default_target
+from .sdpa import default_target
 
 
 @dataclass(frozen=True)
@@ -59,33 +60,33 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     ``options`` (names from ckplan.sac.POLICIES) are measured too: per option, one more measured
     step (and ``repeats`` timed ones, not on meta) with every chain layer under that option.
 
-    On meta, attention follows the kernels that ``meta_target`` ("cpu" or "cuda"; default: cuda
-    when this machine has a GPU, else cpu) would run (see ckplan.sdpa); ``notes`` say which.
+    On meta, attention follows the kernels of the device ``meta_target`` names ("cpu", "cuda", a
+    built-in device model or a device profile file; default: cuda when this machine has a GPU,
+    else cpu; see ckplan.sdpa), and its device model prices every op's time
+    (:mod:`ckplan.device_model`; a CPU without a calibration: FLOPs at an assumed rate).
 
     ``compile``: the chain layers are measured compiled (:mod:`ckplan.compiled`; see
     :mod:`ckplan.profiling.compiled_passes`).
     """
-    if meta_target not in (None, *TARGETS):
-        raise UsageError(f"meta_target {meta_target!r} is not one of {', '.join(TARGETS)}",
-                         tip="name the device the meta profile stands for: meta_target='cpu' or 'cuda'")
+    kind, device_model = target_device(meta_target, default_target())
     chain_path, container, detected = resolve_chain(model, chain)
     layers = list(container)
     meta = device.type == "meta"
     _check_compile_and_options(device, options, compile)
     compiled = compiled_layers(layers, device) if compile else None
     params = list(dict.fromkeys(model.parameters()))
-    step = Step(model, args, kwargs, loss_fn, precision, device,
-                (meta_target or default_target()) if meta else None)
+    step = Step(model, args, kwargs, loss_fn, precision, device, kind if meta else None)
     inst = Instrument(layers, Clock(device))
     kept = KeptFreedMemory(device)
     with kept, model_errors(meta), state_restored(model, params, device), hooks_installed(inst):
         run = _run_passes(inst, step, params, chain_path, compiled, options,
                           repeats=repeats, warmup=warmup, accum=accum)
     measured = run.measured
-    rows = stage_rows(layers, chain_path, params, measured, run.times, meta)
+    priced = device_model if meta else None
+    rows = stage_rows(layers, chain_path, params, measured, run.times, meta, priced)
     if compiled is None:
         rows = with_recompute_memory(rows, run.nosave, measured, run.leftover, run.chained)
-    rows = with_options(rows, measured, run.option_passes, meta)
+    rows = with_options(rows, measured, run.option_passes, meta, priced)
     notes = step_notes(rows, measured, sdpa_note=step.sdpa_note, option_notes=run.option_notes,
                        flops_estimated=inst.flops_estimated, unsaved_kept=run.nosave[1],
                        kept_memory=kept.active, compiled_graphs=compiled.graphs if compiled is not None else None)

@@ -187,8 +187,8 @@ class Totals:
     activation_bytes: int  # sum of saved_bytes over all rows
     predicted_peak_bytes: int  # one training step without checkpointing (README: memory model)
     measured_peak_bytes: int | None  # forward+backward peak seen (plus params, buffers, inputs, optimizer state)
-    # One optimizer.step(), timed on stand-ins (ckplan.training.optimizer_step_ms); None on meta
-    # and in older profiles (then 0 in the predicted step time).
+    # One optimizer.step(), timed on stand-ins (ckplan.training.optimizer_step_ms); on meta priced by
+    # the target's device model; None on meta without one, and in older profiles (then 0 in the predicted step time).
     optimizer_ms: float | None = None
     # Scalar optimizer state (AdamW's step counters, 0-dim, one per parameter), counted in
     # optimizer_bytes: it is not sharded with the parameters (planner.parallel). 0 in older profiles.

@@ -163,7 +163,8 @@ class SdpaOnMeta(TorchFunctionMode):
             return f"meta device: attention as on {self.target} (no scaled_dot_product_attention call seen)"
         counts = ", ".join(f"{name} x{n}" for name, n in sorted(self.paths.items()))
         return (f"meta device: attention modelled as {self.target}'s scaled_dot_product_attention "
-                f"would run it ({counts} calls per step); --target cpu|cuda (meta_target= in the API) to change")
+                f"would run it ({counts} calls per step); --target cpu|cuda|h100|h200|a100|l4|FILE "
+                "(meta_target= in the API) to change")
 
 
 def _unpacked_on_meta():

@@ -9,9 +9,11 @@ import contextlib
 
 import torch
 
+from .device_model import DeviceModel, ops_ms
 from .errors import SpecError
 from .measure import Clock, LiveTensorTracker
 from .options import OPTIMIZERS
+from .profiling.opcost import OpCounter
 
 
 def make_optimizer(params, name: str, lr: float, device_type: str):
@@ -36,8 +38,9 @@ OPT_SAMPLE_BYTES = 256 * 2**20
 
 
 def optimizer_step_ms(params, name: str, lr: float, device: torch.device, repeats: int = 3,
-                      sample_bytes: int = OPT_SAMPLE_BYTES) -> float | None:
-    """Milliseconds of one ``optimizer.step()`` over ``params`` (None on meta), timed on stand-ins.
+                      sample_bytes: int = OPT_SAMPLE_BYTES, priced_by: DeviceModel | None = None) -> float | None:
+    """Milliseconds of one ``optimizer.step()`` over ``params``, timed on stand-ins (on meta: its
+    ops priced by ``priced_by``, :func:`meta_optimizer_step_ms`; None without a device model).
 
     The step is element-wise and bound by memory traffic, so its time follows the parameter
     count: zero-filled copies of the parameters (in order, up to ``sample_bytes``), with zero
@@ -45,6 +48,8 @@ def optimizer_step_ms(params, name: str, lr: float, device: torch.device, repeat
     by all elements / sampled elements. The user's parameters and optimizer are never touched.
     """
     params = [p for p in params if p.requires_grad]
+    if device.type == "meta" and priced_by is not None and params:
+        return meta_optimizer_step_ms(params, name, lr, priced_by)
     if device.type == "meta" or not params:
         return None
     total = sum(p.numel() for p in params)
@@ -66,6 +71,22 @@ def optimizer_step_ms(params, name: str, lr: float, device: torch.device, repeat
         times.append(clock.now_ms() - t0)
     times.sort()
     return times[len(times) // 2] * total / sum(s.numel() for s in sample)
+
+
+def meta_optimizer_step_ms(params, name: str, lr: float, device: DeviceModel) -> float:
+    """One steady ``optimizer.step()`` (its state already made) over meta stand-ins of ``params``,
+    every op priced by ``device`` (the optimizer as that device runs it: foreach on CUDA)."""
+    stand = []
+    for p in params:
+        s = torch.zeros_like(p, device="meta").requires_grad_(True)
+        s.grad = torch.zeros_like(s)
+        stand.append(s)
+    opt = make_optimizer(stand, name, lr, device.kind)
+    opt.step()
+    counter = OpCounter()
+    with counter:
+        opt.step()
+    return ops_ms(device, counter.ops)
 
 
 def autocast_ctx(precision: str, device_type: str):

@@ -33,3 +33,20 @@ def test_rates_follow_the_work():
     r2 = matmul_rate(cpu, torch.float32, 256, 3)
     assert 0.05 < r2 / r1 < 20
     assert copy_bandwidth(cpu, 2**22, 3) > 0
+
+
+def test_the_cli_writes_a_profile_that_meta_plans_read(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ckplan.cli import app
+
+    out = tmp_path / "cpu.json"
+    r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(out), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "calibrate" and doc["kind"] == "cpu" and "schema_version" in doc
+    assert load_device(out).to_dict() == {k: v for k, v in doc.items() if k not in ("schema_version", "command")}
+    r = CliRunner().invoke(app, ["calibrate", "--device", "meta"])
+    assert r.exit_code == 2 and "not meta" in r.output

@@ -116,3 +116,13 @@ def test_an_unknown_device_names_the_builtins_and_calibrate():
     assert "ckplan calibrate" in e.value.tip
     with pytest.raises(SpecError, match="lacks"):
         device_from_dict({"name": "x", "kind": "cuda"})
+
+
+def test_a_busy_device_hides_the_dispatch_and_an_idle_one_shows_it():
+    d = _dev(dispatch_ms=0.01, sac_dispatch_ms=0.04)
+    big = [OpCost(MATMUL, "float32", int(2e9), 0)] * 3  # 4 ms each: the host keeps up
+    assert ops_ms(d, big) == pytest.approx(12.0)
+    assert ops_ms(d, big, sac=True) == pytest.approx(12.0)  # SAC's dispatch hides behind the work
+    tiny = [OpCost(VECTOR, "float32", 10, 40)] * 100  # nothing to hide behind
+    assert ops_ms(d, tiny) == pytest.approx(1.0)
+    assert ops_ms(d, tiny, sac=True) == pytest.approx(5.0)

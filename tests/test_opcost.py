@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ckplan.device_model import MATMUL, VECTOR
-from ckplan.opcost import OpCounter
+from ckplan.profiling.opcost import OpCounter
 
 
 def _count(fn, *args):

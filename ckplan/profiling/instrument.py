@@ -28,6 +28,7 @@ from ..training import forward_loss
 from . import readouts
 from .flops import FlopCounter
 from .meters import Meter
+from .opcost import OpCounter
 from .readouts import OUTSIDE, Mark, Window
 from .side_inputs import SideInputTracker
 
@@ -95,7 +96,8 @@ class Instrument:
             return
         live, peak = self.meter.read_and_reset() if self.meter else (0, 0)
         f = self.flops.get_total_flops() if self.flops is not None else 0
-        self.marks.append(Mark(phase, stage, self.clock.now_ms(), live, peak, f))
+        ops = len(self.flops.ops) if isinstance(self.flops, OpCounter) else 0
+        self.marks.append(Mark(phase, stage, self.clock.now_ms(), live, peak, f, ops))
         if phase == "B":
             self.b_live[stage] = live
         self.current = (phase, stage)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 
+from ..device_model import DeviceModel, ops_ms
 from ..measure import Clock, TrackerLimitExceeded
 from ..records import CHAIN, OptionRecord, StageRecord
 from ..sac import policy_fn, run_with_option
@@ -182,8 +183,9 @@ def _option_cost_ms(p: OptionPass, rows: tuple[StageRecord, ...]) -> dict[int, f
 
 
 def with_options(rows: tuple[StageRecord, ...], plain: MeasuredPass, passes: list[OptionPass],
-                 meta: bool) -> tuple[StageRecord, ...]:
-    """The chain rows with one OptionRecord per measured option."""
+                 meta: bool, device: DeviceModel | None = None) -> tuple[StageRecord, ...]:
+    """The chain rows with one OptionRecord per measured option (on meta with a device model:
+    priced by :func:`meta_option_ms`)."""
     if not passes:
         return rows
     costs = {} if meta else {p.name: _option_cost_ms(p, rows) for p in passes}
@@ -199,7 +201,9 @@ def with_options(rows: tuple[StageRecord, ...], plain: MeasuredPass, passes: lis
             bwd_flops = bw["flops"] if bw else 0
             plain_bw = plain.windows.get(("B", i))
             flops = max(0, bwd_flops - (plain_bw["flops"] if plain_bw else 0))
-            if meta:
+            if meta and device is not None:
+                recompute_ms, bwd_ms = meta_option_ms(device, plain, p.measured, i)
+            elif meta:
                 recompute_ms = meta_ms(flops)
                 bwd_ms = meta_ms(bwd_flops)
             else:
@@ -213,3 +217,17 @@ def with_options(rows: tuple[StageRecord, ...], plain: MeasuredPass, passes: lis
                 fwd_peak_bytes=fw["peak"], bwd_peak_bytes=bw["peak"] if bw else 0))
         out.append(replace(r, options=tuple(opts)))
     return tuple(out)
+
+
+def meta_option_ms(device: DeviceModel, plain: MeasuredPass, under: MeasuredPass, i: int) -> tuple[float, float]:
+    """(what the option adds to layer ``i``'s step, its backward) on ``device``: its forward and
+    its backward (which begins with the recompute) priced under SAC's dispatch, less the plain
+    layer's (:func:`ckplan.device_model.ops_ms`: the host's dispatch hides behind the device's
+    work until it outlasts it)."""
+    def priced(m: MeasuredPass, phase: str, sac: bool) -> float:
+        w = m.windows.get((phase, i))
+        return ops_ms(device, m.ops[slice(*w["ops"])], sac=sac) if w else 0.0
+
+    bwd = priced(under, "B", True)
+    extra = max(0.0, bwd - priced(plain, "B", False)) + max(0.0, priced(under, "F", True) - priced(plain, "F", False))
+    return extra, bwd

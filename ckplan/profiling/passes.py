@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ..device_model import OpCost
 from ..execute import apply_plan
 from ..measure import LiveTensorTracker
 from ..planner.baselines import cut_at_breaks
@@ -20,9 +21,9 @@ from ..planner.plan import Checkpoint, Plan, Store
 from ..records import SideInput
 from ..sdpa import SdpaOnMeta
 from ..training import forward_loss
-from .flops import FlopCounter
 from .instrument import Instrument
 from .meters import Meter
+from .opcost import OpCounter
 from .readouts import Window
 from .step import Step, zero_grads
 
@@ -53,6 +54,7 @@ class MeasuredPass:
     carried: dict[int, int] = field(default_factory=dict)  # SideInputTracker.carried
     breaks: frozenset[int] = frozenset()  # Instrument.breaks
     outside_saved: dict[int, int] = field(default_factory=dict)  # Instrument.outside_saved_at_end
+    ops: tuple[OpCost, ...] = ()  # every op of the pass in order (the windows' ``ops`` index it)
 
 
 def param_and_buffer_storages(params: list[nn.Parameter], model: nn.Module) -> set[int]:
@@ -86,7 +88,7 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op, on_free=inst.on_free)
-    inst.flops = FlopCounter()
+    inst.flops = OpCounter()
     with inst.flops, tracker:
         inst.meter = Meter(step.device, tracker)
         step.run(inst)
@@ -102,7 +104,7 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,
-        lead=dict(inst.lead))
+        lead=dict(inst.lead), ops=tuple(inst.flops.ops))
     inst.flops_estimated.update(inst.flops.estimated)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result

@@ -31,6 +31,7 @@ class Mark:
     live: int  # live bytes at the mark (relative to the step start)
     peak: int  # peak live bytes since the previous mark
     flops: int  # cumulative FLOPs at the mark
+    ops: int = 0  # ops recorded so far by an OpCounter (0 without one)
 
 
 def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
@@ -54,7 +55,8 @@ def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
     out = {}
     for a, b in zip(marks, marks[1:]):
         out[(a.phase, a.stage)] = dict(ms=b.t_ms - a.t_ms, live_start=a.live, live_end=b.live,
-                                       peak=max(b.peak, a.live, b.live), flops=b.flops - a.flops)
+                                       peak=max(b.peak, a.live, b.live), flops=b.flops - a.flops,
+                                       ops=(a.ops, b.ops))
     return out
 
 

@@ -1,5 +1,6 @@
 """The profile's rows (:class:`ckplan.records.StageRecord`): pre, one per chain layer, post; sizes
-from the measured pass, times from the timed ones (on meta: FLOPs at the assumed rate)."""
+from the measured pass, times from the timed ones (on meta: the window's ops priced by the target's
+device model, or FLOPs at the assumed rate without one)."""
 from __future__ import annotations
 
 import statistics
@@ -7,6 +8,7 @@ from dataclasses import replace
 
 import torch.nn as nn
 
+from ..device_model import DeviceModel, ops_ms
 from ..measure import unique_storage_bytes
 from ..records import CHAIN, POST, PRE, StageRecord
 from .passes import MeasuredPass
@@ -14,11 +16,12 @@ from .timing import Times, meta_ms, recompute_factor, smoothed_chain_ms, timed_r
 
 
 def stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Parameter],
-               measured: MeasuredPass, times: Times, meta: bool) -> tuple[StageRecord, ...]:
+               measured: MeasuredPass, times: Times, meta: bool,
+               device: DeviceModel | None = None) -> tuple[StageRecord, ...]:
     """pre, one row per chain layer, post: sizes from the measured pass, times from the timed ones."""
     n = len(layers)
     param_bytes, grad_bytes = _param_and_grad_bytes(layers, params, measured.grad_window)
-    fwd_med, bwd_med = _window_ms(n, measured, times, meta)
+    fwd_med, bwd_med = _window_ms(n, measured, times, meta, device)
     recompute: dict[int, float | None] = {s: None for s in range(n)}
     if not meta:
         recompute = _smooth_chain(layers, measured, times, fwd_med, bwd_med)
@@ -79,15 +82,18 @@ def _param_and_grad_bytes(layers: list[nn.Module], params: list[nn.Parameter],
     return param_bytes, grad_bytes
 
 
-def _window_ms(n: int, measured: MeasuredPass, times: Times,
-               meta: bool) -> tuple[dict[int, float], dict[int, float]]:
+def _window_ms(n: int, measured: MeasuredPass, times: Times, meta: bool,
+               device: DeviceModel | None) -> tuple[dict[int, float], dict[int, float]]:
     """Per stage: forward and backward milliseconds, the medians of the timed passes (on meta:
     the windows' FLOPs at the assumed rate)."""
     fwd_med: dict[int, float] = {}
     bwd_med: dict[int, float] = {}
     for s in range(-1, n + 1):
         fw, bw = measured.windows[("F", s)], measured.windows.get(("B", s))
-        if meta:
+        if meta and device is not None:  # the device model's price of the window's ops
+            fwd_med[s] = ops_ms(device, measured.ops[slice(*fw["ops"])])
+            bwd_med[s] = ops_ms(device, measured.ops[slice(*bw["ops"])]) if bw else 0.0
+        elif meta:
             fwd_med[s] = meta_ms(fw["flops"])
             bwd_med[s] = meta_ms(bw["flops"] if bw else 0)
         else:

@@ -12,8 +12,10 @@ JSON and CSV always carry every field.
 """
 from .benches import bench_table, dist_bench_table
 from .consoles import clean, error, escape, info, progress_bar, stderr, stdout
+from .devices import device_table
 from .plans import export_text, plan_tables, sweep_table, world_size_table
 from .profile import options_table, profile_table
 
-__all__ = ["bench_table", "clean", "dist_bench_table", "error", "escape", "export_text", "info", "options_table",
-           "plan_tables", "profile_table", "progress_bar", "stderr", "stdout", "sweep_table", "world_size_table"]
+__all__ = ["bench_table", "clean", "device_table", "dist_bench_table", "error", "escape", "export_text", "info",
+           "options_table", "plan_tables", "profile_table", "progress_bar", "stderr", "stdout", "sweep_table",
+           "world_size_table"]

@@ -14,7 +14,7 @@ from .tables import Col, cell_len, print_table, width_limit
 
 def profile_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
     out = console or consoles.stdout
-    est = " | times estimated from FLOPs" if prof.times_estimated else ""
+    est = " | times estimated (see the notes)" if prof.times_estimated else ""
     cols = [Col("#"), Col("layer", left=True, fold=True), Col("type", 1, left=True, fold=True),
             Col("params"), Col("output"), Col("saved"), Col("fwd"), Col("bwd"), Col("fwd FLOPs", 2),
             Col("fwd tmp", 3), Col("bwd tmp", 4)]
@@ -48,7 +48,8 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
     for k, v in totals:
         s.add_row(k, format_bytes(v))
     if tt.optimizer_ms is not None:
-        s.add_row("optimizer step time (timed on stand-ins)", format_ms(tt.optimizer_ms))
+        s.add_row("optimizer step time (priced by the device model)" if prof.times_estimated
+                  else "optimizer step time (timed on stand-ins)", format_ms(tt.optimizer_ms))
     out.print(s)
     if prof.compiled:
         out.print("chain layers profiled compiled (torch.compile): plans for them run inside "

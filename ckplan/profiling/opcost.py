@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .device_model import MATMUL, VECTOR, DeviceModel, OpCost, ops_ms
-from .profiling.flops import FlopCounter
+from ..device_model import MATMUL, VECTOR, DeviceModel, OpCost, ops_ms
+from .flops import FlopCounter
 
 _VIEWS: dict[Any, bool] = {}
 
