@@ -193,7 +193,7 @@ def test_long_chains_with_such_outputs_never_go_over_budget(n):
     # then checks its candidates on the chain as it is: every plan fits, min_peak is reached
     from dataclasses import replace
 
-    from test_planner_dp import check_long_chain_fits
+    from brute_plans import check_long_chain_fits
 
     from ckplan.planner.synthetic import random_chain
     ch = random_chain(n, n, max_size=1_000_003)

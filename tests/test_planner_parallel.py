@@ -275,7 +275,7 @@ SIZE = 20
 
 def brute(chain: Chain) -> list[tuple[int, float]]:
     """(peak, recompute) of every plan of rotor's grammar, with every option of every layer."""
-    from test_planner_options import brute as every
+    from brute_options import brute as every
     return every(chain)
 
 

@@ -154,7 +154,7 @@ def test_planner_does_not_import_torch():
 def test_recompute_floor_is_below_the_simulated_recompute_and_exact_on_baselines():
     import itertools
 
-    from test_planner_options import _assign, plans
+    from brute_options import _assign, plans
 
     from ckplan.planner.baselines import baseline_candidates
     from ckplan.planner.chain import STORE

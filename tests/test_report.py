@@ -224,7 +224,7 @@ def test_file_names_keep_the_model_name(tmp_path):
 
 
 def test_sweep_file_names_keep_the_model_name(tmp_path):
-    from test_render import make_profile
+    from fake_records import make_profile
 
     from ckplan.planner import chain_from_profile, sweep
     pts = sweep(chain_from_profile(make_profile()), ["none", "every-k"], 3)
