@@ -13,10 +13,10 @@ import torch
 from .compiled import compile_unavailable
 from .device_model import load_device
 from .errors import UsageError
-from .options import DEVICES, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISIONS, Device
+from .options import DEVICES, Device
 from .planner import check_budget_text
 from .sac import MINCUT, OPTIONS, POLICIES
-from .spec import Spec, check_overrides, load_spec
+from .spec import Spec, check_optimizer, check_overrides, check_precision, load_spec
 from .units import parse_size
 
 Progress = Callable[[str], None]  # told what a long step is doing now (a spinner, a bar)
@@ -116,10 +116,8 @@ def check_positive(name: str, value, *, minimum: int = 1) -> None:
 
 def check_train_args(*, optimizer: str, precision: str, accum: int) -> None:
     """The training settings a Python caller passes, named as the caller wrote them."""
-    if str(precision) not in PRECISIONS:
-        raise UsageError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-    if OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer)) not in OPTIMIZERS:
-        raise UsageError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    check_precision(precision)
+    check_optimizer(optimizer)
     check_positive("accum", accum)
 
 

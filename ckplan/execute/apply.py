@@ -2,13 +2,10 @@
 plan.json file (checked against the chain's length and ckplan's selective options)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch.nn as nn
 
 from ..chainfind import resolve_chain
-from ..errors import SpecError
+from ..documents import read_plan
 from ..planner.plan import Plan
 from ..sac import OPTIONS
 from .executor import _ATTR, PlanExecutor
@@ -45,14 +42,6 @@ def _as_plan(plan, chain_layers: int | None = None) -> Plan:
 
 def load_plan(path, *, chain_layers: int | None = None) -> Plan:
     """Read a plan written by ``ckplan plan -o plan.json`` (or a bare Plan.to_dict()); with
-    ``chain_layers``, refuse a plan for another number of layers before building it."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"plan file {str(p)!r} does not exist",
-                        tip="write one with: ckplan plan SPEC --budget 12GB -o plan.json")
-    try:
-        doc = json.loads(p.read_text())
-    except ValueError as e:
-        raise SpecError(f"{p}: not JSON ({e})") from None
-    return Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc, chain_layers=chain_layers,
-                          known_options=OPTIONS)
+    ``chain_layers``, refuse a plan for another number of layers before building it
+    (:func:`ckplan.documents.read_plan`, the one plan reader)."""
+    return read_plan(path, chain_layers=chain_layers)[0]
