@@ -170,7 +170,8 @@ def table(paths: list[Path]) -> str:
             if c is None:
                 cells.append("not run")
             elif "passed" in c:
-                cells.append(f"{c['status']} ({c['passed']})" if c["status"] == "pass"
+                skipped = f", {c['skipped']} skipped" if c.get("skipped") else ""
+                cells.append(f"{c['status']} ({c['passed']}{skipped})" if c["status"] == "pass"
                              else f"**fail** ({c['failed']} of {c['passed'] + c['failed']})")
             else:
                 cells.append(c["status"] if c["status"] == "pass" else "**fail**")
@@ -181,7 +182,8 @@ def table(paths: list[Path]) -> str:
     machines = sorted({d["machine"] for d in docs})
     head = [f"Measured {', '.join(when)} on {'; '.join(machines)} (Python {docs[0]['python']}), one virtual "
             "environment per torch version, by `scripts/torch_matrix.sh`; a cell is the check's status and "
-            "how many tests passed."]
+            "how many tests passed (skipped: what this torch cannot run, which ckplan refuses with a "
+            "message, such as FSDP2 on CPU ranks before torch 2.9)."]
     fails = [f"- torch {d['torch']}, `{n}`: {c['detail']}" for d in docs for n, c in d["checks"].items()
              if c["status"] != "pass" and c.get("detail")]
     return "\n".join([*head, "", *lines, "", "Checks:", "", *what, *(["", "Failures:", "", *fails] if fails else [])]) + "\n"
