@@ -1,5 +1,5 @@
 """Profile Hugging Face sweep specs on meta and compare the `none` and `every-k` (k=2) peaks with
-the CPU bench's predicted and measured ones (the newest bench JSON found under reports/cpu/hf-sweep).
+the CPU bench's predicted and measured ones (reports/cpu/hf-sweep/bench-NAME-cpu.json).
 
     python scripts/meta_vs_cpu.py mixtral qwen2_moe megatron-bert
 """
@@ -12,15 +12,11 @@ from ckplan.planner import chain_from_profile, plan_chain
 from ckplan.planner.simulate import simulate
 
 SWEEP = Path("reports/cpu/hf-sweep")
-BENCH_DIRS = ["session12/new", "session12", "session11", "session10", "."]
 
 
 def cpu_rows(name: str) -> dict:
-    for d in BENCH_DIRS:
-        p = SWEEP / d / f"bench-{name}-cpu.json"
-        if p.exists():
-            return {r["strategy"]: r for r in json.loads(p.read_text())["rows"]}
-    return {}
+    p = SWEEP / f"bench-{name}-cpu.json"
+    return {r["strategy"]: r for r in json.loads(p.read_text())["rows"]} if p.exists() else {}
 
 
 def main(names: list[str]) -> None:
