@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cgroups import cgroup_paths
 from .errors import UsageError
 from .preflight import MARGINS
 from .units import format_bytes
@@ -51,16 +52,7 @@ def cpu_count(root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgrou
 
 
 def _cgroup_cpu_quota(root: Path, self_cgroup: Path) -> tuple[int, str] | None:
-    rel, rel_v1 = "", ""
-    try:
-        for line in self_cgroup.read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controllers == "":
-                rel = path.strip().lstrip("/")
-            elif "cpu" in controllers.split(","):
-                rel_v1 = path.strip().lstrip("/")
-    except (OSError, ValueError):
-        pass
+    rel, rel_v1 = cgroup_paths(self_cgroup, "cpu")
     for d in dict.fromkeys([root / rel, root]):
         try:
             quota, period = (d / "cpu.max").read_text().split()[:2]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .cgroups import cgroup_paths
 from .units import format_bytes
 
 MIB = 2**20
@@ -128,16 +129,7 @@ def _read_int(path: Path) -> int | None:
 
 def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, str] | None:
     """limit - (usage - reclaimable page cache) of this process's cgroup (v2, else v1)."""
-    rel, rel_v1 = "", ""
-    try:
-        for line in self_cgroup.read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controllers == "":
-                rel = path.strip().lstrip("/")
-            elif "memory" in controllers.split(","):
-                rel_v1 = path.strip().lstrip("/")
-    except (OSError, ValueError):
-        pass
+    rel, rel_v1 = cgroup_paths(self_cgroup, "memory")
     for d in dict.fromkeys([root / rel, root]):  # v2: own group, else the namespace's root
         limit = _read_int(d / "memory.max")
         if limit is not None:
