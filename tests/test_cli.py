@@ -131,6 +131,7 @@ def test_seed_article_arithmetic_on_mlp100(configs):
     assert rows["dp"]["predicted_recompute_ms"] <= rows["every-k"]["predicted_recompute_ms"] + 1e-9
 
 
+@pytest.mark.slow
 def test_plan_exact_proves_what_the_banded_dp_found(configs):
     """100 layers: dp is the banded DP (not proven, a note says so); --exact runs the exact DP,
     which here costs the same."""
@@ -268,6 +269,7 @@ def _swap(doc):
     (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [99]}]), "side_inputs[0].layers"),
     (lambda d: d.update(side_inputs=[{"bytes": 4}]), "side_inputs[0] is not an object"),
 ])
+@pytest.mark.slow
 def test_bad_profile_json_is_rejected_with_the_field_named(saved_profile, tmp_path, breakit, needle):
     doc = saved_profile
     breakit(doc)

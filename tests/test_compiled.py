@@ -56,6 +56,7 @@ def test_plans_around_compiled_layers_keep_eager_gradients():
     assert all("forward" not in b.__dict__ for b in model.blocks)
 
 
+@pytest.mark.slow
 @needs_inductor
 def test_selective_options_on_compiled_layers_keep_eager_gradients():
     """Compiled layers stored with selective options (SAC compiled in), at the top level, inside

@@ -17,6 +17,7 @@ def test_python_dash_m():
 SHIPPED = ["gpt2-small", "bert-large", "mlp-100", "resnet", "llama-7b", "hf-gpt2", "hf-bert"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_dp_never_worse_than_baselines_on_shipped_configs(configs, name):
     if name.startswith("hf-"):

@@ -10,6 +10,7 @@ import pytest
 from ckplan import api
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,accum", [("fp32", 2), ("bf16", 1), ("bf16", 3), ("fp16", 1)])
 def test_precision_and_accumulation_predictions(tiny_gpt_spec, tmp_path, precision, accum):
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=6, n_embd=64, dropout=0.1), batch_size=8, seq_len=32,

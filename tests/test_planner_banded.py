@@ -92,6 +92,7 @@ band_chains = st.builds(lambda n, seed, k: with_tails(random_chain(n, seed, max_
                         st.integers(3, 6), st.integers(0, 2**32), st.integers(0, 2))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(band_chains, st.integers(1, 3), st.booleans())
 def test_banded_tables_equal_brute_force_over_the_band(chain, most, long_top):

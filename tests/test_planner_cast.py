@@ -125,6 +125,7 @@ def test_casts_at_zero_change_nothing():
             assert a.exact is not None and not any("mixed precision" in x for x in a.notes)
 
 
+@pytest.mark.slow
 def test_long_chain_with_casts_fits():
     ch = with_casts(random_chain(150, 3, scale=1_000_003), 3)
     lo, hi = min_peak(ch), simulate(ch, plan_none(150)).peak_bytes

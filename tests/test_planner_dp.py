@@ -100,6 +100,7 @@ def test_dp_is_optimal_over_every_nesting(chain):
     _check_against_brute(chain, general=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32))
 def test_dp_equals_brute_force_six_layers(seed):

@@ -54,6 +54,7 @@ def test_dp_equals_brute_force_at_every_budget_breakpoint(seed):
         assert res.score.recompute_ms == pytest.approx(brute_best(scores, budget), rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,seed", [(20, 1), (25, 2), (30, 3)])
 def test_pareto_equals_the_gcd_slot_dp(n, seed):
     """Two implementations, exact for different reasons, agree at every budget."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import ckplan.planner
@@ -27,6 +28,7 @@ def _name(path: Path) -> str:
     return ".".join(parts)
 
 
+@cache
 def _modules() -> dict[str, tuple[Path, ast.Module]]:
     return {_name(p): (p, ast.parse(p.read_text())) for p in PLANNER.rglob("*.py") if p != PLANNER / "__init__.py"}
 

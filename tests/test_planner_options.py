@@ -43,6 +43,7 @@ def test_dp_with_options_equals_brute_force(chain):
     check_against_brute(chain)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(option_chains(4), st.integers(0, 2**32))
 def test_dp_with_options_and_tails_equals_brute_force(chain, seed):

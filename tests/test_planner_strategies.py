@@ -151,6 +151,7 @@ def test_planner_does_not_import_torch():
 # Oracle: the simulator. ``recompute_floor`` may only prune baselines the simulator would score
 # no cheaper; the net must return what simulating every baseline returns.
 
+@pytest.mark.slow
 def test_recompute_floor_is_below_the_simulated_recompute_and_exact_on_baselines():
     import itertools
 

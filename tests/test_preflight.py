@@ -49,6 +49,7 @@ def test_cpu_available_reads_meminfo_and_cgroup(tmp_path):
     assert cpu_available(proc, cg).bytes == 20000000 * 1024
 
 
+@pytest.mark.slow
 def test_bert_large_on_cpu_stops_before_profiling(configs):
     # The article's example: 8 x 512 BERT-large on a CPU ran for minutes and was killed at 22 GB.
     avail = cpu_available().bytes

@@ -209,6 +209,7 @@ train: {optimizer: sgd}
 """
 
 
+@pytest.mark.slow
 def test_hf_t5_position_bias_made_in_the_chain_is_predicted_to_the_byte(tmp_path):
     # The encoder's first block makes the (1, heads, T, T) fp32 position bias; blocks 1-3 get it.
     pytest.importorskip("transformers")

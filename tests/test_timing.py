@@ -167,6 +167,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_cpu_steps_keep_freed_memory_and_the_default_comes_back():
     # Oracle: the kernel's resident set, in a fresh process (a heap that earlier tests grew would
     # serve the block from memory already kept). glibc returns a 64 MiB block at once (above any

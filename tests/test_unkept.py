@@ -194,6 +194,7 @@ def test_old_profiles_without_the_flag_read_as_kept():
     assert type(prof).from_dict(prof.to_dict()) == prof
 
 
+@pytest.mark.slow
 def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
     # A checkpoint starting at ReLU(inplace=True) saves the tensor the ReLU then changes: PyTorch
     # refused the backward ("modified by an inplace operation") and the bench stopped. The
