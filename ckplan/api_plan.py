@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .api_profile import profile
 from .arguments import Note, Progress, check_budget, check_positive, load, note_or_warn, tick
+from .device_model import target_device
 from .documents import load_profile
 from .errors import InfeasibleBudgetError, UsageError
 from .export import export_plan
@@ -29,6 +30,7 @@ from .planner import sweep as _sweep
 from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
 from .planner.strategies import check_sweep_points
 from .records import Profile
+from .sdpa import default_target
 from .spec import Spec
 
 
@@ -148,12 +150,14 @@ def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int]
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note,
                              meta_target=meta_target)
     tick(progress, f"planning {len(world_sizes)} world sizes for {prof.model}")
+    # a meta profile's device model also prices the collectives (its link and network bandwidths)
+    priced = target_device(meta_target, default_target())[1] if prof.device == "meta" else None
     rows = []
     for w in world_sizes:
         b = None
         if budget is not None:  # shares are of that world size's per-rank peaks
             b = parse_budget(budget, per_rank_chain_from_profile(prof, w, str(parallel)), what="budget").bytes
-        rows += world_size_table(prof, [w], str(parallel), strategy, b, k)
+        rows += world_size_table(prof, [w], str(parallel), strategy, b, k, device=priced)
     return prof, tuple(rows)
 
 

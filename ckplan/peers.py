@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .chainfind import resolve_chain
+from .errors import first_line
 from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
 from .sac import policy_fn
 
@@ -97,7 +98,7 @@ def compile_unavailable(device_type: str) -> str:
         import torch._functorch.config as functorch_config
         import torch._inductor.compile_fx
     except Exception as e:  # an inductor that cannot import cannot compile either
-        return f"TorchInductor does not import ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        return f"TorchInductor does not import ({type(e).__name__}: {first_line(str(e))[:160]})"
     if not hasattr(functorch_config, "activation_memory_budget"):
         return (f"torch {torch.__version__} has no torch._functorch.config.activation_memory_budget "
                 "(added in torch 2.4): the partitioner cannot be given a budget")

@@ -388,3 +388,25 @@ def test_dp_never_over_its_per_rank_budget_on_a_long_fsdp_chain():
         b = lo + (hi - lo) * t // 8
         res = plan_dp(ch, b)
         assert simulate(ch, res.plan).peak_bytes <= b and res.exact
+
+
+def test_world_size_rows_price_the_collectives_by_hand():
+    from fake_records import make_profile
+
+    from ckplan.device_model import BUILTIN
+
+    prof = make_profile()
+    P = prof.totals.param_bytes  # fp32: the gradients are as large
+    h100 = BUILTIN["h100"]
+    rows = {r.world_size: r for r in world_size_table(prof, [1, 8, 16], "fsdp", "dp", None, device=h100)}
+    # FSDP2 moves (n-1)/n of the parameters twice (forward and backward all-gathers) and of the
+    # gradients once (reduce-scatter): over NVLink within 8 ranks, over the network beyond
+    assert rows[1].comm_ms == 0.0
+    assert rows[8].comm_ms == pytest.approx(3 * 7 / 8 * P / h100.link_bw * 1e3)
+    assert rows[16].comm_ms == pytest.approx(3 * 15 / 16 * P / h100.network_bw * 1e3)
+    ddp = world_size_table(prof, [4], "ddp", "dp", None, device=h100)[0]
+    assert ddp.comm_ms == pytest.approx(2 * 3 / 4 * P / h100.link_bw * 1e3)  # a ring all-reduce
+    # the per-rank step: the plan's recompute on top of the step without checkpointing
+    assert rows[8].step_ms == pytest.approx(per_rank_chain_from_profile(prof, 8, "fsdp").base_step_ms
+                                            * (1 + rows[8].overhead))
+    assert world_size_table(prof, [8], "fsdp", "dp", None)[0].comm_ms is None  # no device model

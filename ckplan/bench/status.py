@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from ..errors import ModelRunError
+from ..errors import ModelRunError, first_line
 from ..measure import TrackerLimitExceeded
 from ..records import ERROR, OK, OOM
 from .entry import Entry
@@ -19,7 +19,7 @@ def guarded(run: Run, e: Entry, fn, *args) -> None:
     try:
         fn(run, e, *args)
     except (torch.cuda.OutOfMemoryError, TrackerLimitExceeded) as err:
-        e.status, e.message = OOM, str(err).splitlines()[0][:200]
+        e.status, e.message = OOM, first_line(str(err))[:200]
         run.opt.zero_grad(set_to_none=True)
         gc.collect()
         if run.device.type == "cuda":
@@ -39,7 +39,7 @@ INPLACE_TIP = ("a checkpoint starts at a layer that changes its input in place (
 
 def row_error(err: RuntimeError) -> str:
     """One line for a row whose step raised: what PyTorch said, and the fix when it is known."""
-    first = str(err).splitlines()[0][:200]
+    first = first_line(str(err))[:200]
     if "modified by an inplace operation" in str(err):
         return f"{INPLACE_TIP} ({type(err).__name__}: {first})"
     return f"{type(err).__name__}: {first}"

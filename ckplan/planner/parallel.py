@@ -81,6 +81,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..device_model import DeviceModel, allreduce_ms, gather_ms
 from ..errors import InfeasibleBudgetError, UsageError
 from .calibrate import chain_from_profile
 from .chain import Chain
@@ -238,14 +239,18 @@ class WorldSizeRow:
     n_checkpoints: int | None
     plan: str
     message: str = ""
+    step_ms: float | None = None  # per-rank step with the plan's recompute (None: infeasible)
+    comm_ms: float | None = None  # the step's collectives at the device model's bandwidths (None: no model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def world_size_table(profile: Profile, world_sizes: Sequence[int], kind: str = "fsdp",
-                     strategy: str = "dp", budget_bytes: int | None = None, k: int = 2) -> tuple[WorldSizeRow, ...]:
-    """One row per world size: per-rank peak with and without the plan, and its overhead.
+                     strategy: str = "dp", budget_bytes: int | None = None, k: int = 2,
+                     device: DeviceModel | None = None) -> tuple[WorldSizeRow, ...]:
+    """One row per world size: per-rank peak with and without the plan, its overhead and step
+    time, and with a ``device`` model the time of the step's collectives (:func:`comm_ms`).
 
     ``budget_bytes`` is per rank; without it dp plans for the smallest feasible peak.
     """
@@ -259,8 +264,33 @@ def world_size_table(profile: Profile, world_sizes: Sequence[int], kind: str = "
             res = plan_chain(chain, strategy, budget_bytes, k)
             rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
                                      res.score.peak_bytes, lo, budget_bytes, res.fits, res.score.overhead,
-                                     res.plan.n_checkpoints, res.plan.describe()))
+                                     res.plan.n_checkpoints, res.plan.describe(), step_ms=res.score.step_ms,
+                                     comm_ms=comm_ms(profile, int(w), kind, device)))
         except InfeasibleBudgetError as err:
             rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
-                                     None, lo, budget_bytes, False, None, None, "", err.message))
+                                     None, lo, budget_bytes, False, None, None, "", err.message,
+                                     comm_ms=comm_ms(profile, int(w), kind, device)))
     return tuple(rows)
+
+
+# Devices per node: ranks beyond it talk over the network (InfiniBand), within it over the links.
+DEVICES_PER_NODE = 8
+
+
+def comm_ms(profile: Profile, world_size: int, kind: str, device: DeviceModel | None) -> float | None:
+    """Milliseconds per step of one rank's collectives on ``device``, none of it hidden behind
+    compute: FSDP2 all-gathers every parameter in the forward and again in the backward and
+    reduce-scatters the gradients; DDP all-reduces the gradients. None without a device model
+    or its bandwidths."""
+    if device is None or world_size <= 1:
+        return None if device is None else 0.0
+    nodes = -(-world_size // DEVICES_PER_NODE)
+    if (device.network_bw if nodes > 1 else device.link_bw) <= 0:
+        return None
+    params = profile.totals.param_bytes
+    grads = profile.totals.grad_bytes
+    if kind == "ddp":
+        return allreduce_ms(device, grads, world_size, nodes=nodes)
+    return (2 * gather_ms(device, params, world_size, nodes=nodes)
+            + gather_ms(device, grads, world_size, nodes=nodes))
+

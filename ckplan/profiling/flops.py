@@ -22,6 +22,8 @@ import torch
 from torch.utils import flop_counter as fc
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..errors import first_line
+
 # Attention kernels whose tensors are (batch, heads, seq, dim), and those that take
 # (batch, seq, heads, dim). Backward ops take the output's gradient first.
 _BHSD_FORWARD = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
@@ -96,7 +98,7 @@ class FlopCounter(FlopCounterMode):
                 flops = own_formula(op, args)
                 how = "ckplan's formula" if flops is not None else "not counted"
                 self.estimated.setdefault(_op_name(op), f"{how}; torch's counter raised "
-                                                        f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                                                        f"{type(e).__name__}: {first_line(str(e))[:120]}")
                 return flops or 0
         return count
 

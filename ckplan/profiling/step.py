@@ -65,12 +65,12 @@ def model_errors(meta: bool):
     except ModelRunError:
         raise
     except torch.cuda.OutOfMemoryError as e:
-        raise ModelRunError(f"out of GPU memory while profiling: {str(e).splitlines()[0]}",
+        raise ModelRunError(f"out of GPU memory while profiling: {first_line(str(e))}",
                             tip="profile with a smaller --batch-size, or with --device meta") from e
     except Exception as e:
         if meta and "meta" in str(e):
             raise ModelRunError(
-                f"the model reads tensor values in its forward or backward ({str(e).splitlines()[0]}), "
+                f"the model reads tensor values in its forward or backward ({first_line(str(e))}), "
                 "which fake (meta) tensors cannot provide",
                 tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
         # the model's traceback is this error's __cause__ (the CLI shows it with --debug)

@@ -86,11 +86,12 @@ def world_size_table(prof, rows, *, wide: bool = False, console: Console | None 
     out.print(escape(f"ckplan plan: {prof.model} per rank under {kind} | batch {prof.batch_size} per rank | "
                      f"{prof.precision} | {prof.optimizer} | device {prof.device}"), soft_wrap=True)
     cols = [Col("ranks"), Col("fixed / rank", 1), Col("none peak"), Col("plan peak"), Col("lowest peak", 2),
-            Col("fits"), Col("overhead"), Col("plan", 3, left=True, fold=True)]
+            Col("fits"), Col("overhead"), Col("step", 4), Col("comm", 5), Col("plan", 3, left=True, fold=True)]
     body = []
     for r in rows:
         fits = "-" if r.fits is None else ("yes" if r.fits else "[red]no[/]")
         body.append([str(r.world_size), format_bytes(r.persistent_bytes), format_bytes(r.none_peak_bytes),
                      format_bytes(r.plan_peak_bytes), format_bytes(r.min_peak_bytes), fits, pct(r.overhead),
-                     escape(r.plan or r.message)])
+                     format_ms(r.step_ms) if r.step_ms is not None else "-",
+                     format_ms(r.comm_ms) if r.comm_ms is not None else "-", escape(r.plan or r.message)])
     print_table(out, cols, body, wide, title=f"{rows[0].strategy if rows else ''} per rank")
