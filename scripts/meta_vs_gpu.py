@@ -23,7 +23,7 @@ from datetime import date
 from pathlib import Path
 
 from ckplan import api
-from ckplan.planner import chain_from_profile, simulate
+from ckplan.planner import chain_from_profile, min_peak, plan_chain, simulate
 from ckplan.planner.plan import Checkpoint, Plan, Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +83,39 @@ def compare(bench_path: Path, target: str) -> tuple[dict, list[dict]]:
         out.append(dict(strategy=r["strategy"], plan=plan.describe(runs=True), pred_step_ms=pred_step,
                         meas_step_ms=r["step_ms"], pred_slowdown=pred_step / base,
                         meas_slowdown=r["step_ms"] / none_ms))
-    head = dict(bench=str(bench_path.relative_to(ROOT)) if bench_path.is_relative_to(ROOT) else str(bench_path),
+    agree = plan_agreement(prof, bench, chain)
+    head = dict(agree=agree,
+                bench=str(bench_path.relative_to(ROOT)) if bench_path.is_relative_to(ROOT) else str(bench_path),
                 model=bench["model"], batch=bench["batch_size"], optimizer=bench["optimizer"],
                 precision=bench["precision"], device=bench.get("device_name"), meta_s=time.time() - t0)
     return head, out
+
+
+def plan_agreement(prof, bench: dict, scored) -> dict | None:
+    """The dp plan meta chooses, against the one the bench chose from the device's own profile.
+
+    The bench plans dp halfway between its profile's smallest feasible peak and its peak without
+    checkpointing (when no ``--budget`` was given); meta plans at the same point of its own range
+    (its peaks are its own CUDA-rule peaks, not the device's bytes). Both plans are scored on the
+    meta chain; the measured step of the meta plan is known only when it equals a measured row.
+    """
+    rows = {r["strategy"]: r for r in bench["rows"] if r.get("status") == "ok" and r.get("plan")}
+    if "dp" not in rows:
+        return None
+    n_layers = scored.n_layers
+    chain = chain_from_profile(prof)  # the planner's own chain: dominated options dropped
+    lo, hi = min_peak(chain), simulate(chain, Plan("none", n_layers, tuple(Store(i) for i in range(n_layers)))).peak_bytes
+    halfway = any("halfway" in n for n in bench.get("notes", []))
+    budget = (lo + hi) // 2 if halfway else bench["budget_bytes"]
+    meta_plan = plan_chain(chain, "dp", budget).plan
+    gpu_plan = parse_plan(rows["dp"]["plan"], n_layers)
+    same_as = next((name for name, r in rows.items() if parse_plan(r["plan"], n_layers).describe(runs=True)
+                    == meta_plan.describe(runs=True)), None)
+    return dict(meta=meta_plan.describe(runs=True), gpu=gpu_plan.describe(runs=True),
+                equal=meta_plan.describe(runs=True) == gpu_plan.describe(runs=True), same_as=same_as,
+                meta_measured=rows[same_as]["step_ms"] if same_as else None, gpu_measured=rows["dp"]["step_ms"],
+                meta_pred=simulate(scored, meta_plan).step_ms / scored.base_step_ms,
+                gpu_pred=simulate(scored, gpu_plan).step_ms / scored.base_step_ms)
 
 
 def markdown(target: str, results: list[tuple[dict, list[dict]]]) -> str:
@@ -105,6 +134,14 @@ def markdown(target: str, results: list[tuple[dict, list[dict]]]) -> str:
             pts = (r["pred_slowdown"] - r["meas_slowdown"]) * 100
             lines.append(f"| {r['strategy']} | {r['pred_step_ms']:.1f} ms | {r['meas_step_ms']:.1f} ms | "
                          f"{err:+.1%} | {r['pred_slowdown']:.3f} | {r['meas_slowdown']:.3f} | {pts:+.1f} |")
+        a = head.get("agree")
+        if a is not None:
+            verdict = ("the same plan" if a["equal"] else
+                       f"another plan, measured as the `{a['same_as']}` row: {a['meta_measured']:.1f} ms against "
+                       f"{a['gpu_measured']:.1f} ms ({a['meta_measured'] / a['gpu_measured'] - 1:+.1%})"
+                       if a["same_as"] else "another plan, not among the measured rows")
+            lines += ["", f"dp at the bench's budget: meta chooses `{a['meta']}`; the device's profile chose "
+                      f"`{a['gpu']}`: {verdict}. Predicted on meta: {a['meta_pred']:.3f} against {a['gpu_pred']:.3f}."]
         lines.append("")
     return "\n".join(lines)
 
