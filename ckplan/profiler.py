@@ -26,6 +26,7 @@ from .profiling.compiled_passes import compiled_layers, compiled_run
 from .profiling.instrument import Instrument
 from .profiling.notes import chain_breaks, step_notes
 from .profiling.option_passes import OptionPass, eager_option_passes, with_options
+from .profiling.option_sample import sampled_option_passes
 from .profiling.passes import MeasuredPass, measured_pass, nosave_pass, recompute_kept
 from .profiling.rows import stage_rows, with_recompute_memory
 from .profiling.step import Step, hooks_installed, model_errors, state_restored, zero_grads
@@ -78,16 +79,23 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     step = Step(model, args, kwargs, loss_fn, precision, device, kind if meta else None)
     inst = Instrument(layers, Clock(device))
     kept = KeptFreedMemory(device)
+    # On meta, options are measured on three layers where the chain's middle layers are one layer
+    # (profiling.option_sample), after the plain passes; elsewhere with them, on every layer.
+    sampled = meta and compiled is None and bool(options)
     with kept, model_errors(meta), state_restored(model, params, device), hooks_installed(inst):
-        run = _run_passes(inst, step, params, chain_path, compiled, options,
+        run = _run_passes(inst, step, params, chain_path, compiled, () if sampled else options,
                           repeats=repeats, warmup=warmup, accum=accum)
+    sdpa_note = step.sdpa_note  # the attention calls of the plain step, not of an option's
+    if sampled:
+        run.option_passes, run.option_notes = _meta_option_passes(inst, container, step, params, run.measured,
+                                                                  options, accum)
     measured = run.measured
     priced = device_model if meta else None
     rows = stage_rows(layers, chain_path, params, measured, run.times, meta, priced)
     if compiled is None:
         rows = with_recompute_memory(rows, run.nosave, measured, run.leftover, run.chained)
     rows = with_options(rows, measured, run.option_passes, meta, priced)
-    notes = step_notes(rows, measured, sdpa_note=step.sdpa_note, option_notes=run.option_notes,
+    notes = step_notes(rows, measured, sdpa_note=sdpa_note, option_notes=run.option_notes,
                        flops_estimated=inst.flops_estimated, unsaved_kept=run.nosave[1],
                        kept_memory=kept.active, compiled_graphs=compiled.graphs if compiled is not None else None)
     breaks, breaks_note = chain_breaks(measured.breaks, len(layers))
@@ -96,6 +104,17 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
                            chain_path, detected, notes, measured.side_inputs, breaks,
                            tuple(sorted(inst.flops_estimated)))
+
+
+def _meta_option_passes(inst: Instrument, container: nn.Module, step: Step, params: list[nn.Parameter],
+                        measured: MeasuredPass, options: tuple[str, ...], accum: int):
+    """Options on meta: on three chain layers where that measures the same, else on every layer."""
+    got = sampled_option_passes(inst.layers, container, step, params, step.model, measured, options, accum)
+    if got is not None:
+        return got
+    with model_errors(True), state_restored(step.model, params, step.device), hooks_installed(inst):
+        zero_grads(params)
+        return eager_option_passes(inst, step, params, step.model, options, 0, accum)
 
 
 def _check_compile_and_options(device: torch.device, options: tuple[str, ...], compile: bool) -> None:

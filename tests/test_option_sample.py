@@ -1,0 +1,68 @@
+"""ckplan.profiling.option_sample: options on meta measured on three chain layers give the same
+profile, to the byte, as measuring them on every layer; where the middle layers differ it declines."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ckplan.profiler as profiler
+import ckplan.profiling.option_sample as option_sample
+from ckplan.api import load, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT7 = """
+model:
+  builtin: gpt
+  args: {vocab_size: 256, block_size: 64, n_layer: 7, n_head: 2, n_embd: 64, dropout: 0.0}
+input: {batch_size: 2, shape: [64], dtype: int64, high: 256, name: input_ids, labels: copy}
+chain: blocks
+train: {optimizer: adamw, precision: fp32, accum: 1}
+"""
+
+
+def _both(spec, monkeypatch, target: str = "cpu"):
+    """(profile with sampling, whether it sampled, profile measuring every layer)."""
+    used = []
+    real = profiler.sampled_option_passes
+
+    def spy(*a, **k):
+        got = real(*a, **k)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(profiler, "sampled_option_passes", spy)
+    sampled = profile(spec, device="meta", options=True, meta_target=target)
+    monkeypatch.setattr(option_sample, "MIN_LAYERS", 10**9)
+    every = profile(spec, device="meta", options=True, meta_target=target)
+    assert used[1:] == [False]  # the second profile measured every layer
+    return sampled, used[0], every
+
+
+@pytest.mark.parametrize("target", ["cpu", "h100"])
+def test_sampled_options_equal_every_layer_gpt(tmp_path, monkeypatch, target):
+    p = tmp_path / "gpt7.yaml"
+    p.write_text(GPT7)
+    sampled, used, every = _both(load(p), monkeypatch, target)
+    assert used
+    assert all(r.options for r in sampled.chain_layers)
+    assert sampled.chain_layers == every.chain_layers
+    assert sampled.notes == every.notes
+
+
+def test_sampled_options_equal_every_layer_hf_llama_gqa(monkeypatch):
+    pytest.importorskip("transformers")
+    spec = load(ROOT / "configs/hf-llama-gqa.yaml")
+    sampled, used, every = _both(spec, monkeypatch)
+    assert used
+    assert sampled.chain_layers == every.chain_layers
+
+
+def test_alternating_layers_are_measured_one_by_one(monkeypatch):
+    """Qwen2 with sliding-window and full attention layers alternating: the middle layers are not
+    one layer, so every layer is measured (and the profile is the same either way)."""
+    pytest.importorskip("transformers")
+    spec = load(ROOT / "configs/hf-qwen2-alt.yaml")
+    sampled, used, every = _both(spec, monkeypatch)
+    assert not used
+    assert sampled.chain_layers == every.chain_layers
