@@ -324,3 +324,22 @@ def test_a_plan_measured_over_an_explicit_budget_is_over_budget_and_exits_3(tiny
     assert dp["predicted_peak_bytes"] <= budget < dp["measured_peak_bytes"]
     assert dp["peak_error"] == pytest.approx(extra / dp["predicted_peak_bytes"])
     assert rows["none"]["status"] == "ok"  # never predicted to fit the budget
+
+
+def test_a_given_plan_with_an_option_the_profile_found_dominated_is_benched(tiny_gpt_spec, tmp_path):
+    """A plan made elsewhere (on meta, with another device model) may store a layer with an option
+    this machine's profile measured but found dominated (on the tiny GPT on CPU every option is): the
+    bench runs it and predicts it from the measured option, to the byte."""
+    from ckplan.planner import Plan
+    from ckplan.planner.plan import Store
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    plan = Plan("meta", 3, (Store(0), Store(1, "sac-linear"), Store(2, "sac-compute")))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    res = api.bench(spec, strategies=["none"], plan_path=path, steps=1, warmup=1, device="cpu",
+                    options=True)
+    row = next(r for r in res.rows if r.strategy != "none")
+    assert row.status == "ok", row.message
+    assert row.plan == plan.describe()
+    assert row.measured_peak_bytes == row.predicted_peak_bytes
+    assert row.max_grad_diff is not None and row.max_grad_diff < 1e-5

@@ -23,8 +23,9 @@ def bench_budget(chain, strategies: list[str], budget_bytes: int | None, notes: 
 
 
 def plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
-                  extra_plans: dict[str, Plan]) -> list[Entry]:
-    """Each strategy planned on the profile's chain (or marked infeasible), then the given plans."""
+                  extra_plans: dict[str, Plan], extra_chain=None) -> list[Entry]:
+    """Each strategy planned on the profile's chain (or marked infeasible), then the given plans,
+    scored on ``extra_chain`` (the chain with their options kept; default ``chain``)."""
     entries: list[Entry] = []
     for s in strategies:
         if s in COMPILE_PEERS:
@@ -45,8 +46,9 @@ def plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
             continue
         entries.append(Entry(s, res.plan, res.score.peak_bytes, fwd_bwd_peak(chain, res.plan),
                               held_for_backward_bytes(chain, res.plan), res.score.overhead))
+    scoring = chain if extra_chain is None else extra_chain
     for name, plan in extra_plans.items():
-        sc = simulate(chain, plan)
-        entries.append(Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(chain, plan),
-                              held_for_backward_bytes(chain, plan), sc.overhead))
+        sc = simulate(scoring, plan)
+        entries.append(Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(scoring, plan),
+                              held_for_backward_bytes(scoring, plan), sc.overhead))
     return entries

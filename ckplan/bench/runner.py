@@ -11,6 +11,7 @@ from ..compiled import CompiledLayers
 from ..execute import remove_plan
 from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
+from ..planner.plan import STORE
 from ..records import OK, BenchResult, Profile
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
@@ -36,7 +37,12 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     notes = list(profile.notes)
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
-    entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans or {})
+    extra_plans = extra_plans or {}
+    # a given plan (made on meta, say) may store layers with options this profile measured but
+    # found dominated: they stay in the chain that scores it
+    used = tuple(sorted({o for p in extra_plans.values() for o in p.options()} - {STORE}))
+    entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
+                           chain_from_profile(profile, keep=used) if used else chain)
     compile_entries(entries, model, chain, budget_bytes, device)
     peer_predictions(entries, model, profile, notes)
     runnable = [e for e in entries if e.runnable]

@@ -26,8 +26,11 @@ from .chain import STORE, Chain, Layer, Option, Post, Pre
 from .simulate import simulate, trace
 
 
-def chain_from_profile(profile: Profile) -> Chain:
-    """Build the cost model of ``profile``, transients calibrated on the measured windows."""
+def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
+    """Build the cost model of ``profile``, transients calibrated on the measured windows.
+
+    Options another choice of the layer beats are dropped, except those named in ``keep`` (a plan
+    made elsewhere, on meta say, that uses them: they were measured, so it can be scored)."""
     rows = profile.chain_layers
     if not rows:
         raise SpecError(f"profile of {profile.model!r} has no chain layers",
@@ -75,7 +78,7 @@ def chain_from_profile(profile: Profile) -> Chain:
         side_inputs=profile.side_inputs,
         breaks=profile.chain_breaks,
     )
-    return on_time_grid(with_options(calibrate(chain, profile), profile))
+    return on_time_grid(with_options(calibrate(chain, profile), profile, keep))
 
 
 def _kept_bytes(r: StageRecord) -> int:
@@ -194,8 +197,9 @@ def predicted_peak_none(profile: Profile) -> int:
     return simulate(chain, plan_none(chain.n_layers)).peak_bytes
 
 
-def with_options(chain: Chain, profile: Profile) -> Chain:
-    """``chain`` with each layer's measured selective options, calibrated, dominated ones dropped.
+def with_options(chain: Chain, profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
+    """``chain`` with each layer's measured selective options, calibrated, dominated ones dropped
+    (except those named in ``keep``).
 
     Option P's transients: (peak measured with every layer under P) - (what the simulator holds
     at that op in the plan storing every layer with P), as :func:`calibrate` does for ``store``.
@@ -223,8 +227,14 @@ def with_options(chain: Chain, profile: Profile) -> Chain:
             opt = ly.options[0]
             options[i].append(replace(opt, fwd_tmp_bytes=max(0, p + o.fwd_peak_bytes - live[("F", i)]),
                                       bwd_tmp_bytes=max(0, p + o.bwd_peak_bytes - live[("B", i)])))
-    return replace(chain, layers=tuple(replace(ly, options=undominated(ly, opts))
+    return replace(chain, layers=tuple(replace(ly, options=_kept(undominated(ly, opts), opts, keep))
                                        for ly, opts in zip(chain.layers, options)))
+
+
+def _kept(best: tuple[Option, ...], measured: list[Option], keep: tuple[str, ...]) -> tuple[Option, ...]:
+    """The undominated options, and the measured ones named in ``keep``, in measured order."""
+    names = {o.name for o in best} | set(keep)
+    return tuple(o for o in measured if o.name in names)
 
 
 # Two ways to store a layer closer than this are one choice (the earlier stays), so that timing
