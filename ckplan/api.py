@@ -74,6 +74,10 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev, plan_read = _check_bench(spec, k=k, steps=steps, warmup=warmup, budget=budget,
                                          memory_limit=memory_limit, device=device, plan_path=plan_path)
+    if "offload-all" in strategies and dev.type != "cuda":
+        raise UsageError(f"--compare offload-all needs a CUDA device (this bench runs on {dev.type}): it offloads "
+                         "saved activations to host memory, where a CPU's already are",
+                         tip="drop offload-all from --compare, or bench on a GPU (--device cuda)")
     names = compile_options(option_names(options, compile=compile), compile, dev.type)
     extra = {}
     plan_doc: dict = {}

@@ -118,4 +118,4 @@ SELECTIVE_OPTIONS: tuple[str, ...] = (*SAC_POLICIES, *MINCUT_BUDGETS)
 
 # Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
 # checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.
-PEERS = ("hf", "sac-policy", "torch-compile", "torch-compile-nobudget")
+PEERS = ("hf", "sac-policy", "offload-all", "torch-compile", "torch-compile-nobudget")

@@ -9,6 +9,9 @@
                 convolution; ``MUST_SAVE``) and recomputes the rest (``PREFER_RECOMPUTE``):
                 ckplan's ``sac-compute`` option (:mod:`ckplan.sac`) on every layer, so the
                 ``selective`` strategy with that policy predicts it.
+``offload-all`` every tensor the chain layers save for backward offloaded to pinned host memory
+                on a side stream and copied back when the backward needs it, as torchtune's
+                ``OffloadActivations`` does (:mod:`ckplan.execute.offload`; CUDA only): no recompute.
 ``torch-compile``           the whole model compiled with ``torch.compile`` (TorchInductor), with
                 ``torch._functorch.config.activation_memory_budget`` set to the share of the
                 no-checkpoint activation memory that ckplan's budget leaves (:func:`budget_fraction`),
@@ -35,10 +38,11 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 from .chainfind import resolve_chain
 from .errors import first_line
+from .execute.offload import layers_offloaded
 from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
 from .sac import policy_fn
 
-PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy")
+PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy", "offload-all")
 
 
 def _sac_context():
@@ -75,6 +79,14 @@ def sac_policy(model: nn.Module, chain: str | None = None):
                 layer.__dict__.pop("forward", None)
             else:
                 layer.forward = fwd
+
+
+@contextmanager
+def offload_all(model: nn.Module, chain: str | None = None):
+    """Offload what every chain layer saves to pinned host memory (CUDA); restored on exit."""
+    _, container, _ = resolve_chain(model, chain)
+    with layers_offloaded(list(container)):
+        yield
 
 
 COMPILE_PEERS: tuple[str, ...] = ("torch-compile", "torch-compile-nobudget")

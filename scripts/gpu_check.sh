@@ -58,14 +58,14 @@ fi
 # gpt2-small at 8 x 512 tokens, the default budget.
 if want gpt2-b8; then
   stage gpt2-b8 150 $CK bench configs/gpt2-small.yaml --device cuda --batch-size 8 \
-    --compare ${GPT2_B8_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf} --k 1 --steps 10 --warmup 2 \
+    --compare ${GPT2_B8_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf,offload-all} --k 1 --steps 10 --warmup 2 \
     --out-dir $REP/b8 --wide --debug
 fi
 # bert-large at the seed article's batch, 8 x 512 tokens, AdamW fp32 as configured (dropout 0.1);
 # 50%act: the no-checkpoint peak with half its activations.
 if want bert; then
   stage bert 180 $CK bench configs/bert-large.yaml --device cuda --budget 50%act \
-    --compare ${BERT_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf} --k 1 --steps 6 --warmup 2 \
+    --compare ${BERT_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf,offload-all} --k 1 --steps 6 --warmup 2 \
     --out-dir $REP --wide --debug
 fi
 # the profile with its options table and notes (what `plan` reads), gpt2-small at 8 x 512

@@ -211,3 +211,31 @@ def test_torch_compile_rows_with_dropout_match_eager_gradients(tiny_gpt_spec, tm
     r = {r.strategy: r for r in res.rows}["torch-compile"]
     assert r.status == "ok", r.message
     assert r.max_grad_diff <= r.grad_tolerance
+
+
+def test_offload_all_is_refused_on_a_cpu(tiny_gpt_spec, tmp_path):
+    """Offloading to host memory needs a device that is not the host: one clear message, before
+    anything is built."""
+    from ckplan.errors import UsageError
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    with pytest.raises(UsageError, match="offload-all needs a CUDA device") as e:
+        api.bench(spec, strategies=["none", "offload-all"], device="cpu", steps=1, warmup=0)
+    assert "--device cuda" in e.value.tip
+
+
+def test_offload_hooks_leave_cpu_tensors_and_gradients_alone():
+    """On a CPU the hooks keep every saved tensor as it is: the same gradients, nothing offloaded."""
+    from ckplan.execute.offload import OffloadHooks, layers_offloaded
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    x = torch.randn(32, 64)
+    net(x).square().sum().backward()
+    ref = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    with layers_offloaded(list(net)):
+        net(x).square().sum().backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(ref, net.parameters()))
+    hooks = OffloadHooks(min_bytes=0)
+    with hooks:
+        net(x).sum().backward()
+    assert hooks.offloaded_bytes == 0

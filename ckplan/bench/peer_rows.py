@@ -11,9 +11,12 @@ from .entry import Entry, fwd_bwd_peak
 PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
               "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
               "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
-              "recomputing the rest (no ckplan prediction); torch-compile = the model compiled with "
-              "torch.compile (TorchInductor) with torch._functorch.config.activation_memory_budget set from "
-              "the bench's budget (the share of none's activation memory it leaves), so the min-cut "
+              "recomputing the rest (no ckplan prediction); offload-all = every tensor the chain layers save "
+              "copied to pinned host memory on a side stream and back when the backward needs it, as "
+              "torchtune's OffloadActivations does (CUDA; no ckplan prediction); torch-compile = the model "
+              "compiled with torch.compile (TorchInductor) with torch._functorch.config."
+              "activation_memory_budget set from the bench's budget (the share of none's activation memory "
+              "it leaves), so the min-cut "
               "partitioner recomputes to meet it; torch-compile-nobudget = the same at budget 1.0 (fusion "
               "and the partitioner's default recomputation only)")
 
@@ -29,6 +32,10 @@ def peer_entry(chain, name: str) -> Entry:
                       sc.overhead, kind="peer",
                       message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
                               "as Hugging Face's gradient_checkpointing_enable does")
+    if name == "offload-all":
+        return Entry(name, plan_chain(chain, "none").plan, kind="peer",
+                     message="every tensor the chain layers save offloaded to pinned host memory on a side stream, "
+                             "copied back when the backward needs it (torchtune-style; no ckplan prediction)")
     message = ("torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
                "convolution outputs, recomputes the rest")
     if all(any(o.name == "sac-compute" for o in ly.options) for ly in chain.layers):
