@@ -72,6 +72,7 @@ calls     a segment's records in the first forward: layer calls, open frames, hi
 probe     whether this torch's frames span several layers (spans_layers)
 executor  PlanExecutor: the installed plan, its first forward and its recompute
 apply     apply_plan(), remove_plan(), load_plan()
+offload   saved activations to pinned host memory on a side stream (CUDA; the offload-all peer)
 """
 from .apply import apply_plan, load_plan, remove_plan
 from .executor import PlanExecutor, _PlannedForward, spans_layers

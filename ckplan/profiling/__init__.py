@@ -6,6 +6,7 @@
 * ``passes``: the measured, no-save and recompute-kept passes (sizes);
 * ``timing``: the timed passes and the per-layer times made from them;
 * ``option_passes`` / ``compiled_passes``: selective options on eager layers; compiled layers;
+  ``option_sample``: options on meta measured on three layers when the middle ones are one layer;
 * ``rows``: the passes as StageRecord rows; ``notes``: what the profile says it assumed;
 * ``flops``: FLOP counting, never fatal.
 
