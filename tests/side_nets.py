@@ -26,3 +26,19 @@ def measured_peak(model, x, plan) -> int:
     with apply_plan(model, plan), LiveTensorTracker() as tr:
         model(x).backward()
     return tr.peak
+
+
+class CountedLayers(torch.nn.Module):
+    """Five equal blocks called by index up to a count fixed at build time (as models that loop
+    over ``range(config.num_hidden_layers)`` do): the model cannot run with its chain cut."""
+
+    def __init__(self, width: int = 32, depth: int = 5):
+        super().__init__()
+        self.depth = depth
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                          for _ in range(depth))
+
+    def forward(self, x):
+        for i in range(self.depth):
+            x = self.layers[i](x)
+        return x

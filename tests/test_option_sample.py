@@ -66,3 +66,15 @@ def test_alternating_layers_are_measured_one_by_one(monkeypatch):
     sampled, used, every = _both(spec, monkeypatch)
     assert not used
     assert sampled.chain_layers == every.chain_layers
+
+
+def test_a_model_that_cannot_run_cut_is_measured_layer_by_layer(tmp_path, monkeypatch):
+    """A model that calls its layers by index up to a fixed count fails with its chain cut: the
+    profile measures every layer instead (and does not fail)."""
+    p = tmp_path / "counted.yaml"
+    p.write_text('model:\n  target: "side_nets:CountedLayers"\n  args: {width: 32, depth: 5}\n'
+                 "input: {batch_size: 4, shape: [32], dtype: float32}\nchain: layers\n")
+    sampled, used, every = _both(load(p), monkeypatch)
+    assert not used
+    assert all(r.options for r in sampled.chain_layers)
+    assert sampled.chain_layers == every.chain_layers

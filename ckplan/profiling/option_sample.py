@@ -108,13 +108,16 @@ def sampled_option_passes(layers: list[nn.Module], container: nn.Module, step: S
     if any(not _same_layer(full, i, full, 1) for i in range(2, n - 1)):
         return None
     keep = [0, 1, n - 1]
-    with _chain_cut(container, keep) as cut_layers:
-        inst = Instrument(cut_layers, Clock(step.device))
-        with model_errors(True), state_restored(model, params, step.device), hooks_installed(inst):
-            zero_grads(params)
-            plain = measured_pass(inst, step, params, model)
-            zero_grads(params)
-            if not all(_same_layer(full, i, plain, k) for k, i in enumerate(keep)):
-                return None
-            passes, notes = eager_option_passes(inst, step, params, model, options, 0, accum)
+    try:
+        with _chain_cut(container, keep) as cut_layers:
+            inst = Instrument(cut_layers, Clock(step.device))
+            with model_errors(True), state_restored(model, params, step.device), hooks_installed(inst):
+                zero_grads(params)
+                plain = measured_pass(inst, step, params, model)
+                zero_grads(params)
+                if not all(_same_layer(full, i, plain, k) for k, i in enumerate(keep)):
+                    return None
+                passes, notes = eager_option_passes(inst, step, params, model, options, 0, accum)
+    except Exception:  # a model that cannot run cut (it counts its layers itself): every layer, then
+        return None
     return [replace(p, measured=_moved(p.measured, plain, full, n)) for p in passes], notes
