@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from contextlib import contextmanager
 
 import torch
@@ -39,6 +38,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .chainfind import resolve_chain
 from .errors import first_line
 from .execute.offload import layers_offloaded
+from .forwards import forwards_replaced
 from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
 from .sac import policy_fn
 
@@ -62,31 +62,16 @@ class _SacForward:
         return checkpoint(self.fwd, *args, use_reentrant=False, context_fn=_sac_context, **kwargs)
 
 
-@contextmanager
 def sac_policy(model: nn.Module, chain: str | None = None):
-    """Wrap every chain layer's forward in a selective checkpoint; restored on exit."""
+    """Wrap every chain layer's forward in a selective checkpoint until the block ends."""
     _, container, _ = resolve_chain(model, chain)
-    layers = list(container)
-    saved = [layer.__dict__.get("forward") for layer in layers]
-    for layer in layers:
-        layer.forward = _SacForward(functools.partial(type(layer).forward, layer)
-                                    if "forward" not in layer.__dict__ else layer.__dict__["forward"])
-    try:
-        yield
-    finally:
-        for layer, fwd in zip(layers, saved):
-            if fwd is None:
-                layer.__dict__.pop("forward", None)
-            else:
-                layer.forward = fwd
+    return forwards_replaced(list(container), lambda _i, fwd: _SacForward(fwd))
 
 
-@contextmanager
 def offload_all(model: nn.Module, chain: str | None = None):
-    """Offload what every chain layer saves to pinned host memory (CUDA); restored on exit."""
+    """Offload what every chain layer saves to pinned host memory (CUDA) until the block ends."""
     _, container, _ = resolve_chain(model, chain)
-    with layers_offloaded(list(container)):
-        yield
+    return layers_offloaded(list(container))
 
 
 COMPILE_PEERS: tuple[str, ...] = ("torch-compile", "torch-compile-nobudget")

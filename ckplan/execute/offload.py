@@ -14,10 +14,11 @@ layer call is copied once.
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+from ..forwards import forwards_replaced
 
 MIN_BYTES = 1024  # smaller saved tensors stay (torchtune's default)
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}  # one copy stream per GPU
@@ -70,21 +71,9 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
         return host.to(device, non_blocking=True)
 
 
-@contextmanager
 def layers_offloaded(layers: list[nn.Module], min_bytes: int = MIN_BYTES):
-    """Every layer's forward run under :class:`OffloadHooks`; restored on exit."""
-    saved = [layer.__dict__.get("forward") for layer in layers]
-    for layer in layers:
-        fwd = layer.__dict__["forward"] if "forward" in layer.__dict__ else type(layer).forward.__get__(layer)
-        layer.forward = _Offloaded(fwd, min_bytes)
-    try:
-        yield
-    finally:
-        for layer, fwd in zip(layers, saved):
-            if fwd is None:
-                layer.__dict__.pop("forward", None)
-            else:
-                layer.forward = fwd
+    """Every layer's forward run under :class:`OffloadHooks` until the block ends."""
+    return forwards_replaced(layers, lambda _i, fwd: _Offloaded(fwd, min_bytes))
 
 
 class _Offloaded:

@@ -12,7 +12,6 @@ as every meta time is, so ops without FLOPs (pointwise ones) are free there.
 """
 from __future__ import annotations
 
-import functools
 import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..device_model import DeviceModel, ops_ms
+from ..forwards import forwards_replaced
 from ..measure import Clock, TrackerLimitExceeded
 from ..records import CHAIN, OptionRecord, StageRecord
 from ..sac import policy_fn, run_with_option
@@ -79,19 +79,8 @@ class _OptionForward:
 def _layers_under_option(layers: list[nn.Module], name: str, clock: Clock, step: Step):
     """Every chain layer's forward under option ``name``; yields layer -> recompute times (ms)."""
     recompute_ms: dict[int, list[float]] = {}
-    had = [("forward" in layer.__dict__, layer.__dict__.get("forward")) for layer in layers]
-    for i, layer in enumerate(layers):
-        fwd = layer.__dict__["forward"] if "forward" in layer.__dict__ else \
-            functools.partial(type(layer).forward, layer)
-        layer.forward = _OptionForward(fwd, name, i, clock, recompute_ms, step)
-    try:
+    with forwards_replaced(layers, lambda i, fwd: _OptionForward(fwd, name, i, clock, recompute_ms, step)):
         yield recompute_ms
-    finally:
-        for layer, (own, fwd) in zip(layers, had):
-            if own:
-                layer.forward = fwd
-            else:
-                layer.__dict__.pop("forward", None)
 
 
 def _option_step_extra_ms(inst: Instrument, step: Step, params: list[nn.Parameter], name: str,
