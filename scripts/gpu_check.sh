@@ -3,7 +3,9 @@
 #
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root; default: every stage)
 #
-# Stages: env tests gpt2 gpt2-b8 bert profile compile seed. Environment: PYTEST_ARGS (e.g. -k resnet),
+# Stages: env gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed (the default order: what
+# the open work needs first). Environment: META_TARGET (the device model meta plans with; default
+# h200 on an H200, else h100), PYTEST_ARGS (e.g. -k resnet),
 # TESTS_LIMIT (seconds), GPT2_B8_COMPARE and BERT_COMPARE (the --compare lists), TARBALL. Each runs under its own time limit and logs to
 # OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed into
 # $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next. ckplan runs from the checkout
@@ -11,9 +13,9 @@
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env tests gpt2 gpt2-b8 bert profile compile seed}
+STAGES=${*:-env gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed}
 REP=reports/cuda
-mkdir -p "$OUTDIR" "$REP"
+mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
 PY=${PY:-python3}
 CK="$PY -m ckplan"
@@ -67,6 +69,20 @@ if want bert; then
   stage bert 180 $CK bench configs/bert-large.yaml --device cuda --budget 50%act \
     --compare ${BERT_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf,offload-all} --k 1 --steps 6 --warmup 2 \
     --out-dir $REP --wide --debug
+fi
+# the plan meta chooses (fake tensors, the device model of this GPU) against the plan of the GPU's own
+# profile, at the same budget, in one bench: gpt2-small at 8 x 512 tokens, 50%act
+if want meta-plan; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  target=${META_TARGET:-$([[ $gpu == *H200* ]] && echo h200 || echo h100)}
+  stage meta-plan 240 bash -c "$CK plan configs/gpt2-small.yaml --device meta --target $target --batch-size 8 \
+    --budget 50%act -o $REP/meta-plan/meta-plan-gpt2-b8-$target.json && $CK bench configs/gpt2-small.yaml \
+    --device cuda --batch-size 8 --budget 50%act --compare none,dp \
+    --plan $REP/meta-plan/meta-plan-gpt2-b8-$target.json --steps 10 --warmup 2 --out-dir $REP/meta-plan --wide"
+fi
+# this GPU's device profile (for --device meta --target FILE)
+if want calibrate; then
+  stage calibrate 90 $CK calibrate --device cuda -o $REP/device-profile.json
 fi
 # the profile with its options table and notes (what `plan` reads), gpt2-small at 8 x 512
 if want profile; then
