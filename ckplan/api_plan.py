@@ -5,6 +5,7 @@ peaks at several world sizes (:func:`world_sizes`), and a plan as another framew
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from .api_profile import profile
@@ -45,7 +46,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
-         dp_mode: str = "auto", meta_target: str | None = None):
+         dp_mode: str = "auto", meta_target: str | None = None, offload: bool = True):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -56,7 +57,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     (:func:`profile_model`); a saved profile has the ones it was made with. ``dp_mode``:
     ``"auto"`` (exact DP up to 64 layers, banded DP to 400, grouped tables above) or ``"exact"``
     (the proven optimum at any length; slow on long chains). ``meta_target``: with
-    ``device="meta"``, the device the profile stands for (:func:`profile`).
+    ``device="meta"``, the device the profile stands for (:func:`profile`). ``offload``: dp may
+    offload layers to pinned host memory when the profile has a host link (``Profile.host_bw``).
     """
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
@@ -65,6 +67,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
                              meta_target)
     tick(progress, f"planning {strategy} for {prof.model}")
     chain = _chain_for(prof, world_size, parallel)
+    if not offload:
+        chain = replace(chain, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
     infeasible = infeasible_tip = None
     if strategy == "all":

@@ -20,6 +20,7 @@ from .arguments import (
     resolve_device,
     tick,
 )
+from .calibrate import host_bandwidths
 from .chainfind import tensor_leaves
 from .device_model import DeviceModel, target_device
 from .errors import DependencyError, SpecError, UsageError
@@ -199,8 +200,19 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
         chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
+        host_bw=_host_link(dev, device_model if kind == "cuda" else None),
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
+
+
+def _host_link(dev: torch.device, device_model: DeviceModel | None) -> tuple[float, float]:
+    """Pinned host copy bandwidths for activation offload: measured on CUDA (128 MiB each way),
+    on meta the GPU target's device model's; none on a CPU."""
+    if dev.type == "cuda":
+        return host_bandwidths(dev, 128 * 2**20, 5)
+    if dev.type == "meta" and device_model is not None and device_model.host_bw > 0:
+        return device_model.host_bw, device_model.host_bw
+    return 0.0, 0.0
 
 
 def meta_time_note(device: DeviceModel | None) -> str:
@@ -213,7 +225,8 @@ def meta_time_note(device: DeviceModel | None) -> str:
             f"(each op's roofline: max of FLOPs at {device.rate('matmul', 'float32') / 1e12:.3g} TFLOP/s "
             f"fp32 matmul x {device.matmul_eff:g}, bytes at {device.memory_bw / 1e9:.4g} GB/s x "
             f"{device.memory_eff:g}, {device.dispatch_ms * 1e3:.3g} us dispatch; SAC "
-            f"+{device.sac_dispatch_ms * 1e3:.3g} us per op; {device.source}), not measured")
+            f"+{device.sac_dispatch_ms * 1e3:.3g} us per op; checkpoint hooks {device.ckpt_hook_ms * 1e3:.3g} us "
+            f"per saved tensor and call; {device.source}), not measured")
 
 
 def meta_cuda_note(efficient_attention: bool) -> str:

@@ -59,6 +59,30 @@ def dispatch_ms(device: torch.device, n: int = 400, repeats: int = 5) -> float:
     return _timed(device, lambda: _tiny_ops(x, n), repeats) / n * 1e3
 
 
+def _saving_ops(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = torch.sin(x)  # saves its input: one saved tensor per op
+    return x
+
+
+def checkpoint_hook_ms(device: torch.device, n: int = 200, repeats: int = 5) -> float:
+    """Host time of one call of a non-reentrant checkpoint's saved-tensor hooks: ``n`` ops that
+    each save a tensor, forward and backward inside a checkpoint, less the same plainly and less
+    their recompute (one forward), over the ``3 n`` hook calls (pack, pack again in the recompute,
+    unpack)."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def plain():
+        _saving_ops(x, n).sum().backward()
+
+    def ckpt():
+        checkpoint(_saving_ops, x, n, use_reentrant=False).sum().backward()
+
+    extra = (_timed(device, ckpt, repeats) - _timed(device, plain, repeats)
+             - _timed(device, lambda: _saving_ops(x, n), repeats))
+    return max(0.0, extra / (3 * n) * 1e3)
+
+
 def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> float:
     """What one op costs more in a forward under ckplan's ``sac-compute`` policy than plainly
     inside a checkpoint (both forwards keep what they save; the difference is the policy)."""
@@ -73,15 +97,21 @@ def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> flo
     return max(0.0, (_timed(device, sac, repeats) - _timed(device, plain, repeats)) / n * 1e3)
 
 
-def host_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
-    """Bytes/s of a pinned host-to-device copy and back (the slower of the two), 0 off CUDA."""
+def host_bandwidths(device: torch.device, nbytes: int, repeats: int = 5) -> tuple[float, float]:
+    """Bytes/s of a pinned copy device -> host and host -> device; (0, 0) off CUDA."""
     if device.type != "cuda":
-        return 0.0
+        return 0.0, 0.0
     host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
     dev = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     up = _timed(device, lambda: dev.copy_(host, non_blocking=True), repeats)
     down = _timed(device, lambda: host.copy_(dev, non_blocking=True), repeats)
-    return nbytes / max(up, down)
+    return nbytes / down, nbytes / up
+
+
+def host_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    """Bytes/s of a pinned host copy, the slower way; 0 off CUDA."""
+    down, up = host_bandwidths(device, nbytes, repeats)
+    return min(down, up)
 
 
 def device_name(device: torch.device) -> str:
@@ -110,10 +140,12 @@ def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,
     disp = dispatch_ms(dev, 100 if quick else 400, repeats)
     progress("selective-checkpoint dispatch")
     sac = sac_dispatch_ms(dev, 50 if quick else 200, repeats)
+    progress("checkpoint hooks")
+    hook = checkpoint_hook_ms(dev, 50 if quick else 200, repeats)
     host = host_bandwidth(dev, nbytes, repeats)
     return DeviceModel(
         name=device_name(dev), kind="cuda" if cuda else "cpu", matmul_flops=rates,
         vector_flops={"float32": rates["float32"]}, memory_bw=bw, dispatch_ms=disp, matmul_eff=1.0,
-        memory_eff=1.0, sac_dispatch_ms=sac, host_bw=host,
+        memory_eff=1.0, sac_dispatch_ms=sac, ckpt_hook_ms=hook, host_bw=host,
         source=f"measured by ckplan calibrate on {device_name(dev)}, torch {torch.__version__}, {date.today()}",
         extra={"matmul_n": n, "copy_bytes": nbytes, "quick": quick})

@@ -114,6 +114,9 @@ def plan(
                                                   "(or the closest plan it can express)."),
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
+    offload: bool = typer.Option(True, "--offload/--no-offload", help="dp may offload layers' saved "
+                                 "activations to pinned host memory where the profile has a host link "
+                                 "(a GPU, or meta with a GPU --target)."),
     exact: bool = typer.Option(False, "--exact", help="dp: prove the plan optimal over every nested plan "
                                "(the exact DP: 0.1-0.3 s at 100 layers, seconds at 300) instead of the "
                                "banded DP ckplan uses from 65 to 400 layers."),
@@ -137,8 +140,8 @@ def plan(
         return _plan_world_sizes(spec, common, sizes, world_size, kind, budget, strategy, k, exact, output, fmt,
                                  wide)
     return _plan_one(spec, common, budget=budget, strategy=strategy, k=k, world_size=sizes[0], parallel=kind,
-                     options=options, compile=compile, exact=exact, export=export, output=output, fmt=fmt,
-                     wide=wide)
+                     options=options, compile=compile, offload=offload, exact=exact, export=export, output=output,
+                     fmt=fmt, wide=wide)
 
 
 def _plan_sweep(spec, common: dict, out_dir, points, options, compile, ignored, fmt, wide) -> None:

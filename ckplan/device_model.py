@@ -46,6 +46,9 @@ class DeviceModel:
     matmul_eff: float = 0.75  # share of the matrix rate a large eager matmul reaches
     memory_eff: float = 0.8  # share of the bandwidth a large elementwise op reaches
     sac_dispatch_ms: float = 0.0  # extra host time per op under a selective-checkpoint policy
+    # host time of one saved tensor's hook under a non-reentrant checkpoint, per call (packed in the
+    # first forward, packed again in the recompute, unpacked in the backward)
+    ckpt_hook_ms: float = 0.0
     link_bw: float = 0.0  # bytes/s per device to its peers in one node (NVLink); 0: unknown
     network_bw: float = 0.0  # bytes/s per device across nodes (InfiniBand); 0: unknown
     host_bw: float = 0.0  # bytes/s each way between device and pinned host memory; 0: unknown
@@ -80,12 +83,13 @@ class OpCost:
     nbytes: int  # bytes its inputs and outputs occupy (read once, written once)
 
 
-def ops_ms(device: DeviceModel, ops: Iterable[OpCost], *, sac: bool = False) -> float:
+def ops_ms(device: DeviceModel, ops: Iterable[OpCost], *, sac: bool = False, host_extra_ms: float = 0.0) -> float:
     """Milliseconds of ``ops`` run one after another on ``device`` (``sac``: under a policy): the
     host dispatches them while the device runs the ones before, so the slower of the two sets
-    the time: max(sum of the ops' roofline times, sum of their dispatch costs)."""
+    the time: max(sum of the ops' roofline times, sum of their dispatch costs and
+    ``host_extra_ms``, what else the host does meanwhile: a checkpoint's hooks)."""
     ops = list(ops)
-    host = len(ops) * (device.dispatch_ms + (device.sac_dispatch_ms if sac else 0.0))
+    host = len(ops) * (device.dispatch_ms + (device.sac_dispatch_ms if sac else 0.0)) + host_extra_ms
     work = sum(device.op_ms(o.kind, o.dtype, o.flops, o.nbytes) for o in ops)
     return max(work, host)
 
@@ -108,11 +112,13 @@ def gather_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int =
     return (world_size - 1) / world_size * nbytes / bw * 1e3
 
 
-# Host time per eager op, and what a SAC policy adds per op, on the host of an H200 with torch 2.11:
+# Host time per eager op, what a SAC policy adds per op, and a checkpoint's hook per saved tensor
+# and call, on the host of an H200 with torch 2.11:
 # chosen from a sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py; gpt2-small at
 # 2 x 512 is bound by them). Other GPUs' hosts differ; `ckplan calibrate` measures yours.
 HOST_DISPATCH_MS = 0.02
-HOST_SAC_DISPATCH_MS = 0.055
+HOST_SAC_DISPATCH_MS = 0.047
+HOST_CKPT_HOOK_MS = 0.0035
 
 
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: float, net: float,
@@ -124,7 +130,8 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
     vec = {"float32": fp32 * T, "bfloat16": fp32 * T, "float16": fp32 * T, "float64": fp32 / 2 * T}
     return DeviceModel(name=name, kind="cuda", matmul_flops=mm,
                        vector_flops=vec, memory_bw=bw * GB, dispatch_ms=HOST_DISPATCH_MS,
-                       sac_dispatch_ms=HOST_SAC_DISPATCH_MS, link_bw=link * GB, network_bw=net * GB, host_bw=host * GB,
+                       sac_dispatch_ms=HOST_SAC_DISPATCH_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS, link_bw=link * GB,
+                       network_bw=net * GB, host_bw=host * GB,
                        source=f"vendor data sheet ({sheet}); host dispatch per op fitted to H200 runs (reports/cuda)")
 
 
@@ -168,8 +175,8 @@ def device_from_dict(d: Any, *, where: str = "device profile") -> DeviceModel:
         table = d[key]
         if not isinstance(table, dict) or not table or not all(_positive(v) for v in table.values()):
             raise SpecError(f"{where} {key} must map dtype names to positive FLOP/s, got {str(table)[:80]}")
-    for key in ("memory_bw", "dispatch_ms", "matmul_eff", "memory_eff", "sac_dispatch_ms", "link_bw",
-                "network_bw", "host_bw"):
+    for key in ("memory_bw", "dispatch_ms", "matmul_eff", "memory_eff", "sac_dispatch_ms", "ckpt_hook_ms",
+                "link_bw", "network_bw", "host_bw"):
         if key in d and not (_number(d[key]) and d[key] >= 0 and (key != "memory_bw" or d[key] > 0)):
             raise SpecError(f"{where} {key} must be a non-negative number, got {str(d[key])[:40]}")
     for key in ("matmul_eff", "memory_eff"):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError, UsageError
-from .options import SELECTIVE_OPTIONS
+from .options import PLAN_OPTIONS
 from .planner import Plan
 from .planner.plan import check_plan_header
 from .profile_doc import profile_problem
@@ -98,7 +98,7 @@ def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[d
     if not isinstance(body, dict):
         raise SpecError(f"{p}: the plan must be a JSON object, not {type(body).__name__}", tip=PLAN_TIP)
     try:
-        check_plan_header(body, chain_layers=None, limit=False, known_options=SELECTIVE_OPTIONS)
+        check_plan_header(body, chain_layers=None, limit=False, known_options=PLAN_OPTIONS)
     except SpecError as e:
         raise SpecError(f"{where or p}: {e.message}",
                         tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
@@ -109,7 +109,7 @@ def plan_of(body: dict, where: str, *, chain_layers: int | None = None):
     """The :class:`ckplan.planner.Plan` of a plan object read by :func:`read_plan_document`;
     ``chain_layers``: the chain's length, checked before any layer is built."""
     try:
-        return Plan.from_dict(body, chain_layers=chain_layers, known_options=SELECTIVE_OPTIONS)
+        return Plan.from_dict(body, chain_layers=chain_layers, known_options=PLAN_OPTIONS)
     except SpecError as e:
         raise SpecError(f"{where}: {e.message}", tip=e.tip or f"the file is not a valid plan; {PLAN_TIP}") from None
 

@@ -31,8 +31,9 @@ class PlanReport:
                 strategy=r.strategy, predicted_peak_bytes=r.score.peak_bytes,
                 saved_bytes=self.none_peak_bytes - r.score.peak_bytes,
                 saved_fraction=(self.none_peak_bytes - r.score.peak_bytes) / self.none_peak_bytes,
-                predicted_recompute_ms=r.score.recompute_ms, predicted_overhead=r.score.overhead,
-                fits=r.fits, n_checkpoints=r.plan.n_checkpoints, peak_at=r.score.peak_at,
+                predicted_recompute_ms=r.score.recompute_ms, predicted_transfer_ms=r.score.transfer_ms,
+                predicted_overhead=r.score.overhead, fits=r.fits, n_checkpoints=r.plan.n_checkpoints,
+                peak_at=r.score.peak_at,
                 plan=r.plan.describe()))
         return rows
 

@@ -234,6 +234,9 @@ class Profile:
     # aten ops whose FLOPs torch's counter could not count (ckplan's formula counted them, or
     # nothing did; the notes say which): FLOPs are estimates, sizes and CPU/CUDA times measured.
     flops_estimated: tuple[str, ...] = ()
+    # Pinned host copy bandwidths, bytes/s (device -> host, host -> device), for activation offload;
+    # 0: none (a CPU, meta without a GPU target, older profiles).
+    host_bw: tuple[float, float] = (0.0, 0.0)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -279,6 +282,7 @@ class Profile:
                                  for si in d.get("side_inputs", ()))
         d["chain_breaks"] = tuple(int(b) for b in d.get("chain_breaks", ()))
         d["flops_estimated"] = tuple(str(op) for op in d.get("flops_estimated", ()))
+        d["host_bw"] = tuple(float(v) for v in d.get("host_bw", (0.0, 0.0)))
         return cls(**d)
 
 

@@ -29,11 +29,12 @@ from ckplan.planner.plan import Checkpoint, Plan, Store
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"gpt2-small": "configs/gpt2-small.yaml", "bert-large": "configs/bert-large.yaml"}
 calibration = importlib.import_module("ckplan.planner.calibrate")  # the module, not its function
-_TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)|S(\d+)(?::([\w-]+))?")
+_TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)(?::([\w-]+))?|S(\d+)(?::([\w-]+))?")
 
 
 def parse_plan(text: str, n_layers: int) -> Plan:
-    """The plan a ``Plan.describe()`` string writes (``C[a,b){...}``, ``S7``, ``S7:opt``, ``S3..S9``)."""
+    """The plan a ``Plan.describe()`` string writes (``C[a,b){...}``, ``S7``, ``S7:opt``, ``S3..S9``,
+    ``S3..S9:opt``)."""
     stack: list[tuple[int, int, list]] = [(0, n_layers, [])]
     for m in _TOKEN.finditer(text):
         if m.group(1) is not None:
@@ -42,9 +43,9 @@ def parse_plan(text: str, n_layers: int) -> Plan:
             start, stop, inner = stack.pop()
             stack[-1][2].append(Checkpoint(start, stop, tuple(inner)))
         elif m.group(3) is not None:
-            stack[-1][2].extend(Store(i) for i in range(int(m.group(3)), int(m.group(4)) + 1))
+            stack[-1][2].extend(Store(i, m.group(5) or "store") for i in range(int(m.group(3)), int(m.group(4)) + 1))
         else:
-            stack[-1][2].append(Store(int(m.group(5)), m.group(6) or "store"))
+            stack[-1][2].append(Store(int(m.group(6)), m.group(7) or "store"))
     return Plan("measured", n_layers, tuple(stack[0][2]))
 
 

@@ -205,3 +205,19 @@ def test_a_buffer_only_the_recompute_changes_is_refused():
     with apply_plan(model, Plan("all", 2, items_from_ranges(2, [(0, 2)]))):
         with pytest.raises(ModelRunError, match="changed its buffer hits in place, which its first forward did not"):
             model(torch.randn(2, 3, 8)).sum().backward()
+
+
+def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads):
+    """A plan that offloads top-level layers beside a checkpoint (on a CPU the offload hooks keep
+    every tensor where it is): the loss and gradients of no checkpointing, the layers restored."""
+    from ckplan.planner.plan import OFFLOAD, Checkpoint, Store
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = plan_grads(model, batch, None)
+    plan = Plan("custom", 4, (Store(0, OFFLOAD), Checkpoint(1, 3, (Store(1), Store(2))), Store(3, OFFLOAD)))
+    loss1, g1 = plan_grads(model, batch, plan)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
+    for layer in model.blocks:
+        assert "forward" not in layer.__dict__

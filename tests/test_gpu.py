@@ -167,6 +167,23 @@ def test_options_with_dropout_keep_the_gradients(tmp_path, tiny_gpt_spec, plan_g
     print("sac-policy peer (torch's policy as is): max |dgrad|", max((g0[n] - g[n]).abs().max().item() for n in g0))
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="offload needs a CUDA device's host link")
+def test_offload_plan_on_cuda(configs, tmp_path):
+    """A plan that offloads layers 0..10 of gpt2-small at 8 x 512 (the last one stored): the
+    gradients of no checkpointing (the bench's check), the peak predicted within PEAK_TOL and below
+    none's; then dp at 50%act, offloading where the profile's host link says it is faster."""
+    from ckplan.planner.plan import OFFLOAD, STORE, Plan, Store
+    spec = api.load(configs / "gpt2-small.yaml", batch_size=8, seq_len=512)
+    plan = Plan("offload", 12, tuple(Store(i, OFFLOAD if i < 11 else STORE) for i in range(12)))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    res = api.bench(spec, strategies=["none", "dp"], budget="50%act", plan_path=path, steps=3, warmup=1,
+                    device=DEVICE)
+    _check(res)
+    by = {r.strategy: r for r in res.rows}
+    assert by["plan:offload"].measured_peak_bytes < by["none"].measured_peak_bytes
+
+
 def test_offload_all_peer_on_cuda(configs):
     """offload-all (every tensor the chain layers save in pinned host memory) on gpt2-small at
     8 x 512: the gradients of no checkpointing (the bench's check) and a peak below none's."""

@@ -11,7 +11,7 @@ from ..compiled import CompiledLayers
 from ..execute import remove_plan
 from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
-from ..planner.plan import STORE
+from ..planner.plan import OFFLOAD, STORE
 from ..records import OK, BenchResult, Profile
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
@@ -40,7 +40,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     extra_plans = extra_plans or {}
     # a given plan (made on meta, say) may store layers with options this profile measured but
     # found dominated: they stay in the chain that scores it
-    used = tuple(sorted({o for p in extra_plans.values() for o in p.options()} - {STORE}))
+    used = tuple(sorted({o for p in extra_plans.values() for o in p.options()} - {STORE, OFFLOAD}))
     entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
                            chain_from_profile(profile, keep=used) if used else chain)
     compile_entries(entries, model, chain, budget_bytes, device)

@@ -6,8 +6,8 @@ import torch.nn as nn
 
 from ..chainfind import resolve_chain
 from ..documents import read_plan
+from ..options import PLAN_OPTIONS
 from ..planner.plan import Plan
-from ..sac import OPTIONS
 from .executor import _ATTR, PlanExecutor
 
 
@@ -36,7 +36,7 @@ def _as_plan(plan, chain_layers: int | None = None) -> Plan:
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, dict):
-        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers, known_options=OPTIONS)
+        return Plan.from_dict(plan.get("plan", plan), chain_layers=chain_layers, known_options=PLAN_OPTIONS)
     return load_plan(plan, chain_layers=chain_layers)
 
 

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 from ..chainfind import tensor_leaves
 from ..errors import ModelRunError, SpecError
-from ..planner.plan import STORE, Checkpoint, Item, Plan, Store
+from ..planner.plan import OFFLOAD, STORE, Checkpoint, Item, Plan, Store
 from ..recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
 from ..sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
 from .calls import (
@@ -33,6 +33,7 @@ from .calls import (
     _with_copies,
 )
 from .frames import _CAN_SPAN, _checkpoint_hook, _early_stop, _metadata_fn, _new_frame, _save_inputs
+from .offload import PlanOffload
 from .probe import probe
 
 _ATTR = "_ckplan_executor"
@@ -96,8 +97,10 @@ class PlanExecutor:
         self._path: dict[int, tuple[Checkpoint, ...]] = {}  # checkpoints enclosing each layer
         _enclosing(plan.items, (), self._path)
         self._option = plan.options()
-        for name in set(self._option) - {STORE}:
+        for name in set(self._option) - {STORE, OFFLOAD}:
             check_option(name)  # an unknown option fails here, before any layer is touched
+        offloaded = {i for i, name in enumerate(self._option) if name == OFFLOAD}
+        self._offload = PlanOffload(offloaded, len(layers)) if offloaded else None
         self._init_transient()
         for i, name in enumerate(self._option):
             if name in MINCUT and not _compiled(self._orig[i]):
@@ -131,10 +134,20 @@ class PlanExecutor:
 
     # ---- the first forward ----------------------------------------------------------------
     def _run(self, i: int, args: tuple, kwargs: dict):
+        if self._offload is None or getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
+            return self._run_layer(i, args, kwargs)
+        out = self._run_layer(i, args, kwargs)
+        self._offload.forward_done(i, out)
+        return out
+
+    def _run_layer(self, i: int, args: tuple, kwargs: dict):
         orig, path = self._orig[i], self._path[i]
         if getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
             # A compiled layer replayed with its option set by _call_module; otherwise store: as is.
             return run_with_option(orig, getattr(self._tls, "option", STORE), *args, **kwargs)
+        if not path and self._option[i] == OFFLOAD:  # stored at the top level, offloaded
+            assert self._offload is not None
+            return self._offload.run(i, orig, args, kwargs)
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not spans_layers():

@@ -5,9 +5,10 @@ While :class:`OffloadHooks` is active, every tensor an op saves for backward tha
 and is not a parameter (nor a view of one) is copied to pinned host memory on a side stream,
 which first waits for the work that made it; the device tensor is marked as used by that stream
 (``record_stream``), so the caching allocator hands its memory out again only once the copy is
-done, and nothing else holds it. The backward copies each tensor back on the current stream when
-it needs it (after the copy out's event): on demand, without prefetch, so a copy back is not
-hidden behind the backward before it. Tensors below ``min_bytes`` and tensors on other devices are
+done, and nothing else holds it. The backward copies each tensor back when it needs it (after the
+copy out's event): on demand for ``offload-all``; for the layers a plan stores with ``offload``
+(:class:`PlanOffload`, used by ``PlanExecutor``) from the start of the next layer's backward, on
+the side stream. Tensors below ``min_bytes`` and tensors on other devices are
 kept as they are (on a CPU there is nothing to offload to); a tensor saved by several ops of one
 layer call is copied once.
 """
@@ -35,17 +36,32 @@ def _is_parameter(t: torch.Tensor) -> bool:
     return isinstance(base, nn.Parameter)
 
 
-class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
-    """Saved-tensor hooks that move what ops save on a GPU to pinned host memory (module doc)."""
+class _Packed:
+    """One saved tensor on the host: its copy out's event, and its copy back once started."""
 
-    def __init__(self, min_bytes: int = MIN_BYTES):
+    __slots__ = ("back", "back_done", "device", "done", "host")
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event, device: torch.device):
+        self.host, self.done, self.device = host, done, device
+        self.back: torch.Tensor | None = None
+        self.back_done: torch.cuda.Event | None = None
+
+
+class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks that move what ops save on a GPU to pinned host memory (module doc).
+    ``keep``: tensors that stay on the device (a layer's inputs, which the layer before keeps)."""
+
+    def __init__(self, min_bytes: int = MIN_BYTES, keep: tuple[torch.Tensor, ...] = ()):
         self.min_bytes = min_bytes
         self.offloaded_bytes = 0
+        self._keep = {id(t) for t in keep}
         self._copied: dict[int, tuple] = {}  # id -> (weakref, packed): one copy of a tensor several ops save
+        self.packed: list[_Packed] = []
         super().__init__(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor):
-        if t.device.type != "cuda" or _is_parameter(t) or t.numel() * t.element_size() < self.min_bytes:
+        if (t.device.type != "cuda" or _is_parameter(t) or id(t) in self._keep
+                or t.numel() * t.element_size() < self.min_bytes):
             return t
         seen = self._copied.get(id(t))
         if seen is not None and seen[0]() is t:  # the same live tensor (a dead one's id may be reused)
@@ -59,16 +75,74 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             done = torch.cuda.Event()
             done.record(side)
         self.offloaded_bytes += t.numel() * t.element_size()
-        packed = (host, done, t.device)
+        packed = _Packed(host, done, t.device)
         self._copied[id(t)] = (weakref.ref(t), packed)
+        self.packed.append(packed)
         return packed
+
+    def wait_out(self) -> None:
+        """The current stream waits until every copy out is done (their device memory is free)."""
+        for p in self.packed[-1:]:  # one side stream: the last copy's event covers the others
+            torch.cuda.current_stream(p.device).wait_event(p.done)
+
+    def prefetch(self) -> None:
+        """Start copying every offloaded tensor back on the side stream (before it is needed)."""
+        for p in self.packed:
+            if p.back is None:
+                side = _side_stream(p.device)
+                side.wait_stream(torch.cuda.current_stream(p.device))
+                with torch.cuda.stream(side):
+                    p.back = p.host.to(p.device, non_blocking=True)
+                    p.back_done = torch.cuda.Event()
+                    p.back_done.record(side)
 
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        host, done, device = packed
-        torch.cuda.current_stream(device).wait_event(done)
-        return host.to(device, non_blocking=True)
+        stream = torch.cuda.current_stream(packed.device)
+        if packed.back is not None:  # prefetched: wait for its copy back
+            stream.wait_event(packed.back_done)
+            packed.back.record_stream(stream)
+            return packed.back
+        stream.wait_event(packed.done)
+        return packed.host.to(packed.device, non_blocking=True)
+
+
+class PlanOffload:
+    """The layers a plan stores with ``offload`` (top level): each runs under its own
+    :class:`OffloadHooks` (its inputs kept on the device); the step waits for its copies out when
+    the next layer's forward ends, and copies it back from the start of the next layer's backward
+    (a hook on that layer's output gradient; the last layer: on its own, so on demand)."""
+
+    def __init__(self, layers: set[int], n_layers: int, min_bytes: int = MIN_BYTES):
+        self.layers, self.n, self.min_bytes = layers, n_layers, min_bytes
+        self._hooks: dict[int, OffloadHooks] = {}
+
+    def run(self, i: int, fn, args: tuple, kwargs: dict):
+        keep = tuple(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        hooks = OffloadHooks(self.min_bytes, keep)
+        with hooks:
+            out = fn(*args, **kwargs)
+        self._hooks[i] = hooks
+        if i == self.n - 1:
+            self._on_grad(out, hooks)
+        return out
+
+    def forward_done(self, i: int, out) -> None:
+        """Layer ``i``'s forward is over: the copies of layer ``i - 1`` must be done, and they
+        come back when the gradient of this output arrives."""
+        hooks = self._hooks.get(i - 1)
+        if hooks is None or not hooks.packed:
+            return
+        hooks.wait_out()
+        self._on_grad(out, hooks)
+
+    @staticmethod
+    def _on_grad(out, hooks: OffloadHooks) -> None:
+        t = next((t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                  if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        if t is not None and hooks.packed:
+            t.register_hook(lambda g: hooks.prefetch())
 
 
 def layers_offloaded(layers: list[nn.Module], min_bytes: int = MIN_BYTES):

@@ -29,16 +29,17 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     ctx = Ctx(chain_path, layer_class, model_name)
     if not plan.uses_options:
         return EXPORTERS[key](plan, ctx)
-    # Selective options: none of the targets' one-line settings carries a per-layer SAC policy,
+    # Options: none of the targets' one-line settings carries a per-layer SAC policy or offload,
     # so the export applies the same checkpoints with those layers stored whole.
     opts = {i: o for i, o in enumerate(plan.options()) if o != STORE}
     plain = EXPORTERS[key](plan.with_options({}), ctx)
     used = ", ".join(f"{i}: {o}" for i, o in opts.items())
-    line = (f"# Not exact: the plan stores layers with selective options ({used}); {key} "
+    what = "per-layer options (selective checkpointing, offload to host memory)"
+    line = (f"# Not exact: the plan stores layers with {what} ({used}); {key} "
             "stores them whole here, which keeps more memory than planned.")
     # the plain export's message speaks of the plan without its options
     rest = plain.message.replace("applies this plan exactly", "applies the plan without its options exactly")
-    msg = (f"{key} cannot express selective options (layer: option {used}); the closest it applies "
+    msg = (f"{key} cannot express {what} (layer: option {used}); the closest it applies "
            "stores those layers whole, which keeps more for backward than planned. " + rest)
     text = plain.text.split("\n")
     text[0:1] = [*header(plan, ctx), line]

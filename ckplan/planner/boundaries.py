@@ -47,7 +47,7 @@ The model (the replay implements all of it; these helpers decide the first two):
 from __future__ import annotations
 
 from .chain import Chain
-from .plan import STORE, Item, Store
+from .plan import PLAIN, Item, Store
 
 
 def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, int] | None) -> int:
@@ -58,13 +58,13 @@ def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, i
     gets its input from the checkpoint around it, which keeps it. A layer stored with a selective
     option runs in a checkpoint of its own (SAC), which keeps its input the same way."""
     it = seq[idx]
-    if isinstance(it, Store) and it.option == STORE:
+    if isinstance(it, Store) and it.option in PLAIN:
         return 0
     start = it.layer if isinstance(it, Store) else it.start
     if idx == 0:
         return chain.input_hold(0) if ctx is None and start == 0 else 0
     prev = seq[idx - 1]
-    if isinstance(prev, Store) and prev.option == STORE:
+    if isinstance(prev, Store) and prev.option in PLAIN:
         return chain.input_hold(start)
     return 0
 
@@ -84,7 +84,7 @@ def _boundary_released(chain: Chain, seq: tuple[Item, ...], idx: int,
         return False
     if idx + 1 < len(seq):
         nxt = seq[idx + 1]
-        return isinstance(nxt, Store) and nxt.option == STORE
+        return isinstance(nxt, Store) and nxt.option in PLAIN
     return ctx is None  # the last item of the whole chain: post reads it
 
 
@@ -100,7 +100,7 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
     holder: dict[int, int] = {}  # layer -> index of the top-level item that holds it
     for idx, it in enumerate(items):
         if isinstance(it, Store):
-            if it.option != STORE:
+            if it.option not in PLAIN:
                 holder[it.layer] = idx
         else:
             for k in range(it.start, it.stop):

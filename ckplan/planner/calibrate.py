@@ -77,6 +77,8 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
         side_inputs=profile.side_inputs,
         breaks=profile.chain_breaks,
+        d2h_bytes_per_ms=profile.host_bw[0] / 1e3,
+        h2d_bytes_per_ms=profile.host_bw[1] / 1e3,
     )
     return on_time_grid(with_options(calibrate(chain, profile), profile, keep))
 

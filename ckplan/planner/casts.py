@@ -49,6 +49,30 @@ def _pareto(fwd: np.ndarray, bwd: np.ndarray, cap: int) -> tuple[np.ndarray, np.
     return fwd[keep], bwd[keep]
 
 
+def top_level_needs(chain: Chain, u: Units, pc: PairCosts) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+    """What top-level items need above the memory at their start, on single-layer units:
+    ``bwd_store[s]``, the backward of ``Store(s)`` once the rest has run (dp.py's ``store_req``,
+    second term), which is also what ``B(s)`` needs at the end of a top-level checkpoint
+    starting at ``s``; ``fwd_none[s][j - s - 1]``, the peak of the no-saving forward of
+    ``[s, j)`` with its layers' autocast copies; ``cum``, the copies' prefix sums."""
+    U = u.size
+    L = chain.layers
+    cum = np.concatenate([[0], np.cumsum([ly.cast_bytes for ly in L])]).astype(np.int64)
+    x = [ly.x_bytes for ly in L]
+    bwd_store = u.bwd_req + pc.grads[np.arange(1, U + 1), U] - u.x_out[U - 1]
+    bwd_store[:U - 1] += u.bwd_extra  # beside the loss and its seed (the post's own has them)
+    fwd_none: list[list[int]] = []
+    for s in range(U - 1):
+        run, row = 0, []
+        for k in range(s, U - 1):
+            need = ((x[k - 1] if k > s else 0) + x[k] + L[k].fn_tmp(L[k].fwd_tmp_bytes)
+                    + int(cum[k + 1] - cum[s]))
+            run = max(run, need)
+            row.append(run)
+        fwd_none.append(row)
+    return bwd_store, fwd_none, cum
+
+
 class CastFrontier:
     """Top-level ``(F, B)`` frontiers of a chain with autocast copies (see the module doc)."""
 
@@ -57,25 +81,9 @@ class CastFrontier:
         if chain.n_layers + 1 != U:
             raise ValueError("CastFrontier needs single-layer units")
         self.chain, self.u, self.pc, self.pt = chain, u, pc, pt
-        L = chain.layers
-        n = U - 1
-        self.cum = np.concatenate([[0], np.cumsum([ly.cast_bytes for ly in L])]).astype(np.int64)
-        x = [ly.x_bytes for ly in L]
         cap = max(0, top_bytes - base_bytes(chain))
         self.cap = cap
-        # What Store(s) needs in the backward once the rest has run (dp.py's store_req, 2nd term).
-        self.bwd_store = u.bwd_req + pc.grads[np.arange(1, U + 1), U] - u.x_out[U - 1]
-        self.bwd_store[:U - 1] += u.bwd_extra  # beside the loss and its seed (the post's own has them)
-        # fwd_none[s][j - s - 1]: peak of the no-saving forward of [s, j) with its own copies.
-        self.fwd_none: list[list[int]] = []
-        for s in range(n):
-            run, row = 0, []
-            for k in range(s, n):
-                need = ((x[k - 1] if k > s else 0) + x[k] + L[k].fn_tmp(L[k].fwd_tmp_bytes)
-                        + int(self.cum[k + 1] - self.cum[s]))
-                run = max(run, need)
-                row.append(run)
-            self.fwd_none.append(row)
+        self.bwd_store, self.fwd_none, self.cum = top_level_needs(chain, u, pc)
         fronts: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0, np.int64), np.empty(0, np.int64))] * U
         fronts[U - 1] = _pareto(np.array([u.fwd_req[U - 1]], np.int64),
                                 np.array([self.bwd_store[U - 1]], np.int64), cap)

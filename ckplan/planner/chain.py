@@ -102,6 +102,10 @@ class Chain:
     # Layers b that do not receive layer b-1's output as an argument (the model changes it between
     # the calls): no checkpoint can span layers b-1 and b (Profile.chain_breaks).
     breaks: tuple[int, ...] = ()
+    # The host link for activation offload (``offload``, a top-level Store option): bytes per ms
+    # of a pinned copy device -> host and back. 0: no offload (a CPU, or not measured).
+    d2h_bytes_per_ms: float = 0.0
+    h2d_bytes_per_ms: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -154,6 +158,9 @@ class Chain:
                  self.delta_in_bytes, self.persistent_bytes, self.opt_step_peak_bytes)
         if any(not isinstance(v, int) or v < 0 for v in fixed):
             raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
+        if not (self.d2h_bytes_per_ms >= 0 and self.h2d_bytes_per_ms >= 0):
+            raise ValueError(f"host link bandwidths must be >= 0, got {self.d2h_bytes_per_ms}, "
+                             f"{self.h2d_bytes_per_ms}")
         object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
         object.__setattr__(self, "breaks", tuple(sorted(set(self.breaks))))
         if any(not isinstance(b, int) or not 0 < b < len(self.layers) for b in self.breaks):
@@ -187,6 +194,26 @@ class Chain:
     def has_options(self) -> bool:
         """Whether any layer has selective options besides ``store``."""
         return any(ly.options for ly in self.layers)
+
+    @property
+    def can_offload(self) -> bool:
+        """Whether plans may offload layers: a host link both ways."""
+        return self.d2h_bytes_per_ms > 0 and self.h2d_bytes_per_ms > 0
+
+    def offload_bytes(self, i: int) -> int:
+        """What offloading layer ``i`` moves to the host: what storing it keeps, less its output
+        when some op keeps that (the next layer reads it from the device)."""
+        ly = self.layers[i]
+        return ly.xbar_bytes - (ly.x_bytes if ly.x_kept and not ly.in_place else 0)
+
+    def offload_ms(self, i: int) -> tuple[float, float]:
+        """The time the copies of layer ``i`` out and back are not hidden: the copy out runs beside
+        the next stage's forward (layer ``i + 1``, or the post), the copy back beside its backward;
+        what a copy takes beyond that the step waits for."""
+        nbytes = self.offload_bytes(i)
+        nxt = self.layers[i + 1] if i + 1 < self.n_layers else self.post
+        return (max(0.0, nbytes / self.d2h_bytes_per_ms - nxt.fwd_ms),
+                max(0.0, nbytes / self.h2d_bytes_per_ms - nxt.bwd_ms))
 
     @property
     def side_bytes(self) -> int:

@@ -16,7 +16,9 @@ segment forward once more for nothing).
 
 Every layer is stored exactly once, at the innermost depth where it appears, so each layer has
 one *option* (``Store.option``): ``store`` keeps all it saves; a selective option keeps less and
-recomputes part of the layer in its backward (torch's selective activation checkpointing).
+recomputes part of the layer in its backward (torch's selective activation checkpointing);
+``offload``, for a layer stored at the top level only, moves what it saves (its output aside) to
+pinned host memory after its forward and brings it back before its backward.
 
 JSON (``to_dict``) lists the checkpointed ranges flat, outermost first, because a plan is fully
 determined by that laminar set of ranges and a flat list never nests deeper than JSON parsers like:
@@ -33,10 +35,10 @@ from difflib import get_close_matches
 from typing import Any
 
 from ..errors import SpecError
-from .plan_items import STORE, Checkpoint, Item, Store, _validate, items_from_ranges
+from .plan_items import OFFLOAD, PLAIN, STORE, Checkpoint, Item, Store, _validate, items_from_ranges
 
-__all__ = ["MAX_PLAN_LAYERS", "PLAN_FORMAT", "PLAN_KEYS", "STORE", "Checkpoint", "Item", "LayerDecision", "Plan",
-           "RecomputedRange", "Store", "check_plan_header", "items_from_ranges"]
+__all__ = ["MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "STORE", "Checkpoint", "Item",
+           "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header", "items_from_ranges"]
 
 PLAN_FORMAT = "ckplan.plan/1"
 
@@ -153,7 +155,7 @@ class Plan:
 
     def describe(self, *, runs: bool = False) -> str:
         """A compact one-line form: ``S0 S1 C[2,6){S2 C[3,5){S3 S4} S5}``. ``runs``: four or more
-        consecutive layers stored plainly as one ``S4..S9`` (for display: long chains)."""
+        consecutive layers stored with one option as one ``S4..S9`` (for display: long chains)."""
         out: list[str] = []
         stack: list[Any] = list(reversed(self.items))
         while stack:
@@ -329,18 +331,25 @@ def _items_from_json(raw: Any, where: str) -> tuple[Item, ...]:
 
 
 def _store_runs(tokens: list[str], least: int = 4) -> list[str]:
-    """``describe``'s tokens with each run of at least ``least`` consecutive plain stores
-    (``S4 S5 S6 S7``) as one ``S4..S7``."""
+    """``describe``'s tokens with each run of at least ``least`` consecutive stores with the same
+    option (``S4 S5 S6 S7``, ``S0:offload S1:offload ...``) as one ``S4..S7`` (``S0..S3:offload``)."""
+
+    def parse(tok: str) -> tuple[int, str] | None:
+        head, _, option = tok.partition(":")
+        return (int(head[1:]), option) if head[:1] == "S" and head[1:].isdigit() else None
+
     out: list[str] = []
     i = 0
     while i < len(tokens):
         j = i
-        while (j + 1 < len(tokens) and tokens[j][1:].isdigit() and tokens[j][0] == "S"
-               and tokens[j + 1][0] == "S" and tokens[j + 1][1:].isdigit()
-               and int(tokens[j + 1][1:]) == int(tokens[j][1:]) + 1):
+        first = parse(tokens[i])
+        while first is not None and j + 1 < len(tokens):
+            nxt = parse(tokens[j + 1])
+            if nxt is None or nxt != (first[0] + j + 1 - i, first[1]):
+                break
             j += 1
-        if j - i + 1 >= least:
-            out.append(f"{tokens[i]}..{tokens[j]}")
+        if j - i + 1 >= least and first is not None:
+            out.append(f"S{first[0]}..S{first[0] + j - i}" + (f":{first[1]}" if first[1] else ""))
             i = j + 1
         else:
             out.append(tokens[i])

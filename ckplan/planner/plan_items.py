@@ -8,6 +8,10 @@ from typing import Any, Union
 from ..errors import SpecError
 
 STORE = "store"
+# A top-level stored layer whose saved tensors (its output aside) go to pinned host memory after
+# its forward and come back before its backward (ckplan.execute.offload); no recompute.
+OFFLOAD = "offload"
+PLAIN = (STORE, OFFLOAD)  # options whose forward and backward run the layer as it is
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,11 @@ def _validate(items: tuple[Item, ...], n_layers: int) -> None:
         for it in seq:
             if isinstance(it, Store):
                 lo, hi = it.layer, it.layer + 1
+                if it.option == OFFLOAD and owner is not None:
+                    raise SpecError(f"{where} offloads layer {lo}, but only a layer stored at the top "
+                                    "level can be offloaded (inside a checkpoint its saved tensors "
+                                    "live only during the recompute)",
+                                    tip="store it or give it a selective option there")
             elif isinstance(it, Checkpoint):
                 lo, hi = it.start, it.stop
                 if not hi > lo:

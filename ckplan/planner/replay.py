@@ -6,37 +6,25 @@ gradient B(i) produces (``x[i-1]``, or ``delta_in`` for i = 0):
 
 * start: ``mem = persistent``. Pre forward: live ``mem + pre.retained``, transient ``pre.fwd_tmp``.
 * ``Store(i)`` forward: live ``mem + xbar[i]``, transient ``fwd_tmp[i]``.
-* ``Checkpoint[s, t)`` forward: its input belongs to the item before. For k = s..t-1: live
-  ``mem + x[k]``, transient ``fwd_tmp[k]``; then ``x[k-1]`` is freed when k > s. What stays is the
-  boundary ``x[t-1]``.
-* mixed precision: a layer inside a *top-level* checkpoint also adds its ``cast[k]`` (autocast's
-  weight copies) to ``mem`` in its forward; autocast's cache holds them until the forward ends,
-  so they are freed right after the post forward, before any backward. A stored layer's copies
-  are saved for backward and already in its ``xbar``; a recompute clears its cache when it ends,
-  so there they are part of the layer's transient, as measured.
-* post forward: live ``mem + post.xbar + post.loss``, transient ``post.fwd_tmp``; post
-  backward: the loss's gradient seed (``post.loss`` bytes, what ``loss.backward()`` makes) is
-  added, transient ``post.bwd_tmp``, then ``mem += x[n-1] + post.grad - post.xbar``: the chain
-  output's gradient. The loss and its seed stay live until the pre backward has run, so every
-  forward redone in the backward runs beside them (its transient was measured without them).
-* ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``
-  (its input gradient and parameter gradients appear, its saved tensors and incoming gradient go).
-* ``Store(i)`` with a selective option (``chain.Option``): the same ops with the option's
-  ``xbar``, ``fwd_tmp`` and ``bwd_tmp`` (the tensors it recomputes live inside that backward
-  transient), and its ``recompute_ms`` counts as recompute, wherever the layer is stored.
+* ``Checkpoint[s, t)`` forward: for k = s..t-1: live ``mem + x[k]``, transient ``fwd_tmp[k]``;
+  then ``x[k-1]`` is freed when k > s. The boundary ``x[t-1]`` stays.
+* mixed precision: a layer inside a *top-level* checkpoint adds its ``cast[k]`` (autocast's weight
+  copies) in its forward, freed after the post forward (docs/memory-model.md).
+* post forward: live ``mem + post.xbar + post.loss``, transient ``post.fwd_tmp``; post backward:
+  the loss's gradient seed (``post.loss``) is added, transient ``post.bwd_tmp``, then ``mem +=
+  x[n-1] + post.grad - post.xbar``. Loss and seed stay live until the pre backward has run.
+* ``Store(i)`` backward: transient ``bwd_tmp[i]``, then ``mem += d[i] + grad[i] - xbar[i] - x[i]``.
+* ``Store(i)`` with a selective option (``chain.Option``): the same ops with the option's sizes;
+  its ``recompute_ms`` counts as recompute. With ``offload``: ``transfers.py``.
 * ``Checkpoint[s, t)`` backward: free the boundary ``x[t-1]``, then run ``inner`` as a sub-chain:
   all its forwards (these count as recompute), then all its backwards in reverse, exactly as at
   the top level except that there is no post: the gradient of ``x[t-1]`` is already live.
   PyTorch stops a recompute once the last tensor saved in the first forward is back (early
-  stop): when ``inner`` ends with ``Store(t-1)`` (plain store), that layer's forward runs only up
-  to its last saved tensor, live ``mem + early_xbar[t-1]``, transient ``early_fwd_tmp[t-1]``
-  (``Layer.stop_*``; the whole forward when not measured); its backward then starts from
-  ``mem + xbar[t-1]``, the level its measured transient was calibrated on.
-* beyond rotor's chain (unkept boundaries, side inputs and their gradients, tensors no hook
-  sees, held layers): ``boundaries.py``.
-* pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``
-  and the loss and its seed are freed;
-  finally the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
+  stop): an inner plan ending with a plain ``Store(t-1)`` runs that layer's forward only up to it
+  (``Layer.stop_*``); its backward then starts from ``mem + xbar[t-1]``.
+* beyond rotor's chain (unkept boundaries, side inputs, held layers...): ``boundaries.py``.
+* pre backward: transient ``pre.bwd_tmp``, then ``mem += pre.grad - pre.retained - delta_in``;
+  then the optimizer step, whose absolute peak ``opt_step_peak`` is a constant of the chain.
 """
 from __future__ import annotations
 
@@ -45,7 +33,8 @@ from dataclasses import dataclass, field, replace
 
 from .boundaries import _boundary_released, _input_hold, _side_releases, _span
 from .chain import Chain
-from .plan import STORE, Checkpoint, Item, Store
+from .plan import PLAIN, STORE, Checkpoint, Item, Store
+from .transfers import Transfers, offloaded_layers
 
 PRE, OPT = -1, None
 
@@ -57,7 +46,6 @@ _Where = tuple[str, "int | None", "tuple[int, int] | None"]  # (op, stage, ctx) 
 @dataclass(eq=False, slots=True)
 class _State:
     """What the replay tracks while it runs the ops; at the end, its answer."""
-
     mem: int  # live bytes
     peak_bytes: int = -1
     peak_where: _Where = ("", None, None)  # the op that reaches it
@@ -80,15 +68,19 @@ class _State:
     held: set[int] = field(default_factory=set)
     first: int | None = None
     first_begun: bool = False
+    inflight: tuple[int, int] | None = None  # an offloaded layer's copy out: (bytes, layer)
+    transfer_ms: float = 0.0  # host copies not hidden behind compute (transfers.py)
 
 
-class _Replayer:
-    """The plan's ops in order, one method per step; the state in ``_State``."""
+class _Replayer(Transfers):
+    """The plan's ops in order, one method per step; the state in ``_State``; offload's steps
+    in ``Transfers``."""
 
     def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None):
         self.chain, self.items, self.on_op = chain, items, on_op
         self.L, self.n = chain.layers, chain.n_layers
         self.s = _State(chain.persistent_bytes)
+        self.offloaded = offloaded_layers(chain, items)
         self.side_free, self.side_held = _side_releases(chain, items)
         self.grad_made, self.grad_gone = chain.side_grads_at()
         self.side_made: dict[int, int] = {}  # chain layer -> bytes of the side inputs it makes
@@ -202,7 +194,7 @@ class _Replayer:
         # held: ctx is the checkpoint whose recompute runs (again is True)
         base = self.held_view(it.layer, ctx is not None and it.layer != ctx[1] - 1,
                               ctx[1] if ctx is not None else self.n)
-        ly = base if it.option == STORE else base.option(it.option)
+        ly = base if it.option in PLAIN else base.option(it.option)
         pf = self.prefetch(it.layer)
         if again and idx == 0 and it.option == STORE and ly.in_place:
             s.copied.add(id(it))  # a copy of the recompute's input: a new output
@@ -224,6 +216,9 @@ class _Replayer:
             s.mem = live
         if s.pending is not None:
             self.release_pending()
+        self.settle()
+        if it.layer in self.offloaded and ctx is None:
+            self.send(it.layer)
         if again:
             s.recompute_ms += ly.fwd_ms
 
@@ -248,6 +243,8 @@ class _Replayer:
             tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)))
             op("Fn", k, ctx, again, live, tmp, after)
             mem = after
+            if s.inflight is not None:
+                mem = self.settle(mem)
             if again:
                 s.recompute_ms += ly.fwd_ms
         s.mem = mem
@@ -314,7 +311,8 @@ class _Replayer:
         if i in s.leading:  # its measured backward transient holds the lead already
             s.leading.discard(i)
             s.mem -= ly.lead_bytes
-        if it.option != STORE:  # a selective option redoes part of its forward first
+        self.fetch(i - 1)
+        if it.option not in PLAIN:  # a selective option redoes part of its forward first
             s.recompute_ms += ly.option_ms(it.option)
             ly = ly.option(it.option)
         d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
@@ -366,6 +364,7 @@ class _Replayer:
         s.mem = live
         if s.pending is not None:
             self.release_pending()
+        self.settle()
         if s.casts:  # the autocast region ends with the loss: its cache is cleared
             s.mem -= s.casts
             self.op("uncast", None, None, False, s.mem, 0, s.mem)
@@ -373,6 +372,7 @@ class _Replayer:
     def post_backward(self) -> None:
         s, post = self.s, self.chain.post
         s.mem += post.loss_bytes  # the loss's gradient seed, live until the backward ends
+        self.fetch(self.n - 1)
         after = s.mem + self.L[-1].x_bytes + post.grad_bytes - post.xbar_bytes
         self.op("B", self.n, None, False, s.mem, post.bwd_tmp_bytes, after)
         s.mem = after

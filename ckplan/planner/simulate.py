@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .chain import Chain
-from .plan import STORE, Plan
+from .plan import OFFLOAD, STORE, Plan
 from .replay import PRE, Item, _replay
 
 
@@ -31,9 +31,10 @@ class Score:
     peak_bytes: int
     peak_at: str  # the op that reaches the peak, e.g. "B(layer 7) during recompute of [4,8)"
     recompute_ms: float  # forward time spent again during backward
-    step_ms: float  # predicted step time: one forward and backward of everything + recompute
-    overhead: float  # recompute_ms / step time of the plan without checkpointing
+    step_ms: float  # predicted step time: one forward and backward of everything + recompute + transfer
+    overhead: float  # (recompute_ms + transfer_ms) / step time of the plan without checkpointing
     persistent_bytes: int  # the part of the peak no plan can remove
+    transfer_ms: float = 0.0  # offloaded layers' host copies not hidden behind compute (transfers.py)
 
     @property
     def activation_peak_bytes(self) -> int:
@@ -63,6 +64,10 @@ def _label(op: str, stage: int | None, ctx: tuple[int, int] | None, n: int) -> s
     if op == "remade" and ctx is not None:
         return (f"side inputs made again by layer {stage} in the recompute of [{ctx[0]},{ctx[1]})"
                 if stage is not None else f"recompute of [{ctx[0]},{ctx[1]}) over: its side inputs freed")
+    if op == "offloaded":
+        return f"layer {stage}'s copy to the host done: its saved tensors leave the device"
+    if op == "fetch":
+        return f"layer {stage}'s saved tensors copied back from the host"
     if op == "side":
         return "side inputs (masks, position ids) freed"
     if op == "unsaved":
@@ -126,16 +131,18 @@ def simulate_items(chain: Chain, items: tuple[Item, ...]) -> Score:
         peak_bytes=r.peak_bytes,
         peak_at=_label(*r.peak_where, chain.n_layers),
         recompute_ms=r.recompute_ms,
-        step_ms=base + r.recompute_ms,
-        overhead=r.recompute_ms / base if base > 0 else 0.0,
+        step_ms=base + r.recompute_ms + r.transfer_ms,
+        overhead=(r.recompute_ms + r.transfer_ms) / base if base > 0 else 0.0,
         persistent_bytes=chain.persistent_bytes,
+        transfer_ms=r.transfer_ms,
     )
 
 
 def peak_of(chain: Chain, items: tuple[Item, ...]) -> tuple[int, float]:
-    """(peak bytes, recompute ms) with no labels: the fast path for enumerations."""
+    """(peak bytes, time added: recompute and host copies not hidden, ms) with no labels: the fast
+    path for enumerations."""
     r = _replay(chain, items)
-    return r.peak_bytes, r.recompute_ms
+    return r.peak_bytes, r.recompute_ms + r.transfer_ms
 
 
 def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
@@ -167,7 +174,11 @@ def _check(chain: Chain, plan: Plan) -> None:
                     "the calls), so no checkpoint can span them",
                     tip=f"re-plan with ckplan (its plans are cut at layers {', '.join(map(str, chain.breaks))})")
     for i, name in enumerate(plan.options()):
-        if name != STORE and all(o.name != name for o in chain.layers[i].options):
+        if name == OFFLOAD and not chain.can_offload:
+            raise SpecError(f"the plan offloads layer {i} to host memory, but this profile has no "
+                            "host link (profiled on a CPU, or on meta without a GPU target)",
+                            tip="profile on the GPU that trains (or on meta with --target), or re-plan")
+        if name not in (STORE, OFFLOAD) and all(o.name != name for o in chain.layers[i].options):
             known = ", ".join([STORE, *(o.name for o in chain.layers[i].options)])
             raise SpecError(f"the plan stores layer {i} with option {name!r}, which its profile does "
                             f"not have (it has: {known})",

@@ -72,6 +72,8 @@ class Instrument:
     # layers whose own ops saved it.
     inside: int | None = None
     early_peak: dict[int, int] = field(default_factory=dict)
+    early_op: dict[int, int] = field(default_factory=dict)  # ops counted at its last pack (OpCounter)
+    packs: dict[int, int] = field(default_factory=dict)  # saved-tensor packs of its own ops (OpCounter)
     packed_by: dict[int, set[int]] = field(default_factory=dict)
     early_kept_at_end: dict[int, int] = field(default_factory=dict)
     outside_saved_at_end: dict[int, int] = field(default_factory=dict)  # readouts.outside_saved_by_stage
@@ -122,6 +124,10 @@ class Instrument:
         if inside is not None and self.meter is not None:
             # every pack counts for the early stop, parameters included
             self.early_peak[inside] = self.meter.peak_now()
+        if inside is not None and isinstance(self.flops, OpCounter) and self.track_saved and not self.paused:
+            # an op saving its inputs packs them before it runs: a recompute stopping here skips it
+            self.early_op[inside] = len(self.flops.ops)
+            self.packs[inside] = self.packs.get(inside, 0) + 1
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -276,6 +282,8 @@ class Instrument:
         self.out_storage.clear()
         self.aliased.clear()
         self.early_peak.clear()
+        self.early_op.clear()
+        self.packs.clear()
         self.packed_by.clear()
         self.inside = None
         self.packed_in.clear()

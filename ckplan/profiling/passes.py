@@ -47,6 +47,8 @@ class MeasuredPass:
     saved_after: dict[int, bool] = field(default_factory=dict)  # StageRecord.output_saved_after
     in_place: frozenset[int] = frozenset()  # StageRecord.output_in_place
     early_peak: dict[int, int] = field(default_factory=dict)  # StageRecord.early_peak_bytes
+    early_op: dict[int, int] = field(default_factory=dict)  # Instrument.early_op: the recompute's last op
+    packs: dict[int, int] = field(default_factory=dict)  # Instrument.packs
     early_kept: dict[int, int] = field(default_factory=dict)  # StageRecord.early_kept_bytes
     early: bool = False  # the early_* fields were measured (not in compiled passes)
     lead: dict[int, int] = field(default_factory=dict)  # StageRecord.backward_lead_bytes
@@ -103,7 +105,9 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         breaks=frozenset(inst.breaks), outside_saved=dict(inst.outside_saved_at_end),
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
-        early_peak=dict(inst.early_peak), early_kept=dict(inst.early_kept_at_end), early=True,
+        early_peak=dict(inst.early_peak), early_op=dict(inst.early_op), packs=dict(inst.packs),
+        early_kept=dict(inst.early_kept_at_end),
+        early=True,
         lead=dict(inst.lead), ops=tuple(inst.flops.ops))
     inst.flops_estimated.update(inst.flops.estimated)
     inst.track_saved, inst.flops, inst.meter = False, None, None

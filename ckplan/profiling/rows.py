@@ -25,6 +25,8 @@ def stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Paramet
     recompute: dict[int, float | None] = {s: None for s in range(n)}
     if not meta:
         recompute = _smooth_chain(layers, measured, times, fwd_med, bwd_med)
+    elif device is not None and measured.early:
+        recompute = {s: _early_stop_ms(device, measured, s) for s in range(n)}
     rows = []
     for s in range(-1, n + 1):
         fw, bw = measured.windows[("F", s)], measured.windows.get(("B", s))
@@ -100,6 +102,16 @@ def _window_ms(n: int, measured: MeasuredPass, times: Times, meta: bool,
             fwd_med[s] = statistics.median(times.windows[("F", s)])
             bwd_med[s] = statistics.median(times.windows[("B", s)]) if ("B", s) in times.windows else 0.0
     return fwd_med, bwd_med
+
+
+def _early_stop_ms(device: DeviceModel, measured: MeasuredPass, s: int) -> float:
+    """On meta: the price of chain layer ``s`` alone in a checkpoint, whose recompute PyTorch stops
+    once the last tensor its forward saved is back (the ops from that pack on are skipped; a
+    layer that saves nothing is not run again), with the checkpoint's hooks on the host: three
+    calls per tensor the layer saves (``DeviceModel.ckpt_hook_ms``)."""
+    start, stop = measured.windows[("F", s)]["ops"]
+    hooks = 3 * measured.packs.get(s, 0) * device.ckpt_hook_ms
+    return ops_ms(device, measured.ops[start:min(stop, measured.early_op.get(s, start))], host_extra_ms=hooks)
 
 
 def _smooth_chain(layers: list[nn.Module], measured: MeasuredPass, times: Times,

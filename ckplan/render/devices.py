@@ -19,6 +19,7 @@ def device_table(device: DeviceModel, *, console: Console | None = None) -> None
     t.add_row("memory bandwidth (copy)", f"{device.memory_bw / 1e9:.4g} GB/s")
     t.add_row("dispatch per op", f"{device.dispatch_ms * 1e3:.3g} us")
     t.add_row("SAC policy, more per op", f"{device.sac_dispatch_ms * 1e3:.3g} us")
+    t.add_row("checkpoint hook, per saved tensor and call", f"{device.ckpt_hook_ms * 1e3:.3g} us")
     if device.host_bw:
         t.add_row("pinned host link (slower way)", f"{device.host_bw / 1e9:.4g} GB/s")
     out.print(t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from ..planner.plan import OFFLOAD, STORE
 from ..units import format_bytes, format_ms
 from . import consoles
 from .consoles import clean, escape
@@ -26,13 +27,17 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "[red]no[/]")
         rows.append([row["strategy"], format_bytes(row["predicted_peak_bytes"]),
                      f"{format_bytes(row['saved_bytes'])} ({pct(row['saved_fraction'])})",
-                     format_ms(row["predicted_recompute_ms"]), pct(row["predicted_overhead"]), fits,
+                     format_ms(row["predicted_recompute_ms"]) + (f" + {format_ms(row['predicted_transfer_ms'])} copies"
+                                                                 if row["predicted_transfer_ms"] else ""),
+                     pct(row["predicted_overhead"]), fits,
                      str(row["n_checkpoints"]), escape(str(row["peak_at"]))])
     print_table(out, cols, rows, wide, title="strategies" if len(rep.results) > 1 else None)
     c = rep.chosen
     runs: list[list] = []  # consecutive layers with the same decision share a row
-    for d in c.plan.per_layer():
-        key = (d.stored, d.depth, d.forwards)
+    for d, option in zip(c.plan.per_layer(), c.plan.options()):
+        first = ("recomputed" if not d.stored else "offloaded" if option == OFFLOAD else
+                 "stored" if option == STORE else f"stored ({option})")
+        key = (first, d.depth, d.forwards)
         if runs and runs[-1][0] == key:
             runs[-1][2] = d.layer
         else:
@@ -41,8 +46,8 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
     cols = [Col("layers"), Col("names", 1, left=True, fold=True), Col("first forward", left=True),
             Col("checkpoint depth"), Col("forward runs")]
     rows = [[str(a) if a == b else f"{a}-{b}", escape(names[a] if a == b else f"{names[a]} .. {names[b]}"),
-             "stored" if stored else "recomputed", str(depth), str(fwd)]
-            for (stored, depth, fwd), a, b in runs]
+             first, str(depth), str(fwd)]
+            for (first, depth, fwd), a, b in runs]
     print_table(out, cols, rows, wide, title=f"plan ({c.strategy}), layer by layer")
     out.print(escape(f"plan: {c.plan.describe(runs=True)}"), soft_wrap=True)
     ranges = ", ".join(f"[{r.start}, {r.stop})" + (f" depth {r.depth}" if r.depth > 1 else "")

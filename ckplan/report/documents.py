@@ -40,14 +40,14 @@ def plan_doc(rep) -> dict[str, Any]:
         "precision": prof.precision, "optimizer": prof.optimizer, "accum": prof.accum,
         "strategy": c.strategy, "budget_bytes": rep.budget_bytes, "budget_source": rep.budget_source,
         "fits": c.fits, "predicted_peak_bytes": c.score.peak_bytes,
-        "predicted_recompute_ms": c.score.recompute_ms, "predicted_overhead": c.score.overhead,
-        "predicted_step_ms": c.score.step_ms, "peak_at": c.score.peak_at,
+        "predicted_recompute_ms": c.score.recompute_ms, "predicted_transfer_ms": c.score.transfer_ms,
+        "predicted_overhead": c.score.overhead, "predicted_step_ms": c.score.step_ms, "peak_at": c.score.peak_at,
         "persistent_bytes": c.score.persistent_bytes, "no_checkpoint_peak_bytes": rep.none_peak_bytes,
         "slot_bytes": c.slot_bytes, "exact": c.exact, "notes": list(rep.notes) + list(c.notes),
         "infeasible": rep.infeasible,
         "layers": [dict(index=d.layer, name=prof.chain_layers[d.layer].name, stored=d.stored,
-                        checkpoint_depth=d.depth, forward_runs=d.forwards)
-                   for d in c.plan.per_layer()],
+                        checkpoint_depth=d.depth, forward_runs=d.forwards, option=o)
+                   for d, o in zip(c.plan.per_layer(), c.plan.options())],
         "plan": c.plan.to_dict(),
         "strategies": rep.summary_rows(),
     })

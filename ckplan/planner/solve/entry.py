@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ...errors import InfeasibleBudgetError
 from ..baselines import plan_none
 from ..chain import Chain
 from ..plan import Plan
@@ -11,6 +12,7 @@ from .common import (
     DPResult,
 )
 from .held_fallback import _held_min_peak_plan, _plan_dp_held, min_peak_held
+from .offload import with_offload
 from .portfolio import min_peak_plan_unheld, min_peak_unheld, none_fits, plan_unheld
 
 
@@ -25,8 +27,21 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
     even ``min_peak`` does not fit.
     """
     if not chain.has_holds:
-        return plan_unheld(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
-                           rounding=rounding)
+        if not chain.can_offload:
+            return plan_unheld(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
+                               rounding=rounding)
+        error: InfeasibleBudgetError | None = None
+        try:
+            found: DPResult | None = plan_unheld(chain, budget_bytes, max_slots=max_slots, mode=mode,
+                                                 groups=groups, rounding=rounding)
+        except InfeasibleBudgetError as e:
+            error, found = e, None
+        none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+        result = with_offload(chain, budget_bytes, found, none_peak)
+        if result is None:  # no plan fits, offload or not
+            assert error is not None
+            raise error
+        return result
     none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
     fits = none_fits(chain, budget_bytes, none_peak)
     return fits if fits is not None else _plan_dp_held(chain, budget_bytes, none_peak)

@@ -1,0 +1,89 @@
+"""On meta, a layer alone in a checkpoint is priced as PyTorch runs it (profiling/rows.py): the
+recompute stops at the op that saves the layer's last tensor (an op saving its inputs packs them
+before it runs), and the checkpoint's hooks cost the host three calls per saved tensor.
+
+Oracles: a device model whose every op costs its dispatch (the host is the bottleneck), so a
+window's time is its op count, counted by hand; the saved tensors counted by our own
+saved-tensor hooks on a CPU run of the same layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ckplan import api
+from ckplan.device_model import DeviceModel, save_device
+from ckplan.planner import chain_from_profile
+
+DISPATCH = 1.0  # ms per op: far above any roofline time of these tiny ops
+
+
+class Block(nn.Module):
+    """mm, relu, mm: the last mm saves its input (the relu's output) before it runs, so a
+    recompute ends after the relu: two of the three ops."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.a = nn.Linear(d, d, bias=False)
+        self.b = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 16, n: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _device(tmp_path, hook_ms: float) -> str:
+    dev = DeviceModel(name="host-bound", kind="cpu", matmul_flops={"float32": 1e15}, vector_flops={"float32": 1e15},
+                      memory_bw=1e15, dispatch_ms=DISPATCH, ckpt_hook_ms=hook_ms, source="test")
+    path = tmp_path / f"dev-{hook_ms}.json"
+    save_device(dev, path)
+    return str(path)
+
+
+def _profile(tmp_path, hook_ms: float):
+    x = torch.randn(4, 16, requires_grad=True)
+    return api.profile_model(Net(), (x,), {}, name="net", chain="blocks", device="meta", optimizer="sgd",
+                             meta_target=_device(tmp_path, hook_ms))
+
+
+def _packs_per_block() -> int:
+    """Saved tensors of one block, counted by our own hooks on a CPU run."""
+    n = [0]
+
+    def pack(t):
+        n[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        Block(16)(torch.randn(4, 16, requires_grad=True))
+    return n[0]
+
+
+def test_recompute_stops_before_the_op_that_saves_the_last_tensor(tmp_path):
+    prof = _profile(tmp_path, 0.0)
+    for r in prof.chain_layers:
+        assert r.fwd_ms == pytest.approx(3 * DISPATCH)  # mm, relu, mm (the weights' t() are views)
+        assert r.recompute_ms == pytest.approx(2 * DISPATCH)  # mm, relu: the last mm never runs
+    chain = chain_from_profile(prof)
+    for ly in chain.layers:  # a checkpoint ending at the layer skips the last mm
+        assert ly.tail_ms == pytest.approx(DISPATCH, rel=1e-9)
+
+
+def test_checkpoint_hooks_cost_three_calls_per_saved_tensor(tmp_path):
+    hook = 0.25
+    packs = _packs_per_block()
+    assert packs >= 3  # the oracle counts something
+    plain, hooked = _profile(tmp_path, 0.0), _profile(tmp_path, hook)
+    for a, b in zip(plain.chain_layers, hooked.chain_layers):
+        assert b.fwd_ms == pytest.approx(a.fwd_ms)  # the first forward of a stored layer: no hooks
+        assert b.recompute_ms - a.recompute_ms == pytest.approx(3 * packs * hook)

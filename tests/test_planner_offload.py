@@ -1,0 +1,151 @@
+"""Activation offload in the planner (planner/transfers.py, planner/solve/offload.py): the replay
+against hand arithmetic, the offload DP against brute force over every plan with every choice of
+offloaded top-level layers, and plan_dp choosing offload only when it is faster."""
+import math
+import random
+
+import pytest
+from brute_plans import all_plans
+
+from ckplan.errors import InfeasibleBudgetError, SpecError
+from ckplan.planner import plan_chain, plan_none, simulate
+from ckplan.planner.chain import Chain, Layer, Post, Pre
+from ckplan.planner.dp import min_peak, plan_dp
+from ckplan.planner.plan import OFFLOAD, Checkpoint, Plan, Store
+from ckplan.planner.simulate import peak_of, trace
+from ckplan.planner.solve.offload import plan_offload
+
+
+def _three(d2h: float = 45.0, h2d: float = 90.0) -> Chain:
+    """Three equal layers: x 10, xbar 100 (so 90 offloadable), fwd 1 ms, bwd 2 ms; post fwd and
+    bwd 1 ms."""
+    layers = tuple(Layer(f"l{i}", 1.0, 2.0, 10, 100, 5, 7, 3) for i in range(3))
+    return Chain(layers, Pre(10), Post(20, fwd_ms=1.0, bwd_ms=1.0, loss_bytes=1), 10, 0, 1000, 1000,
+                 d2h_bytes_per_ms=d2h, h2d_bytes_per_ms=h2d)
+
+
+def test_offloaded_layer_memory_and_time_by_hand():
+    chain = _three()
+    store = simulate(chain, plan_none(3))
+    plan = Plan("x", 3, (Store(0, OFFLOAD), Store(1), Store(2)))
+    sc = simulate(chain, plan)
+    # 90 bytes leave the device once F(1) is over, and come back before B(1): every op after F(1)
+    # and before B(1) runs 90 bytes lower. The post backward was the peak: 1332 - 90.
+    assert store.peak_bytes == 1332 and sc.peak_bytes == 1242
+    # out: 90 B at 45 B/ms = 2 ms beside F(1)'s 1 ms: 1 ms waited; back: 1 ms beside B(1)'s 2 ms.
+    assert sc.transfer_ms == pytest.approx(1.0) and sc.recompute_ms == 0
+    assert sc.step_ms == pytest.approx(store.step_ms + 1.0)
+    ops = [(e.op, e.stage) for e in trace(chain, plan)]
+    assert ops.index(("offloaded", 0)) == ops.index(("F", 1)) + 1
+    assert ops.index(("fetch", 0)) == ops.index(("B", 1)) - 1
+
+
+def test_last_layer_offload_is_hidden_by_the_post():
+    chain = _three(d2h=90.0, h2d=90.0)  # 1 ms each way, beside the post's 1 ms forward and backward
+    sc = simulate(chain, Plan("x", 3, (Store(0), Store(1), Store(2, OFFLOAD))))
+    assert sc.transfer_ms == 0.0
+    events = trace(chain, Plan("x", 3, (Store(0), Store(1), Store(2, OFFLOAD))))
+    labels = [e.label for e in events]
+    assert labels.index("layer 2's copy to the host done: its saved tensors leave the device") \
+        == labels.index("post forward (loss)") + 1
+
+
+def test_offload_needs_a_host_link_and_the_top_level():
+    chain = _three(0.0, 0.0)
+    with pytest.raises(SpecError, match="no host link"):
+        simulate(chain, Plan("x", 3, (Store(0, OFFLOAD), Store(1), Store(2))))
+    with pytest.raises(SpecError, match="only a layer stored at the top level"):
+        Plan("x", 3, (Checkpoint(0, 2, (Store(0, OFFLOAD), Store(1))), Store(2)))
+
+
+def test_offload_plan_round_trips_through_json():
+    plan = Plan("dp", 3, (Store(0, OFFLOAD), Checkpoint(1, 3, (Store(1), Store(2)))))
+    d = plan.to_dict()
+    assert d["options"] == [OFFLOAD, "store", "store"]
+    assert Plan.from_dict(d, known_options=(OFFLOAD,)) == plan
+
+
+def _with_offloads(items: tuple):
+    """``items`` with every subset of its top-level stores offloaded."""
+    tops = [k for k, it in enumerate(items) if isinstance(it, Store)]
+    for mask in range(1 << len(tops)):
+        out = list(items)
+        for b, k in enumerate(tops):
+            if mask >> b & 1:
+                out[k] = Store(out[k].layer, OFFLOAD)
+        yield tuple(out)
+
+
+def _random_chain(rng: random.Random, n: int) -> Chain:
+    layers = []
+    for i in range(n):
+        x = rng.randint(1, 6) * 8
+        layers.append(Layer(f"l{i}", float(rng.randint(1, 5)), float(rng.randint(1, 8)), x,
+                            x + rng.randint(0, 12) * 8, rng.randint(0, 4) * 8, rng.randint(0, 4) * 8,
+                            rng.randint(0, 3) * 8))
+    return Chain(tuple(layers), Pre(16), Post(16, fwd_ms=1.0, bwd_ms=2.0, loss_bytes=8), 16, 0, 100, 100,
+                 d2h_bytes_per_ms=float(rng.choice([8, 16, 64])), h2d_bytes_per_ms=float(rng.choice([8, 16, 64])))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_offload_dp_matches_brute_force(seed):
+    """At every budget a brute-force plan reaches: the DP's plan fits and adds exactly the least
+    time (recompute + copies not hidden) of any plan, offloaded or not."""
+    rng = random.Random(seed)
+    for _ in range(4):
+        chain = _random_chain(rng, rng.randint(2, 5))
+        n = chain.n_layers
+        scores = [(*peak_of(chain, its), its) for items in all_plans(n, True) for its in _with_offloads(items)]
+        none_peak = simulate(chain, plan_none(n)).peak_bytes
+        for budget in sorted({p for p, _, _ in scores} | {min(p for p, _, _ in scores) - 1}):
+            fit = [t for p, t, _ in scores if p <= budget]
+            want = min(fit) if fit else math.inf
+            got = plan_offload(chain, budget, none_peak)
+            if want == math.inf:
+                assert got is None
+                continue
+            assert got is not None, (budget, want)
+            sc = simulate(chain, got)
+            assert sc.peak_bytes <= budget
+            assert sc.recompute_ms + sc.transfer_ms == pytest.approx(want, abs=1e-9), (budget, got.describe())
+
+
+def test_plan_dp_offloads_only_when_faster():
+    """plan_dp with a host link: never over budget, never slower than without one, offloading
+    only where that is strictly faster (and where no plan without offload fits)."""
+    rng = random.Random(11)
+    offloaded_somewhere = below_floor = 0
+    for _ in range(12):
+        chain = _random_chain(rng, 5)
+        plain = Chain(chain.layers, chain.pre, chain.post, chain.x_in_bytes, chain.delta_in_bytes,
+                      chain.persistent_bytes, chain.opt_step_peak_bytes)
+        none_peak = simulate(chain, plan_none(5)).peak_bytes
+        floor = min_peak(plain)
+        for budget in range(floor - 64, none_peak, 8):
+            try:
+                without = simulate(plain, plan_dp(plain, budget).plan)
+            except InfeasibleBudgetError:
+                without = None
+            try:
+                res = plan_dp(chain, budget)
+            except InfeasibleBudgetError:
+                assert plan_offload(chain, budget, none_peak) is None
+                continue
+            sc = simulate(chain, res.plan)
+            assert sc.peak_bytes <= budget
+            if without is None:
+                below_floor += 1
+                assert OFFLOAD in res.plan.options()
+                continue
+            assert sc.step_ms <= without.step_ms + 1e-9
+            if OFFLOAD in res.plan.options():
+                offloaded_somewhere += 1
+                assert sc.step_ms < without.step_ms
+                assert any("offloaded to host memory" in note for note in res.notes)
+    assert offloaded_somewhere
+
+
+def test_no_host_link_no_offload():
+    chain = _three(0.0, 0.0)
+    budget = simulate(chain, plan_none(3)).peak_bytes - 1
+    assert OFFLOAD not in plan_chain(chain, "dp", budget).plan.options()
