@@ -78,6 +78,9 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
         raise UsageError(f"--compare offload-all needs a CUDA device (this bench runs on {dev.type}): it offloads "
                          "saved activations to host memory, where a CPU's already are",
                          tip="drop offload-all from --compare, or bench on a GPU (--device cuda)")
+    if plan_read is not None and "offload" in plan_read[0].options() and dev.type != "cuda":
+        raise UsageError(f"--plan {plan_path} offloads layers to host memory, which needs a CUDA device (this bench "
+                         f"runs on {dev.type})", tip="bench it on the GPU it was planned for (--device cuda)")
     names = compile_options(option_names(options, compile=compile), compile, dev.type)
     extra = {}
     plan_doc: dict = {}

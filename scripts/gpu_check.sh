@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root; default: every stage)
 #
-# Stages: env gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed (the default order: what
+# Stages: env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed (the default order: what
 # the open work needs first). Environment: META_TARGET (the device model meta plans with; default
 # h200 on an H200, else h100), PYTEST_ARGS (e.g. -k resnet),
 # TESTS_LIMIT (seconds), GPT2_B8_COMPARE and BERT_COMPARE (the --compare lists), TARBALL. Each runs under its own time limit and logs to
@@ -13,9 +13,9 @@
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed}
+STAGES=${*:-env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed}
 REP=reports/cuda
-mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan"
+mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
 PY=${PY:-python3}
 CK="$PY -m ckplan"
@@ -56,6 +56,17 @@ if want gpt2; then
   stage gpt2 150 $CK bench configs/gpt2-small.yaml --device cuda \
     --compare none,every-k,sqrtn,chen,dp-layer,dp,selective,sac-policy,hf --k 1 --steps 20 --warmup 3 \
     --out-dir $REP --wide --debug
+fi
+# activation offload: bert-large at 8 x 512 (AdamW fp32) at 50%act, ckplan's dp (which offloads where the
+# profile's measured host link makes it faster), a plan offloading every layer but the last, and the
+# torchtune-style peer; the plan's peak and slowdown predicted against the measured ones.
+if want offload; then
+  stage offload 240 bash -c "$PY -c \"
+import json; from ckplan.planner.plan import Plan, Store
+n = 24; print(json.dumps(Plan('offload', n, tuple(Store(i, 'offload' if i < n - 1 else 'store') for i in range(n))).to_dict()))
+\" > $REP/offload/plan-offload-bert-large.json && $CK bench configs/bert-large.yaml --device cuda --budget 50%act \
+    --compare none,dp,offload-all --k 1 --plan $REP/offload/plan-offload-bert-large.json --steps 6 --warmup 2 \
+    --out-dir $REP/offload --wide --debug"
 fi
 # gpt2-small at 8 x 512 tokens, the default budget.
 if want gpt2-b8; then

@@ -223,6 +223,19 @@ def test_offload_all_is_refused_on_a_cpu(tiny_gpt_spec, tmp_path):
     assert "--device cuda" in e.value.tip
 
 
+def test_a_plan_that_offloads_is_refused_on_a_cpu(tiny_gpt_spec, tmp_path):
+    """A plan file with offloaded layers (made for a GPU) benched on a CPU: one clear message."""
+    import json
+
+    from ckplan.errors import UsageError
+    from ckplan.planner.plan import OFFLOAD, Plan, Store
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(Plan("dp", 3, (Store(0, OFFLOAD), Store(1), Store(2))).to_dict()))
+    with pytest.raises(UsageError, match="offloads layers to host memory, which needs a CUDA device"):
+        api.bench(spec, strategies=["none"], device="cpu", plan_path=path, steps=1, warmup=0)
+
+
 def test_offload_hooks_leave_cpu_tensors_and_gradients_alone():
     """On a CPU the hooks keep every saved tensor as it is: the same gradients, nothing offloaded."""
     from ckplan.execute.offload import OffloadHooks, layers_offloaded
