@@ -26,7 +26,7 @@ from .profiling.compiled_passes import compiled_layers, compiled_run
 from .profiling.instrument import Instrument
 from .profiling.notes import chain_breaks, step_notes
 from .profiling.option_passes import OptionPass, eager_option_passes, with_options
-from .profiling.option_sample import sampled_option_passes
+from .profiling.option_sample import sampled_passes
 from .profiling.passes import MeasuredPass, measured_pass, nosave_pass, recompute_kept
 from .profiling.rows import stage_rows, with_recompute_memory
 from .profiling.step import Step, hooks_installed, model_errors, state_restored, zero_grads
@@ -79,16 +79,16 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     step = Step(model, args, kwargs, loss_fn, precision, device, kind if meta else None)
     inst = Instrument(layers, Clock(device))
     kept = KeptFreedMemory(device)
-    # On meta, options are measured on three layers where the chain's middle layers are one layer
-    # (profiling.option_sample), after the plain passes; elsewhere with them, on every layer.
-    sampled = meta and compiled is None and bool(options)
+    # On meta, the no-save pass and the options are measured on three layers where the chain's
+    # middle layers are one layer (profiling.option_sample), after the plain passes; elsewhere
+    # with them, on every layer.
+    sampled = meta and compiled is None
     with kept, model_errors(meta), state_restored(model, params, device), hooks_installed(inst):
         run = _run_passes(inst, step, params, chain_path, compiled, () if sampled else options,
-                          repeats=repeats, warmup=warmup, accum=accum)
+                          repeats=repeats, warmup=warmup, accum=accum, later=sampled)
     sdpa_note = step.sdpa_note  # the attention calls of the plain step, not of an option's
     if sampled:
-        run.option_passes, run.option_notes = _meta_option_passes(inst, container, step, params, run.measured,
-                                                                  options, accum)
+        _meta_sampled_passes(run, inst, container, step, params, chain_path, options, accum)
     measured = run.measured
     priced = device_model if meta else None
     rows = stage_rows(layers, chain_path, params, measured, run.times, meta, priced)
@@ -106,15 +106,22 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
                            tuple(sorted(inst.flops_estimated)))
 
 
-def _meta_option_passes(inst: Instrument, container: nn.Module, step: Step, params: list[nn.Parameter],
-                        measured: MeasuredPass, options: tuple[str, ...], accum: int):
-    """Options on meta: on three chain layers where that measures the same, else on every layer."""
-    got = sampled_option_passes(inst.layers, container, step, params, step.model, measured, options, accum)
-    if got is not None:
-        return got
+def _meta_sampled_passes(run: _Passes, inst: Instrument, container: nn.Module, step: Step,
+                         params: list[nn.Parameter], chain_path: str, options: tuple[str, ...], accum: int) -> None:
+    """On meta, after the plain passes: the no-save pass and the options on three chain layers where
+    that measures the same (``sampled_passes``), else on every layer; then what recomputes leave."""
+    got = sampled_passes(inst.layers, container, step, params, step.model, run.measured, options, accum)
     with model_errors(True), state_restored(step.model, params, step.device), hooks_installed(inst):
-        zero_grads(params)
-        return eager_option_passes(inst, step, params, step.model, options, 0, accum)
+        if got is not None:
+            run.nosave, run.option_passes, run.option_notes = got
+        else:
+            zero_grads(params)
+            run.nosave = nosave_pass(inst, step)
+            if options:
+                zero_grads(params)
+                run.option_passes, run.option_notes = eager_option_passes(inst, step, params, step.model, options,
+                                                                          0, accum)
+        run.leftover, run.chained = _left_by_recomputes(inst, step, params, chain_path, run.measured, run.nosave)
 
 
 def _check_compile_and_options(device: torch.device, options: tuple[str, ...], compile: bool) -> None:
@@ -142,10 +149,20 @@ class _Passes:
     option_notes: list[str] = field(default_factory=list)
 
 
+def _left_by_recomputes(inst: Instrument, step: Step, params: list[nn.Parameter], chain_path: str,
+                        measured: MeasuredPass, nosave: tuple[dict[int, int], dict[int, int]]):
+    """``recompute_kept``'s two readings, run only where a layer keeps something no saved-tensor
+    hook sees (a tensor on the module shows up so): only such a layer can leave anything after a
+    recompute."""
+    loose = any(b for i, b in (*nosave[1].items(), *measured.after_bwd.items()) if 0 <= i < inst.n)
+    return recompute_kept(inst, step, params, chain_path, measured.breaks) if loose else ({}, {})
+
+
 def _run_passes(inst: Instrument, step: Step, params: list[nn.Parameter], chain_path: str,
                 compiled: CompiledLayers | None, options: tuple[str, ...], *, repeats: int, warmup: int,
-                accum: int) -> _Passes:
-    """Warm-up, then every pass of the profile, in train mode from zero gradients."""
+                accum: int, later: bool = False) -> _Passes:
+    """Warm-up, then every pass of the profile, in train mode from zero gradients (``later``: the
+    no-save and recompute-kept passes are left to the caller, ``_meta_sampled_passes``)."""
     model, meta = step.model, step.device.type == "meta"
     model.train()
     zero_grads(params)
@@ -158,12 +175,11 @@ def _run_passes(inst: Instrument, step: Step, params: list[nn.Parameter], chain_
         step.run(inst)
     measured = measured_pass(inst, step, params, model)
     zero_grads(params)
+    if later:
+        return _Passes(measured, ({}, {}), {}, {}, Times({}, []), [])
     nosave = nosave_pass(inst, step)
-    # Only a layer that keeps something no saved-tensor hook sees (a tensor on the module
-    # shows up so) can leave anything after a recompute: the tracked steps run for those.
-    loose = any(b for i, b in (*nosave[1].items(), *measured.after_bwd.items()) if 0 <= i < inst.n)
-    leftover, chained = (({}, {}) if compiled is not None or not loose else
-                         recompute_kept(inst, step, params, chain_path, measured.breaks))
+    leftover, chained = (({}, {}) if compiled is not None else
+                         _left_by_recomputes(inst, step, params, chain_path, measured, nosave))
     if compiled is not None:
         measured, times, option_passes = compiled_run(inst, step, params, model, measured, compiled,
                                                       options, repeats, warmup, accum)

@@ -207,10 +207,24 @@ def test_a_buffer_only_the_recompute_changes_is_refused():
             model(torch.randn(2, 3, 8)).sum().backward()
 
 
-def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads):
-    """A plan that offloads top-level layers beside a checkpoint (on a CPU the offload hooks keep
-    every tensor where it is): the loss and gradients of no checkpointing, the layers restored."""
+@pytest.mark.parametrize("moved", [False, True])
+def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads, monkeypatch, moved):
+    """A plan that offloads top-level layers beside a checkpoint: the loss and gradients of no
+    checkpointing, the layers restored. On a CPU the hooks keep every tensor where it is; with
+    ``moved`` they treat CPU tensors as a GPU's (synchronous copies out, copied back from the next
+    layer's backward on), so their packing, prefetch and unpacking run too."""
+    import ckplan.execute.offload as offload
     from ckplan.planner.plan import OFFLOAD, Checkpoint, Store
+    if moved:
+        monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+        seen: list = []
+        real_run = offload.PlanOffload.run
+
+        def run(self, i, fn, args, kwargs):
+            out = real_run(self, i, fn, args, kwargs)
+            seen.append((i, self._hooks[i]))
+            return out
+        monkeypatch.setattr(offload.PlanOffload, "run", run)
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.2))
     model, batch = build_model(spec), make_batch(spec)
     loss0, g0 = plan_grads(model, batch, None)
@@ -221,3 +235,8 @@ def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads
         assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
     for layer in model.blocks:
         assert "forward" not in layer.__dict__
+    if moved:  # layers 0 and 3 offloaded what they saved (their inputs kept), and it came back
+        hooks = dict(seen)
+        assert sorted(hooks) == [0, 3]
+        assert all(h.offloaded_bytes > 0 and h.prefetched for h in hooks.values())
+        assert all(p.back is not None for h in hooks.values() for p in h.packed)

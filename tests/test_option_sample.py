@@ -1,5 +1,6 @@
-"""ckplan.profiling.option_sample: options on meta measured on three chain layers give the same
-profile, to the byte, as measuring them on every layer; where the middle layers differ it declines."""
+"""ckplan.profiling.option_sample: the no-save pass and the options on meta measured on three chain
+layers give the same profile, to the byte, as measuring them on every layer; where the middle layers
+differ it declines."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,20 +22,20 @@ train: {optimizer: adamw, precision: fp32, accum: 1}
 """
 
 
-def _both(spec, monkeypatch, target: str = "cpu"):
+def _both(spec, monkeypatch, target: str = "cpu", options: bool = True):
     """(profile with sampling, whether it sampled, profile measuring every layer)."""
     used = []
-    real = profiler.sampled_option_passes
+    real = profiler.sampled_passes
 
     def spy(*a, **k):
         got = real(*a, **k)
         used.append(got is not None)
         return got
 
-    monkeypatch.setattr(profiler, "sampled_option_passes", spy)
-    sampled = profile(spec, device="meta", options=True, meta_target=target)
+    monkeypatch.setattr(profiler, "sampled_passes", spy)
+    sampled = profile(spec, device="meta", options=options, meta_target=target)
     monkeypatch.setattr(option_sample, "MIN_LAYERS", 10**9)
-    every = profile(spec, device="meta", options=True, meta_target=target)
+    every = profile(spec, device="meta", options=options, meta_target=target)
     assert used[1:] == [False]  # the second profile measured every layer
     return sampled, used[0], every
 
@@ -48,6 +49,18 @@ def test_sampled_options_equal_every_layer_gpt(tmp_path, monkeypatch, target):
     assert all(r.options for r in sampled.chain_layers)
     assert sampled.chain_layers == every.chain_layers
     assert sampled.notes == every.notes
+
+
+def test_sampled_nosave_pass_equals_every_layer_without_options(tmp_path, monkeypatch):
+    """Without options the no-save pass alone is sampled: the same rows (their no-save peaks and
+    unsaved bytes included) as running it on every layer."""
+    p = tmp_path / "gpt7.yaml"
+    p.write_text(GPT7)
+    sampled, used, every = _both(load(p), monkeypatch, options=False)
+    assert used
+    assert not any(r.options for r in sampled.chain_layers)
+    assert sampled.chain_layers == every.chain_layers
+    assert any(r.nosave_peak_bytes for r in sampled.chain_layers)
 
 
 def test_sampled_options_equal_every_layer_hf_llama_gqa(monkeypatch):

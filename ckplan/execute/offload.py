@@ -22,6 +22,9 @@ from torch import nn
 from ..forwards import forwards_replaced
 
 MIN_BYTES = 1024  # smaller saved tensors stay (torchtune's default)
+# Device types whose saved tensors are offloaded. A CPU's tensors are already in host memory; the
+# tests add "cpu" to run the hooks' logic (plain synchronous copies, no streams) without a GPU.
+DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}  # one copy stream per GPU
 
 
@@ -41,7 +44,7 @@ class _Packed:
 
     __slots__ = ("back", "back_done", "device", "done", "host")
 
-    def __init__(self, host: torch.Tensor, done: torch.cuda.Event, device: torch.device):
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None, device: torch.device):
         self.host, self.done, self.device = host, done, device
         self.back: torch.Tensor | None = None
         self.back_done: torch.cuda.Event | None = None
@@ -57,23 +60,27 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
         self._keep = {id(t) for t in keep}
         self._copied: dict[int, tuple] = {}  # id -> (weakref, packed): one copy of a tensor several ops save
         self.packed: list[_Packed] = []
+        self.prefetched = False  # prefetch() has run
         super().__init__(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor):
-        if (t.device.type != "cuda" or _is_parameter(t) or id(t) in self._keep
+        if (t.device.type not in DEVICE_TYPES or _is_parameter(t) or id(t) in self._keep
                 or t.numel() * t.element_size() < self.min_bytes):
             return t
         seen = self._copied.get(id(t))
         if seen is not None and seen[0]() is t:  # the same live tensor (a dead one's id may be reused)
             return seen[1]
-        side = _side_stream(t.device)
-        host = torch.empty_like(t, device="cpu", pin_memory=True)
-        side.wait_stream(torch.cuda.current_stream(t.device))
-        with torch.cuda.stream(side):
-            host.copy_(t, non_blocking=True)
-            t.record_stream(side)
-            done = torch.cuda.Event()
-            done.record(side)
+        if t.device.type == "cuda":
+            side = _side_stream(t.device)
+            host = torch.empty_like(t, device="cpu", pin_memory=True)
+            side.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(side):
+                host.copy_(t, non_blocking=True)
+                t.record_stream(side)
+                done = torch.cuda.Event()
+                done.record(side)
+        else:
+            host, done = t.detach().clone(), None
         self.offloaded_bytes += t.numel() * t.element_size()
         packed = _Packed(host, done, t.device)
         self._copied[id(t)] = (weakref.ref(t), packed)
@@ -83,12 +90,16 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     def wait_out(self) -> None:
         """The current stream waits until every copy out is done (their device memory is free)."""
         for p in self.packed[-1:]:  # one side stream: the last copy's event covers the others
-            torch.cuda.current_stream(p.device).wait_event(p.done)
+            if p.done is not None:
+                torch.cuda.current_stream(p.device).wait_event(p.done)
 
     def prefetch(self) -> None:
         """Start copying every offloaded tensor back on the side stream (before it is needed)."""
+        self.prefetched = True
         for p in self.packed:
-            if p.back is None:
+            if p.back is None and p.done is None:
+                p.back = p.host.clone()
+            elif p.back is None:
                 side = _side_stream(p.device)
                 side.wait_stream(torch.cuda.current_stream(p.device))
                 with torch.cuda.stream(side):
@@ -99,6 +110,8 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
+        if packed.done is None:  # a CPU tensor (tests): copied back synchronously
+            return packed.back if packed.back is not None else packed.host.clone()
         stream = torch.cuda.current_stream(packed.device)
         if packed.back is not None:  # prefetched: wait for its copy back
             stream.wait_event(packed.back_done)

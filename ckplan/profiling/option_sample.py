@@ -1,4 +1,4 @@
-"""Selective options on meta measured on three chain layers instead of all of them.
+"""The no-save pass and the selective options on meta, measured on three chain layers instead of all.
 
 A meta profile measures each option with one more fake step of the whole model, every chain layer
 under the option (``option_passes``); on an 80-layer model that step costs as much as the profile
@@ -6,7 +6,7 @@ itself. When the chain's middle layers are the same layer (same class, parameter
 in the plain measured pass the same windows: op for op, byte for byte), the option passes run on
 the model with its chain cut to three layers: the first, one middle layer and the last. Every
 window of the cut model is checked against the full pass's first, middle and last layers before
-anything is used; where one differs, ``sampled_option_passes`` returns None and the caller measures
+anything is used; where one differs, ``sampled_passes`` returns None and the caller measures
 every layer as before.
 
 What a layer's window shows under an option does not depend on how many layers came before, only
@@ -26,7 +26,7 @@ import torch.nn as nn
 from ..measure import Clock
 from .instrument import Instrument
 from .option_passes import OptionPass, eager_option_passes
-from .passes import MeasuredPass, measured_pass
+from .passes import MeasuredPass, measured_pass, nosave_pass
 from .step import Step, hooks_installed, model_errors, state_restored, zero_grads
 
 MIN_LAYERS = 5  # below this the cut model saves little
@@ -94,11 +94,13 @@ def _moved(cut: MeasuredPass, plain_cut: MeasuredPass, full: MeasuredPass, n: in
     return replace(cut, windows=windows, live_at_end=live_at_end)
 
 
-def sampled_option_passes(layers: list[nn.Module], container: nn.Module, step: Step, params: list[nn.Parameter],
-                          model: nn.Module, full: MeasuredPass, options: tuple[str, ...],
-                          accum: int) -> tuple[list[OptionPass], list[str]] | None:
-    """The option passes of a meta profile measured on the first, one middle and the last chain
-    layer, or None when the middle layers are not all the same layer (then measure every layer)."""
+def sampled_passes(layers: list[nn.Module], container: nn.Module, step: Step, params: list[nn.Parameter],
+                   model: nn.Module, full: MeasuredPass, options: tuple[str, ...], accum: int
+                   ) -> tuple[tuple[dict[int, int], dict[int, int]], list[OptionPass], list[str]] | None:
+    """The no-save pass and the option passes of a meta profile measured on the first, one middle
+    and the last chain layer: ``(nosave, option passes, notes)``, or None when the middle layers are
+    not all the same layer (then measure every layer). The no-save pass's readings are a window's
+    peak above its start and what it made that outlives the forward, the same for equal layers."""
     n = len(layers)
     if n < MIN_LAYERS or not isinstance(container, (nn.ModuleList, nn.Sequential)):
         return None
@@ -117,7 +119,12 @@ def sampled_option_passes(layers: list[nn.Module], container: nn.Module, step: S
                 zero_grads(params)
                 if not all(_same_layer(full, i, plain, k) for k, i in enumerate(keep)):
                     return None
-                passes, notes = eager_option_passes(inst, step, params, model, options, 0, accum)
+                peaks, kept = nosave_pass(inst, step)
+                passes, notes = (eager_option_passes(inst, step, params, model, options, 0, accum) if options
+                                 else ([], []))
     except Exception:  # a model that cannot run cut (it counts its layers itself): every layer, then
         return None
-    return [replace(p, measured=_moved(p.measured, plain, full, n)) for p in passes], notes
+    sample = [0] + [1] * (n - 2) + [2]  # the cut layer that stands for each layer
+    nosave = ({i: peaks[k] for i, k in enumerate(sample) if k in peaks},
+              {i: kept[k] for i, k in enumerate(sample) if k in kept})
+    return nosave, [replace(p, measured=_moved(p.measured, plain, full, n)) for p in passes], notes
