@@ -96,3 +96,22 @@ def test_unique_storage_bytes_counts_each_storage_once():
     assert unique_storage_bytes([]) == 0
     # A view counts its whole storage: what keeping it alive costs.
     assert unique_storage_bytes(a[0]) == 400
+
+
+def test_tensors_in_finds_what_pytree_finds():
+    """The tracker's reader of op arguments and outputs against pytree's flatten, on the nests ops
+    take and return (named tuples, torch's return types, dicts, scalars and dtypes between)."""
+    import collections
+
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    from ckplan.measure.tracker import tensors_in
+    a, b = torch.randn(2), torch.randn(3)
+    pair = collections.namedtuple("pair", "x y")
+    nests = [a, (a,), ((a, [b, {"k": a}]), {"o": b}), (pair(a, b),), ((1, 2.0, None, torch.float32), {}),
+             torch.return_types.max((a, b)), ({"z": [a, (b,)], "y": 3},), [], ((), {})]
+    for nest in nests:
+        want = [t for t in tree_flatten(nest)[0] if isinstance(t, torch.Tensor)]
+        got = tensors_in(nest)
+        assert len(got) == len(want) and all(x is y for x, y in zip(got, want)), nest

@@ -186,3 +186,26 @@ def test_precision_and_optimizer_are_checked_in_one_place():
     for call in (lambda: check_optimizer("lion"), lambda: check_overrides(optimizer="lion")):
         with pytest.raises(UsageError, match=r"optimizer='lion' is not one of adamw, sgd-momentum, sgd"):
             call()
+
+
+def test_a_meta_build_is_the_cpu_build_without_values(tmp_path):
+    """Building on meta skips value initialisation only: every parameter and buffer has the CPU
+    build's name, shape, dtype and requires_grad (the rotary tables computed at init included)."""
+    import torch
+
+    from ckplan.spec import build_model
+    p = tmp_path / "llama.yaml"
+    p.write_text("model:\n  builtin: gpt\n  args: {vocab_size: 64, block_size: 32, n_layer: 2, n_head: 2, n_embd: 32,"
+                 " norm: rmsnorm, mlp: swiglu, pos: rope, bias: false}\n"
+                 "input: {batch_size: 1, shape: [16], dtype: int64, high: 64}\nchain: blocks\n")
+    spec = api.load(p)
+
+    def described(m):
+        return ([(n, t.shape, t.dtype, t.requires_grad) for n, t in m.named_parameters()]
+                + [(n, t.shape, t.dtype) for n, t in m.named_buffers()])
+    meta, cpu = build_model(spec, "meta"), build_model(spec, "cpu")
+    assert described(meta) == described(cpu)
+    assert all(t.is_meta for t in meta.parameters())
+    w = torch.empty(4, 4)
+    torch.nn.init.normal_(w)  # outside a meta build, initialisation runs as ever
+    assert w.std() > 0

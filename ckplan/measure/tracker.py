@@ -21,15 +21,38 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def tensors_in(obj, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The tensors in ``obj``, a tensor or a nest of lists, tuples (named ones and torch's return
+    types too) and dicts, in order: what an op's arguments and outputs are made of. Faster than
+    pytree's flatten, which the tracker would call twice per op; anything else pytree knows is
+    flattened by it."""
+    if out is None:
+        out = []
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            if isinstance(o, torch.Tensor):
+                out.append(o)
+            elif isinstance(o, (list, tuple, dict)):
+                tensors_in(o, out)
+            elif not isinstance(o, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                                    torch.memory_format)):
+                out.extend(t for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor))
+    elif isinstance(obj, dict):
+        tensors_in(list(obj.values()), out)
+    elif obj is not None:
+        out.extend(t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
+    return out
+
+
 def storages_of(obj) -> list[torch.UntypedStorage]:
-    leaves, _ = tree_flatten(obj)
     out = []
-    for t in leaves:
-        if isinstance(t, torch.Tensor):
-            try:
-                out.append(t.untyped_storage())
-            except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
-                pass
+    for t in tensors_in(obj):
+        try:
+            out.append(t.untyped_storage())
+        except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
+            pass
     return out
 
 

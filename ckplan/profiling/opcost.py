@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..device_model import MATMUL, VECTOR, DeviceModel, OpCost, ops_ms
+from ..measure.tracker import tensors_in
 from .flops import FlopCounter
 
 _VIEWS: dict[Any, bool] = {}
@@ -72,8 +72,8 @@ class OpCounter(FlopCounter):
         result = super()._count_flops(func_packet, out, args, kwargs)
         if not _is_view(func_packet):
             flops = self.get_total_flops() - before
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            outs = tensors_in(out)
+            ins = tensors_in((args, kwargs))
             kind = MATMUL if func_packet in self.flop_registry else VECTOR
             if kind == VECTOR:
                 flops = sum(t.numel() for t in outs)  # one operation per element written

@@ -5,10 +5,12 @@ package docstring: a spec is code).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..errors import ModelRunError, SpecError
 from ..zoo import ZOO, build_builtin
@@ -28,7 +30,7 @@ def build_model(spec: Spec, device: str = "cpu"):
         # run tensor code at import; under the meta device that code fails (torch 2.6: .item()
         # on a meta tensor). Import dynamo first, outside the device.
         importlib.import_module("torch._dynamo")
-    with torch.device(device):
+    with torch.device(device), (_NoInitOnMeta() if str(device) == "meta" else contextlib.nullcontext()):
         if spec.model.builtin is not None:
             model = _build_builtin(spec.model.builtin, spec.model.args)
         elif spec.model.hf is not None:
@@ -43,6 +45,23 @@ def build_model(spec: Spec, device: str = "cpu"):
                         tip="a target is any importable callable and ckplan has already run it: "
                             "run only specs you trust" if spec.model.target else None)
     return model.train()
+
+
+# In-place ops that only write values: on meta there are none to write, and running their meta
+# kernels (torch's Python references) is most of a large model's build time.
+_VALUE_INITS = frozenset(getattr(torch.Tensor, name) for name in (
+    "normal_", "uniform_", "zero_", "fill_", "random_", "bernoulli_", "exponential_", "log_normal_",
+    "cauchy_", "geometric_"))
+
+
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skips value initialisation of meta tensors while a model is built (shapes, dtypes and
+    strides are untouched)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _VALUE_INITS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
 
 
 def _build_builtin(name: str, args: dict):
