@@ -50,6 +50,17 @@ def test_last_layer_offload_is_hidden_by_the_post():
         == labels.index("post forward (loss)") + 1
 
 
+def test_held_for_backward_leaves_out_what_went_to_the_host():
+    """When the forward ends, every offloaded layer's copy is done, the last one's beside the post."""
+    from ckplan.planner.budget import held_for_backward_bytes
+    chain = _three()
+    none = held_for_backward_bytes(chain, plan_none(3))
+    for items, moved in (((Store(0, OFFLOAD), Store(1), Store(2)), 90),
+                         ((Store(0), Store(1), Store(2, OFFLOAD)), 90),
+                         ((Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2, OFFLOAD)), 270)):
+        assert held_for_backward_bytes(chain, Plan("x", 3, items)) == none - moved
+
+
 def test_offload_needs_a_host_link_and_the_top_level():
     chain = _three(0.0, 0.0)
     with pytest.raises(SpecError, match="no host link"):
@@ -149,3 +160,14 @@ def test_no_host_link_no_offload():
     chain = _three(0.0, 0.0)
     budget = simulate(chain, plan_none(3)).peak_bytes - 1
     assert OFFLOAD not in plan_chain(chain, "dp", budget).plan.options()
+
+
+def test_among_equal_times_the_fewest_layers_are_offloaded():
+    """Copies hidden whole (a fast link): offloading costs nothing, so any number of offloaded
+    layers ties; a budget one byte under none's peak needs one, and one is what dp offloads."""
+    chain = _three(d2h=1e4, h2d=1e4)
+    none_peak = simulate(chain, plan_none(3)).peak_bytes
+    plan = plan_dp(chain, none_peak - 1).plan
+    sc = simulate(chain, plan)
+    assert sc.peak_bytes <= none_peak - 1 and sc.transfer_ms == 0 and sc.recompute_ms == 0
+    assert plan.options().count(OFFLOAD) == 1

@@ -40,14 +40,17 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class _Packed:
-    """One saved tensor on the host: its copy out's event, and its copy back once started."""
+    """One saved tensor on the host: its copy out's event, its copy back once started, and how
+    many saved tensors of the graph it stands for (the copy back is dropped once they are all
+    unpacked: the hooks outlive the step, the device memory must not)."""
 
-    __slots__ = ("back", "back_done", "device", "done", "host")
+    __slots__ = ("back", "back_done", "device", "done", "host", "uses")
 
     def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None, device: torch.device):
         self.host, self.done, self.device = host, done, device
         self.back: torch.Tensor | None = None
         self.back_done: torch.cuda.Event | None = None
+        self.uses = 1
 
 
 class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
@@ -69,6 +72,7 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             return t
         seen = self._copied.get(id(t))
         if seen is not None and seen[0]() is t:  # the same live tensor (a dead one's id may be reused)
+            seen[1].uses += 1
             return seen[1]
         if t.device.type == "cuda":
             side = _side_stream(t.device)
@@ -110,6 +114,14 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
+        out = self._back(packed)
+        packed.uses -= 1
+        if packed.uses <= 0:  # every use has it: the graph holds it from here
+            packed.back = packed.back_done = None
+        return out
+
+    @staticmethod
+    def _back(packed: _Packed) -> torch.Tensor:
         if packed.done is None:  # a CPU tensor (tests): copied back synchronously
             return packed.back if packed.back is not None else packed.host.clone()
         stream = torch.cuda.current_stream(packed.device)

@@ -53,7 +53,8 @@ class Budget:
 
 def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
     """What ``plan`` holds for backward when the forward (loss included, autocast's weight copies
-    of checkpointed layers and a last boundary nothing after it saves released) ends, persistent
+    of checkpointed layers, a last boundary nothing after it saves and the last offloaded layer's
+    copy to the host released) ends, persistent
     memory excluded, from the simulator's trace."""
     n = chain.n_layers
     held = None
@@ -61,7 +62,7 @@ def held_for_backward_bytes(chain: Chain, plan: Plan) -> int:
         if ev.op == "F" and ev.stage == n:
             held = ev.mem_bytes
         elif held is not None:
-            if ev.op not in ("uncast", "release"):
+            if ev.op not in ("uncast", "release", "offloaded"):
                 break
             held = ev.mem_bytes  # a boundary only the last layer's own ops saved, read by post
     assert held is not None  # every trace runs the post forward

@@ -29,7 +29,7 @@ from .. import limits
 from ..casts import top_level_needs
 from ..chain import Chain
 from ..groups import size_gcd
-from ..plan import OFFLOAD, Plan, items_from_ranges
+from ..plan import OFFLOAD, STORE, Plan, items_from_ranges
 from ..simulate import simulate
 from ..tables import CostTable, base_bytes, exact_chooser, fixed_peak, reconstruct
 from .common import DPResult, choose_slot, layer_tables
@@ -91,7 +91,25 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
     if not ends:
         return None
     plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][3]), avail)
-    return plan if simulate(chain, plan).peak_bytes <= budget_bytes else None
+    return _fewer_offloads(chain, plan, budget_bytes) if simulate(chain, plan).peak_bytes <= budget_bytes else None
+
+
+def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
+    """``plan`` with each offloaded layer stored instead, last layer first, wherever that still fits
+    and costs no more time: among plans of equal time, fewer copies and less host memory."""
+    sc = simulate(chain, plan)
+    options = list(plan.options())
+    for i in reversed(range(chain.n_layers)):
+        if options[i] != OFFLOAD:
+            continue
+        options[i] = STORE
+        trial = plan.with_options(options)
+        t = simulate(chain, trial)
+        if t.peak_bytes <= budget_bytes and t.step_ms <= sc.step_ms:
+            plan, sc = trial, t
+        else:
+            options[i] = OFFLOAD
+    return plan
 
 
 def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]], i: int,
