@@ -171,3 +171,27 @@ def test_among_equal_times_the_fewest_layers_are_offloaded():
     sc = simulate(chain, plan)
     assert sc.peak_bytes <= none_peak - 1 and sc.transfer_ms == 0 and sc.recompute_ms == 0
     assert plan.options().count(OFFLOAD) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_offload_plans_fit_on_chains_beyond_rotors(seed):
+    """Autocast copies, outputs no op keeps and side inputs (what the offload DP bounds from the
+    safe side): at every budget from the smallest peak up, plan_dp with a host link fits, is never
+    slower than without one, and offloads only top-level stores."""
+    from dataclasses import replace
+
+    from ckplan.records import SideInput
+    rng = random.Random(100 + seed)
+    base = _random_chain(rng, 5)
+    layers = tuple(replace(ly, cast_bytes=rng.choice([0, 8, 16]), x_kept=rng.random() > 0.3,
+                           xbar_bytes=ly.xbar_bytes + ly.x_bytes) for ly in base.layers)
+    chain = replace(base, layers=layers, side_inputs=(SideInput(24, (1, 3)),))
+    plain = replace(chain, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0)
+    none_peak = simulate(chain, plan_none(5)).peak_bytes
+    for budget in range(min_peak(plain), none_peak, 8):
+        res = plan_dp(chain, budget)
+        sc = simulate(chain, res.plan)
+        assert sc.peak_bytes <= budget
+        assert sc.step_ms <= simulate(plain, plan_dp(plain, budget).plan).step_ms + 1e-9
+        top = {it.layer for it in res.plan.items if isinstance(it, Store)}
+        assert all(i in top for i, o in enumerate(res.plan.options()) if o == OFFLOAD)
