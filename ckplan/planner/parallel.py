@@ -264,7 +264,7 @@ def world_size_table(profile: Profile, world_sizes: Sequence[int], kind: str = "
             res = plan_chain(chain, strategy, budget_bytes, k)
             rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
                                      res.score.peak_bytes, lo, budget_bytes, res.fits, res.score.overhead,
-                                     res.plan.n_checkpoints, res.plan.describe(), step_ms=res.score.step_ms,
+                                     res.plan.n_checkpoints, res.plan.describe(runs=True), step_ms=res.score.step_ms,
                                      comm_ms=comm_ms(profile, int(w), kind, device)))
         except InfeasibleBudgetError as err:
             rows.append(WorldSizeRow(int(w), kind, strategy, chain.persistent_bytes, none.score.peak_bytes,
