@@ -34,6 +34,11 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[device]
 
 
+def _storage(t: torch.Tensor) -> int:
+    """Where a tensor's memory is: views of one tensor share it."""
+    return t.untyped_storage().data_ptr()
+
+
 def _is_parameter(t: torch.Tensor) -> bool:
     base = t._base if t._base is not None else t
     return isinstance(base, nn.Parameter)
@@ -55,20 +60,21 @@ class _Packed:
 
 class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     """Saved-tensor hooks that move what ops save on a GPU to pinned host memory (module doc).
-    ``keep``: tensors that stay on the device (a layer's inputs, which the layer before keeps)."""
+    ``keep``: tensors that stay on the device, views of them included (a layer's inputs, which
+    the layer before keeps)."""
 
     def __init__(self, min_bytes: int = MIN_BYTES, keep: tuple[torch.Tensor, ...] = ()):
         self.min_bytes = min_bytes
         self.offloaded_bytes = 0
-        self._keep = {id(t) for t in keep}
+        self._keep = {_storage(t) for t in keep}
         self._copied: dict[int, tuple] = {}  # id -> (weakref, packed): one copy of a tensor several ops save
         self.packed: list[_Packed] = []
         self.prefetched = False  # prefetch() has run
         super().__init__(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor):
-        if (t.device.type not in DEVICE_TYPES or _is_parameter(t) or id(t) in self._keep
-                or t.numel() * t.element_size() < self.min_bytes):
+        if (t.device.type not in DEVICE_TYPES or _is_parameter(t) or t.numel() * t.element_size() < self.min_bytes
+                or _storage(t) in self._keep):
             return t
         seen = self._copied.get(id(t))
         if seen is not None and seen[0]() is t:  # the same live tensor (a dead one's id may be reused)
@@ -137,7 +143,8 @@ class PlanOffload:
     """The layers a plan stores with ``offload`` (top level): each runs under its own
     :class:`OffloadHooks` (its inputs kept on the device); the step waits for its copies out when
     the next layer's forward ends, and copies it back from the start of the next layer's backward
-    (a hook on that layer's output gradient; the last layer: on its own, so on demand)."""
+    (a hook on that layer's output gradient; the last layer: at its own backward, on demand, as
+    ``ckplan.planner.transfers`` models it)."""
 
     def __init__(self, layers: set[int], n_layers: int, min_bytes: int = MIN_BYTES):
         self.layers, self.n, self.min_bytes = layers, n_layers, min_bytes
@@ -149,8 +156,6 @@ class PlanOffload:
         with hooks:
             out = fn(*args, **kwargs)
         self._hooks[i] = hooks
-        if i == self.n - 1:
-            self._on_grad(out, hooks)
         return out
 
     def forward_done(self, i: int, out) -> None:

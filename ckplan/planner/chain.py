@@ -208,12 +208,14 @@ class Chain:
 
     def offload_ms(self, i: int) -> tuple[float, float]:
         """The time the copies of layer ``i`` out and back are not hidden: the copy out runs beside
-        the next stage's forward (layer ``i + 1``, or the post), the copy back beside its backward;
-        what a copy takes beyond that the step waits for."""
+        the next stage's forward (layer ``i + 1``, or the post), the copy back beside the next
+        layer's backward (the last layer's on demand, hidden by nothing); what a copy takes beyond
+        that the step waits for."""
         nbytes = self.offload_bytes(i)
         nxt = self.layers[i + 1] if i + 1 < self.n_layers else self.post
+        back = self.layers[i + 1].bwd_ms if i + 1 < self.n_layers else 0.0
         return (max(0.0, nbytes / self.d2h_bytes_per_ms - nxt.fwd_ms),
-                max(0.0, nbytes / self.h2d_bytes_per_ms - nxt.bwd_ms))
+                max(0.0, nbytes / self.h2d_bytes_per_ms - back))
 
     @property
     def side_bytes(self) -> int:

@@ -311,7 +311,7 @@ class _Replayer(Transfers):
         if i in s.leading:  # its measured backward transient holds the lead already
             s.leading.discard(i)
             s.mem -= ly.lead_bytes
-        self.fetch(i - 1)
+        self.fetch_before(i)
         if it.option not in PLAIN:  # a selective option redoes part of its forward first
             s.recompute_ms += ly.option_ms(it.option)
             ly = ly.option(it.option)
@@ -372,7 +372,6 @@ class _Replayer(Transfers):
     def post_backward(self) -> None:
         s, post = self.s, self.chain.post
         s.mem += post.loss_bytes  # the loss's gradient seed, live until the backward ends
-        self.fetch(self.n - 1)
         after = s.mem + self.L[-1].x_bytes + post.grad_bytes - post.xbar_bytes
         self.op("B", self.n, None, False, s.mem, post.bwd_tmp_bytes, after)
         s.mem = after

@@ -5,8 +5,9 @@ A layer stored with ``offload`` (top level only) runs its forward as ``store`` d
 saved, its output aside (``Chain.offload_bytes``), is copied to pinned host memory on a side
 stream while the next stage's forward runs (layer ``i + 1``, or the post), and its device memory is
 freed when that forward ends (the step waits there for a copy not done yet). In the backward the
-copy back starts with the backward of that next stage and must be done when the layer's own
-backward starts; from there the layer's backward is a stored layer's. The time a copy takes beyond
+copy back starts with the backward of the next layer and must be done when the layer's own
+backward starts (the last layer's is copied back on demand, at its own backward: nothing hides
+it); from there the layer's backward is a stored layer's. The time a copy takes beyond
 the stage it runs beside is added to the step (``Chain.offload_ms``); no forward is redone.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ def offloaded_layers(chain: Chain, items: tuple[Item, ...]) -> dict[int, int]:
 
 class Transfers:
     """The replayer's offload steps (a mixin of ``replay._Replayer``): ``send`` after an offloaded
-    layer's forward, ``settle`` after the next forward op, ``fetch`` before the backward op that
+    layer's forward, ``settle`` after the next forward op, ``fetch_before`` the backward op that
     precedes the layer's own."""
 
     s: Any  # replay._State
@@ -53,11 +54,12 @@ class Transfers:
             self.op("offloaded", layer, None, False, s.mem, 0, s.mem)
         return s.mem
 
-    def fetch(self, layer: int) -> None:
-        """Layer ``layer``'s tensors come back (when it was offloaded) before the op before its
-        backward."""
-        nbytes = self.offloaded.get(layer)
-        if nbytes:
-            s = self.s
-            s.mem += nbytes
-            self.op("fetch", layer, None, False, s.mem, 0, s.mem)
+    def fetch_before(self, i: int) -> None:
+        """Before ``B(i)``: the layer before comes back (when it was offloaded), and so does layer
+        ``i`` itself when it is the last (copied back on demand)."""
+        for layer in (i - 1, i) if i == self.chain.n_layers - 1 else (i - 1,):
+            nbytes = self.offloaded.get(layer)
+            if nbytes:
+                s = self.s
+                s.mem += nbytes
+                self.op("fetch", layer, None, False, s.mem, 0, s.mem)

@@ -7,8 +7,9 @@ autocast copies (``casts.py``): a forward DP over single-layer units whose state
 * ``Store(s)``: holds ``xbar[s]``;
 * ``Offload(s)``: its forward and backward are a store's; it then holds ``x[s]`` only, and its
   other saved bytes ``o[s]`` stay on the device during the next stage's forward op (the copy out)
-  and its last backward op, ``B(s + 1)`` or the post backward (the copy back): the state's bytes in
-  flight, added to the next item's first forward op and to its ``B(s + 1)`` (``transfers.py``);
+  and its last backward op, ``B(s + 1)`` (the copy back; the last layer's come back at its own
+  backward): the state's bytes in flight, added to the next item's first forward op and to its
+  ``B(s + 1)`` (``transfers.py``);
   it costs the copies' time not hidden behind that stage (``Chain.offload_ms``);
 * ``Checkpoint[s, j)``: its forward keeps ``x[j - 1]``, its inner plan is the least-recompute plan
   of the slot tables (exact with gcd-sized slots, as ``casts.py``'s).
@@ -86,8 +87,8 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
                 step = (Q[j] - P[s]) + table.estimate(s, j, mb - extra, float(pt.K[s, j]))
                 states[j].append((h + int(u.x_out[j - 1]), c + int(cum[j] - cum[s]), 0, cost + step, s, idx, j))
     last = states[n] = _prune(states[n], limits.CAST_MAX_STATES)
-    ends = [i for i, (h, c, e, _, _, _, _) in enumerate(last)
-            if u.fwd_req[n] + e <= avail - h - c and bwd_store[n] + e <= avail - h]
+    ends = [i for i, (h, c, e, _, _, _, _) in enumerate(last)  # the last layer's come back at its own backward
+            if u.fwd_req[n] + e <= avail - h - c and bwd_store[n] <= avail - h]
     if not ends:
         return None
     plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][3]), avail)
