@@ -242,3 +242,35 @@ def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads
         assert hooks[0].prefetched and not hooks[3].prefetched
         # every tensor came back before its use, and no copy back outlives the backward
         assert all(p.uses == 0 and p.back is None for h in hooks.values() for p in h.packed)
+
+
+@pytest.mark.parametrize("model", ["hf-llama-gqa", "zoo-gpt"])
+def test_offloaded_bytes_are_what_the_model_offloads(configs, tiny_gpt_spec, tmp_path, monkeypatch, model,
+                                                     plan_grads):
+    """What the executor copies to the host for each offloaded layer (each storage once, its
+    inputs kept, CPU tensors treated as a GPU's) is the planner's ``Chain.offload_bytes``, to the
+    byte: the memory the simulator frees is the memory the hooks free. (A Hugging Face Llama with
+    grouped-query attention, whose layers take the rotary pair as a keyword; ckplan's GPT.)"""
+    import ckplan.execute.offload as offload
+    from ckplan.planner.plan import OFFLOAD, Store
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    seen: dict = {}
+    real_run = offload.PlanOffload.run
+
+    def run(self, i, fn, args, kwargs):
+        out = real_run(self, i, fn, args, kwargs)
+        seen[i] = self._hooks[i]
+        return out
+    monkeypatch.setattr(offload.PlanOffload, "run", run)
+    if model == "hf-llama-gqa":
+        pytest.importorskip("transformers")
+        spec = api.load(configs / "hf-llama-gqa.yaml", batch_size=1, seq_len=16)
+    else:
+        spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, dropout=0.1))
+    chain = chain_from_profile(api.profile(spec, device="cpu"))
+    n = chain.n_layers
+    model, batch = build_model(spec), make_batch(spec)
+    plan_grads(model, batch, Plan("custom", n, tuple(Store(i, OFFLOAD) for i in range(n))))
+    assert sorted(seen) == list(range(n))
+    assert [seen[i].offloaded_bytes for i in range(n)] == [chain.offload_bytes(i) for i in range(n)]

@@ -9,8 +9,8 @@ done, and nothing else holds it. The backward copies each tensor back when it ne
 copy out's event): on demand for ``offload-all``; for the layers a plan stores with ``offload``
 (:class:`PlanOffload`, used by ``PlanExecutor``) from the start of the next layer's backward, on
 the side stream. Tensors below ``min_bytes`` and tensors on other devices are
-kept as they are (on a CPU there is nothing to offload to); a tensor saved by several ops of one
-layer call is copied once.
+kept as they are (on a CPU there is nothing to offload to); a storage saved by several ops, or as
+several views, is copied once and the views are made again on it when they come back.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..forwards import forwards_replaced
+from ..measure.tracker import tensors_in
 
 MIN_BYTES = 1024  # smaller saved tensors stay (torchtune's default)
 # Device types whose saved tensors are offloaded. A CPU's tensors are already in host memory; the
@@ -45,9 +46,9 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class _Packed:
-    """One saved tensor on the host: its copy out's event, its copy back once started, and how
-    many saved tensors of the graph it stands for (the copy back is dropped once they are all
-    unpacked: the hooks outlive the step, the device memory must not)."""
+    """One saved storage on the host (its bytes): its copy out's event, its copy back once started,
+    and how many saved tensors of the graph are views of it (the copy back is dropped once they
+    are all unpacked: the hooks outlive the step, the device memory must not)."""
 
     __slots__ = ("back", "back_done", "device", "done", "host", "uses")
 
@@ -58,16 +59,31 @@ class _Packed:
         self.uses = 1
 
 
+class _View:
+    """A saved tensor as a view of a packed storage."""
+
+    __slots__ = ("dtype", "offset", "packed", "size", "stride")
+
+    def __init__(self, packed: _Packed, t: torch.Tensor):
+        self.packed, self.dtype = packed, t.dtype
+        self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
+
+
+def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """A storage as a flat byte tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
 class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
-    """Saved-tensor hooks that move what ops save on a GPU to pinned host memory (module doc).
-    ``keep``: tensors that stay on the device, views of them included (a layer's inputs, which
-    the layer before keeps)."""
+    """Saved-tensor hooks that move what ops save on a GPU to pinned host memory (module doc):
+    each storage once, however many views of it are saved. ``keep``: tensors that stay on the
+    device, views of them included (a layer's inputs, which the layer before keeps)."""
 
     def __init__(self, min_bytes: int = MIN_BYTES, keep: tuple[torch.Tensor, ...] = ()):
         self.min_bytes = min_bytes
-        self.offloaded_bytes = 0
+        self.offloaded_bytes = 0  # bytes copied out: each storage once
         self._keep = {_storage(t) for t in keep}
-        self._copied: dict[int, tuple] = {}  # id -> (weakref, packed): one copy of a tensor several ops save
+        self._copied: dict[int, tuple] = {}  # id(storage) -> (weakref, packed)
         self.packed: list[_Packed] = []
         self.prefetched = False  # prefetch() has run
         super().__init__(self.pack, self.unpack)
@@ -76,26 +92,28 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
         if (t.device.type not in DEVICE_TYPES or _is_parameter(t) or t.numel() * t.element_size() < self.min_bytes
                 or _storage(t) in self._keep):
             return t
-        seen = self._copied.get(id(t))
-        if seen is not None and seen[0]() is t:  # the same live tensor (a dead one's id may be reused)
+        st = t.untyped_storage()
+        seen = self._copied.get(id(st))
+        if seen is not None and seen[0]() is st:  # the same live storage (a dead one's id may be reused)
             seen[1].uses += 1
-            return seen[1]
+            return _View(seen[1], t)
+        flat = _bytes_of(st, t.device)
         if t.device.type == "cuda":
             side = _side_stream(t.device)
-            host = torch.empty_like(t, device="cpu", pin_memory=True)
+            host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
             side.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(side):
-                host.copy_(t, non_blocking=True)
-                t.record_stream(side)
+                host.copy_(flat, non_blocking=True)
+                flat.record_stream(side)
                 done = torch.cuda.Event()
                 done.record(side)
         else:
-            host, done = t.detach().clone(), None
-        self.offloaded_bytes += t.numel() * t.element_size()
+            host, done = flat.clone(), None
+        self.offloaded_bytes += flat.numel()
         packed = _Packed(host, done, t.device)
-        self._copied[id(t)] = (weakref.ref(t), packed)
+        self._copied[id(st)] = (weakref.ref(st), packed)
         self.packed.append(packed)
-        return packed
+        return _View(packed, t)
 
     def wait_out(self) -> None:
         """The current stream waits until every copy out is done (their device memory is free)."""
@@ -104,7 +122,7 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
                 torch.cuda.current_stream(p.device).wait_event(p.done)
 
     def prefetch(self) -> None:
-        """Start copying every offloaded tensor back on the side stream (before it is needed)."""
+        """Start copying every offloaded storage back on the side stream (before it is needed)."""
         self.prefetched = True
         for p in self.packed:
             if p.back is None and p.done is None:
@@ -120,23 +138,29 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        out = self._back(packed)
-        packed.uses -= 1
-        if packed.uses <= 0:  # every use has it: the graph holds it from here
-            packed.back = packed.back_done = None
-        return out
+        p = packed.packed
+        back = self._back(p)
+        p.uses -= 1
+        if p.uses <= 0:  # every view has it: the graph holds it from here
+            p.back = p.back_done = None
+        return torch.empty(0, dtype=packed.dtype, device=p.device).set_(
+            back.untyped_storage(), packed.offset, packed.size, packed.stride)
 
     @staticmethod
     def _back(packed: _Packed) -> torch.Tensor:
+        """The storage's bytes on the device: its copy back, prefetched or made now."""
         if packed.done is None:  # a CPU tensor (tests): copied back synchronously
-            return packed.back if packed.back is not None else packed.host.clone()
-        stream = torch.cuda.current_stream(packed.device)
-        if packed.back is not None:  # prefetched: wait for its copy back
-            stream.wait_event(packed.back_done)
-            packed.back.record_stream(stream)
+            if packed.back is None:
+                packed.back = packed.host.clone()
             return packed.back
-        stream.wait_event(packed.done)
-        return packed.host.to(packed.device, non_blocking=True)
+        stream = torch.cuda.current_stream(packed.device)
+        if packed.back is None:  # not prefetched: copied back on the current stream
+            stream.wait_event(packed.done)
+            packed.back = packed.host.to(packed.device, non_blocking=True)
+            return packed.back
+        stream.wait_event(packed.back_done)
+        packed.back.record_stream(stream)
+        return packed.back
 
 
 class PlanOffload:
@@ -146,12 +170,13 @@ class PlanOffload:
     (a hook on that layer's output gradient; the last layer: at its own backward, on demand, as
     ``ckplan.planner.transfers`` models it)."""
 
-    def __init__(self, layers: set[int], n_layers: int, min_bytes: int = MIN_BYTES):
-        self.layers, self.n, self.min_bytes = layers, n_layers, min_bytes
+    def __init__(self, layers: set[int], n_layers: int, min_bytes: int | None = None):
+        self.layers, self.n = layers, n_layers
+        self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._hooks: dict[int, OffloadHooks] = {}
 
     def run(self, i: int, fn, args: tuple, kwargs: dict):
-        keep = tuple(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        keep = tuple(tensors_in((args, kwargs)))  # nested ones too (HF's position_embeddings pair)
         hooks = OffloadHooks(self.min_bytes, keep)
         with hooks:
             out = fn(*args, **kwargs)
