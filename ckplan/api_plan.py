@@ -46,7 +46,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
-         dp_mode: str = "auto", meta_target: str | None = None, offload: bool = True):
+         dp_mode: str = "auto", meta_target: str | None = None, offload: bool | None = None):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -58,7 +58,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     ``"auto"`` (exact DP up to 64 layers, banded DP to 400, grouped tables above) or ``"exact"``
     (the proven optimum at any length; slow on long chains). ``meta_target``: with
     ``device="meta"``, the device the profile stands for (:func:`profile`). ``offload``: dp may
-    offload layers to pinned host memory when the profile has a host link (``Profile.host_bw``).
+    offload layers to pinned host memory when the profile has a host link (``Profile.host_bw``):
+    None or True (True asked for: a note says so where there is no link), False never.
     """
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
@@ -67,8 +68,11 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
                              meta_target)
     tick(progress, f"planning {strategy} for {prof.model}")
     chain = _chain_for(prof, world_size, parallel)
-    if not offload:
+    if offload is False:
         chain = replace(chain, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0)
+    no_link = (f"--offload: nothing is offloaded: the profile has no host link (profiled on {prof.device}"
+               f"{'' if prof.device != 'meta' else ' without a GPU --target'})"
+               if offload is True and not chain.can_offload else None)
     budget_bytes, source = _budget_for_plan(budget, prof, chain)
     infeasible = infeasible_tip = None
     if strategy == "all":
@@ -92,7 +96,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     none = plan_chain(chain, "none")
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
-    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain), compiled) if n)
+    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain), compiled, no_link) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,

@@ -114,9 +114,10 @@ def plan(
                                                   "(or the closest plan it can express)."),
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
-    offload: bool = typer.Option(True, "--offload/--no-offload", help="dp may offload layers' saved "
-                                 "activations to pinned host memory where the profile has a host link "
-                                 "(a GPU, or meta with a GPU --target)."),
+    offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="dp may offload layers' "
+                                           "saved activations to pinned host memory where the profile has a "
+                                           "host link (a GPU, or meta with a GPU --target; a CPU has none). "
+                                           "Default: where it is faster."),
     exact: bool = typer.Option(False, "--exact", help="dp: prove the plan optimal over every nested plan "
                                "(the exact DP: 0.1-0.3 s at 100 layers, seconds at 300) instead of the "
                                "banded DP ckplan uses from 65 to 400 layers."),

@@ -159,3 +159,16 @@ def test_distributed_bench_profiles_options_when_asked(tiny_gpt_spec, tmp_path, 
     with_options, without = seen
     assert any(r.options for r in with_options.chain_layers)
     assert not any(r.options for r in without.chain_layers)
+
+
+def test_offload_asked_for_without_a_host_link_says_so(tiny_gpt_spec, tmp_path):
+    """A CPU (or meta for a CPU) profile has no host link: asked for, offload says it planned none;
+    left to dp, nothing is said; a GPU target's meta profile has one."""
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    asked = api.plan(spec, device="meta", meta_target="cpu", offload=True)
+    assert any("--offload: nothing is offloaded: the profile has no host link" in n for n in asked.notes)
+    assert "offload" not in asked.chosen.plan.options()
+    quiet = api.plan(spec, device="meta", meta_target="cpu")
+    assert not any("--offload" in n for n in quiet.notes)
+    gpu = api.plan(spec, device="meta", meta_target="h100", offload=True)
+    assert not any("--offload" in n for n in gpu.notes) and gpu.profile.host_bw == (55e9, 55e9)
