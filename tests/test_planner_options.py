@@ -37,7 +37,7 @@ def option_chains(max_n: int):
                      st.integers(1, max_n), st.integers(0, 2**32), st.integers(2, 3))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(option_chains(4))
 def test_dp_with_options_equals_brute_force(chain):
     check_against_brute(chain)
