@@ -42,7 +42,7 @@ from .documents import (
     read_plan_document,
 )
 from .errors import DependencyError, SpecError, UsageError
-from .options import PEERS, Device, Strategy
+from .options import OFFLOAD_PEERS, PEERS, Device, Strategy
 from .planner import parse_budget
 from .profile_doc import MAX_PROFILE_INT, profile_problem
 from .spec import Spec, build_model, make_batch, to_loss
@@ -74,10 +74,10 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
     limit, dev, plan_read = _check_bench(spec, k=k, steps=steps, warmup=warmup, budget=budget,
                                          memory_limit=memory_limit, device=device, plan_path=plan_path)
-    if "offload-all" in strategies and dev.type != "cuda":
-        raise UsageError(f"--compare offload-all needs a CUDA device (this bench runs on {dev.type}): it offloads "
+    for peer in (p for p in OFFLOAD_PEERS if p in strategies and dev.type != "cuda"):
+        raise UsageError(f"--compare {peer} needs a CUDA device (this bench runs on {dev.type}): it offloads "
                          "saved activations to host memory, where a CPU's already are",
-                         tip="drop offload-all from --compare, or bench on a GPU (--device cuda)")
+                         tip=f"drop {peer} from --compare, or bench on a GPU (--device cuda)")
     if plan_read is not None and "offload" in plan_read[0].options() and dev.type != "cuda":
         raise UsageError(f"--plan {plan_path} offloads layers to host memory, which needs a CUDA device (this bench "
                          f"runs on {dev.type})", tip="bench it on the GPU it was planned for (--device cuda)")

@@ -223,7 +223,8 @@ def bench(
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
                                 help="Comma-separated strategies to run, and peers: hf (per-layer, as "
                                 "gradient_checkpointing_enable), sac-policy (PyTorch SAC), offload-all (saved "
-                                "activations to host memory; CUDA), torch-compile."),
+                                "activations to host memory; CUDA), offload-attn (the attention blocks' only, "
+                                "Megatron-style; CUDA), torch-compile."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Also run this plan.json."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Budget for chen and dp (12GB, 12GiB, 40%, 50%act); "
                                          "default: halfway between the smallest feasible and the no-checkpoint peak."),

@@ -113,7 +113,7 @@ SAC_POLICIES: dict[str, str] = {
     "sac-attn": "keep linear, norm and activation outputs; recompute the attention core",
 }
 # Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
-MINCUT_BUDGETS: dict[str, float] = {"mincut-50": 0.5, "mincut-20": 0.2}
+MINCUT_BUDGETS: dict[str, float] = {"mincut-80": 0.8, "mincut-50": 0.5, "mincut-20": 0.2}
 SELECTIVE_OPTIONS: tuple[str, ...] = (*SAC_POLICIES, *MINCUT_BUDGETS)
 # Every option a plan file may name besides "store": the selective ones, and "offload" (a layer
 # stored at the top level with its saved tensors in pinned host memory; ckplan.planner.plan_items).
@@ -121,4 +121,5 @@ PLAN_OPTIONS: tuple[str, ...] = (*SELECTIVE_OPTIONS, "offload")
 
 # Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
 # checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.
-PEERS = ("hf", "sac-policy", "offload-all", "torch-compile", "torch-compile-nobudget")
+PEERS = ("hf", "sac-policy", "offload-all", "offload-attn", "torch-compile", "torch-compile-nobudget")
+OFFLOAD_PEERS = ("offload-all", "offload-attn")  # CUDA only: a CPU's activations are in host memory already

@@ -12,6 +12,10 @@
 ``offload-all`` every tensor the chain layers save for backward offloaded to pinned host memory
                 on a side stream and copied back when the backward needs it, as torchtune's
                 ``OffloadActivations`` does (:mod:`ckplan.execute.offload`; CUDA only): no recompute.
+``offload-attn`` Megatron-style fine-grained offload (``--offload-modules core_attn attn_proj``):
+                what each chain layer's attention block saves (q, k, v, the attention core's outputs,
+                the output projection's input; not the block's own input) offloaded as above, in
+                every chain layer but the last, whose backward comes first (:func:`attention_blocks`).
 ``torch-compile``           the whole model compiled with ``torch.compile`` (TorchInductor), with
                 ``torch._functorch.config.activation_memory_budget`` set to the share of the
                 no-checkpoint activation memory that ckplan's budget leaves (:func:`budget_fraction`),
@@ -36,13 +40,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .chainfind import resolve_chain
-from .errors import first_line
+from .errors import UsageError, first_line
 from .execute.offload import layers_offloaded
 from .forwards import forwards_replaced
 from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
 from .sac import policy_fn
 
-PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy", "offload-all")
+PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy", "offload-all", "offload-attn")
 
 
 def _sac_context():
@@ -72,6 +76,34 @@ def offload_all(model: nn.Module, chain: str | None = None):
     """Offload what every chain layer saves to pinned host memory (CUDA) until the block ends."""
     _, container, _ = resolve_chain(model, chain)
     return layers_offloaded(list(container))
+
+
+def attention_blocks(layer: nn.Module) -> list[nn.Module]:
+    """The attention blocks of a chain layer: its outermost submodules whose class name ends in
+    ``Attention`` (Hugging Face's ``LlamaAttention``, ``BertAttention``; ckplan's zoo), or whose
+    own name is ``attn``/``attention``/``self_attn``."""
+    found: list[nn.Module] = []
+    def visit(m: nn.Module) -> None:
+        for name, child in m.named_children():
+            if type(child).__name__.endswith("Attention") or name in ("attn", "attention", "self_attn"):
+                found.append(child)
+            else:
+                visit(child)
+    visit(layer)
+    return found
+
+
+def offload_attention(model: nn.Module, chain: str | None = None, hooks: list | None = None):
+    """Offload what the attention blocks of every chain layer but the last save, each block's input
+    kept on the device, until the block ends (CUDA; Megatron's fine-grained activation offloading)."""
+    _, container, _ = resolve_chain(model, chain)
+    layers = list(container)[:-1]
+    blocks = [b for layer in layers for b in attention_blocks(layer)]
+    if layers and not blocks:
+        raise UsageError(f"offload-attn found no attention block in chain layer {type(layers[0]).__name__}: it "
+                         "offloads submodules whose class name ends in Attention (or named attn, attention, self_attn)",
+                         tip="drop offload-attn from --compare, or compare offload-all")
+    return layers_offloaded(blocks, keep_inputs=True, hooks=hooks)
 
 
 COMPILE_PEERS: tuple[str, ...] = ("torch-compile", "torch-compile-nobudget")

@@ -58,14 +58,14 @@ if want gpt2; then
     --out-dir $REP --wide --debug
 fi
 # activation offload: bert-large at 8 x 512 (AdamW fp32) at 50%act, ckplan's dp (which offloads where the
-# profile's measured host link makes it faster), a plan offloading every layer but the last, and the
-# torchtune-style peer; the plan's peak and slowdown predicted against the measured ones.
+# profile's measured host link makes it faster), a plan offloading every layer but the last, the
+# torchtune-style and Megatron-style peers; the plan's peak and slowdown predicted against the measured ones.
 if want offload; then
   stage offload 240 bash -c "$PY -c \"
 import json; from ckplan.planner.plan import Plan, Store
 n = 24; print(json.dumps(Plan('offload', n, tuple(Store(i, 'offload' if i < n - 1 else 'store') for i in range(n))).to_dict()))
 \" > $REP/offload/plan-offload-bert-large.json && $CK bench configs/bert-large.yaml --device cuda --budget 50%act \
-    --compare none,dp,offload-all --k 1 --plan $REP/offload/plan-offload-bert-large.json --steps 6 --warmup 2 \
+    --compare none,dp,offload-all,offload-attn --k 1 --plan $REP/offload/plan-offload-bert-large.json --steps 6 --warmup 2 \
     --out-dir $REP/offload --wide --debug"
 fi
 # gpt2-small at 8 x 512 tokens, the default budget.

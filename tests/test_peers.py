@@ -213,13 +213,14 @@ def test_torch_compile_rows_with_dropout_match_eager_gradients(tiny_gpt_spec, tm
     assert r.max_grad_diff <= r.grad_tolerance
 
 
-def test_offload_all_is_refused_on_a_cpu(tiny_gpt_spec, tmp_path):
+@pytest.mark.parametrize("peer", ["offload-all", "offload-attn"])
+def test_offload_peers_are_refused_on_a_cpu(tiny_gpt_spec, tmp_path, peer):
     """Offloading to host memory needs a device that is not the host: one clear message, before
     anything is built."""
     from ckplan.errors import UsageError
     spec = api.load(tiny_gpt_spec(tmp_path))
-    with pytest.raises(UsageError, match="offload-all needs a CUDA device") as e:
-        api.bench(spec, strategies=["none", "offload-all"], device="cpu", steps=1, warmup=0)
+    with pytest.raises(UsageError, match=f"{peer} needs a CUDA device") as e:
+        api.bench(spec, strategies=["none", peer], device="cpu", steps=1, warmup=0)
     assert "--device cuda" in e.value.tip
 
 
@@ -252,3 +253,59 @@ def test_offload_hooks_leave_cpu_tensors_and_gradients_alone():
     with hooks:
         net(x).sum().backward()
     assert hooks.offloaded_bytes == 0
+
+
+def _step_grads(model, ids):
+    for p in model.parameters():
+        p.grad = None
+    model(ids, labels=ids).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_offload_attn_moves_what_attention_saves_and_keeps_gradients(monkeypatch):
+    """offload-attn (Megatron-style), its hooks run on CPU tensors treated as a GPU's: the gradients
+    are no checkpointing's, bit for bit, and each attention block but the last layer's offloads, to
+    the byte, what a GPT attention saves besides its input: the fused q/k/v projection's output
+    (q, k and v are views of it), the attention output with its log-sum-exp, and the merged heads
+    (the output projection's input; a view of the attention output, which the CPU's attention
+    kernel lays out as (B, T, heads, head dim)), each storage once."""
+    import ckplan.execute.offload as offload
+    from ckplan.peers import attention_blocks, offload_attention
+    from ckplan.zoo.gpt import build_gpt
+
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    B, T, C, nh, V, L = 2, 16, 32, 4, 50, 3
+    torch.manual_seed(0)
+    model = build_gpt(vocab_size=V, block_size=T, n_layer=L, n_head=nh, n_embd=C, dropout=0.0)
+    assert all(attention_blocks(b) == [b.attn] for b in model.blocks)
+    ids = torch.randint(0, V, (B, T))
+    plain = _step_grads(model, ids)
+    hooks: list = []
+    with offload_attention(model, "blocks", hooks=hooks):
+        moved = _step_grads(model, ids)
+    assert all(torch.equal(a, b) for a, b in zip(plain, moved))
+    f = 4  # fp32
+    per_block = B * T * 3 * C * f + B * T * C * f + B * nh * T * f
+    assert [h.offloaded_bytes for h in hooks] == [per_block] * (L - 1)
+    assert all(p.back is None for h in hooks for p in h.packed)  # every copy back dropped after use
+
+
+def test_attention_blocks_of_hugging_face_layers():
+    """The outermost attention block of each layer: Llama's self_attn, BERT's BertAttention (not
+    the BertSelfAttention inside it); an MLP has none, and offload-attn says so."""
+    transformers = pytest.importorskip("transformers")
+    from ckplan.errors import UsageError
+    from ckplan.peers import attention_blocks, offload_attention
+
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2))
+    assert [type(m).__name__ for m in attention_blocks(llama.model.layers[0])] == ["LlamaAttention"]
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4))
+    assert [type(m).__name__ for m in attention_blocks(bert.encoder.layer[0])] == ["BertAttention"]
+    mlp = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
+    assert attention_blocks(mlp[0]) == []
+    with pytest.raises(UsageError, match="no attention block in chain layer Linear"):
+        offload_attention(torch.nn.Sequential(mlp), "0")

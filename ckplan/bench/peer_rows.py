@@ -13,8 +13,10 @@ PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentran
               "activation checkpointing per chain layer, saving matmul/attention/convolution outputs and "
               "recomputing the rest (no ckplan prediction); offload-all = every tensor the chain layers save "
               "copied to pinned host memory on a side stream and back when the backward needs it, as "
-              "torchtune's OffloadActivations does (CUDA; no ckplan prediction); torch-compile = the model "
-              "compiled with torch.compile (TorchInductor) with torch._functorch.config."
+              "torchtune's OffloadActivations does (CUDA; no ckplan prediction); offload-attn = what the attention "
+              "blocks of every chain layer but the last save, offloaded the same way, as Megatron's fine-grained "
+              "activation offloading of core_attn and attn_proj does (CUDA; no ckplan prediction); "
+              "torch-compile = the model compiled with torch.compile (TorchInductor) with torch._functorch.config."
               "activation_memory_budget set from the bench's budget (the share of none's activation memory "
               "it leaves), so the min-cut "
               "partitioner recomputes to meet it; torch-compile-nobudget = the same at budget 1.0 (fusion "
@@ -36,6 +38,10 @@ def peer_entry(chain, name: str) -> Entry:
         return Entry(name, plan_chain(chain, "none").plan, kind="peer",
                      message="every tensor the chain layers save offloaded to pinned host memory on a side stream, "
                              "copied back when the backward needs it (torchtune-style; no ckplan prediction)")
+    if name == "offload-attn":
+        return Entry(name, plan_chain(chain, "none").plan, kind="peer",
+                     message="what the attention blocks of every chain layer but the last save offloaded to pinned "
+                             "host memory, each block's input kept (Megatron-style; no ckplan prediction)")
     message = ("torch selective checkpointing per chain layer: saves mm/addmm/bmm/attention/"
                "convolution outputs, recomputes the rest")
     if all(any(o.name == "sac-compute" for o in ly.options) for ly in chain.layers):

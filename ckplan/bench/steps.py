@@ -11,7 +11,7 @@ import torch
 from ..compiled import CompiledLayers
 from ..execute import apply_plan
 from ..measure import unique_storage_bytes
-from ..peers import hf_checkpointing, is_hf_model, offload_all, sac_policy
+from ..peers import hf_checkpointing, is_hf_model, offload_all, offload_attention, sac_policy
 from ..records import Profile
 from ..training import forward_loss
 from .entry import Entry
@@ -96,6 +96,8 @@ def applied(run: Run, e: Entry):
         return sac_policy(run.model, run.profile.chain)
     if e.kind == "peer" and e.name == "offload-all":
         return offload_all(run.model, run.profile.chain)
+    if e.kind == "peer" and e.name == "offload-attn":
+        return offload_attention(run.model, run.profile.chain)
     if e.kind == "peer" and e.name == "hf" and is_hf_model(run.model):
         return hf_checkpointing(run.model)
     if run.layers is not None and not run.eager and runs_compiled_layers(e):

@@ -200,19 +200,25 @@ class PlanOffload:
             t.register_hook(lambda g: hooks.prefetch())
 
 
-def layers_offloaded(layers: list[nn.Module], min_bytes: int = MIN_BYTES):
-    """Every layer's forward run under :class:`OffloadHooks` until the block ends."""
-    return forwards_replaced(layers, lambda _i, fwd: _Offloaded(fwd, min_bytes))
+def layers_offloaded(layers: list[nn.Module], min_bytes: int | None = None, *, keep_inputs: bool = False,
+                     hooks: list[OffloadHooks] | None = None):
+    """Every layer's forward run under :class:`OffloadHooks` until the block ends; ``keep_inputs``:
+    what it is called with stays on the device; ``hooks``: each call's hooks are appended to it."""
+    return forwards_replaced(layers, lambda _i, fwd: _Offloaded(fwd, min_bytes, keep_inputs, hooks))
 
 
 class _Offloaded:
     """A layer's forward under its own :class:`OffloadHooks` (a no-op outside grad mode)."""
 
-    def __init__(self, fwd, min_bytes: int):
-        self.fwd, self.min_bytes = fwd, min_bytes
+    def __init__(self, fwd, min_bytes: int | None, keep_inputs: bool, seen: list[OffloadHooks] | None):
+        self.fwd, self.keep_inputs, self.seen = fwd, keep_inputs, seen
+        self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
 
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.fwd(*args, **kwargs)
-        with OffloadHooks(self.min_bytes):
+        hooks = OffloadHooks(self.min_bytes, tuple(tensors_in((args, kwargs))) if self.keep_inputs else ())
+        if self.seen is not None:
+            self.seen.append(hooks)
+        with hooks:
             return self.fwd(*args, **kwargs)
