@@ -168,13 +168,13 @@ BENCH_FORCE_OPT = typer.Option(False, "--force", help="Run on cpu/cuda even when
 
 COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run) each chain layer compiled "
                            "with torch.compile, the plan applied around the compiled layers (selective "
-                           "options compiled in, plus mincut-50 and mincut-20: torch.compile's min-cut "
+                           "options compiled in, plus mincut-80, mincut-50 and mincut-20: torch.compile's min-cut "
                            "partitioner at that activation memory budget, per layer).")
 
 
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
-                           "recompute options (sac-compute, sac-linear, sac-attn; with --compile also mincut-50, "
-                           "mincut-20): one more measured step "
+                           "recompute options (sac-compute, sac-linear, sac-attn; with --compile also mincut-80, "
+                           "mincut-50, mincut-20): one more measured step "
                            "each; --no-options skips them.")
 
 

@@ -241,8 +241,8 @@ def test_cli_profile_options_table_and_json(tiny_gpt_spec, tmp_path):
     assert max(len(line) for line in out.stdout.splitlines() if line.startswith(("┃", "│"))) <= 80
 
 
-def test_options_table_with_five_options_fits_80_columns(tiny_gpt_spec, tmp_path):
-    """Compiled profiles have five options: on an 80-column terminal each cell puts the bytes over
+def test_options_table_with_six_options_fits_80_columns(tiny_gpt_spec, tmp_path):
+    """Compiled profiles have six options: on an 80-column terminal each cell puts the bytes over
     the time instead of running off the edge; every value is still there, and --wide keeps one line."""
     from rich.console import Console
 
@@ -250,10 +250,10 @@ def test_options_table_with_five_options_fits_80_columns(tiny_gpt_spec, tmp_path
     prof = api.profile(api.load(tiny_gpt_spec(tmp_path)), device="meta", options=True)
     more = [dataclasses.replace(r, options=tuple(  # measured-looking times: "+12.3 ms" in each cell
         dataclasses.replace(o, recompute_ms=12.345 + i) for i, o in enumerate(r.options + tuple(
-            dataclasses.replace(o, name=f"mincut-{k}") for k, o in zip((50, 20), r.options)))))
+            dataclasses.replace(o, name=f"mincut-{k}") for k, o in zip((80, 50, 20), r.options)))))
         if r.role == "chain" else r for r in prof.layers]
     prof = dataclasses.replace(prof, layers=tuple(more))
-    assert len(prof.option_names) == 5
+    assert len(prof.option_names) == 6
     narrow = Console(width=80, record=True, color_system=None)
     options_table(prof, console=narrow)
     text = narrow.export_text()

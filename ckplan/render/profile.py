@@ -92,15 +92,34 @@ def options_table(prof: Profile, *, wide: bool = False, console: Console | None 
 
     rows = table(" ")
     limit = width_limit(out, wide)
-    essential = [i for i, c in enumerate(cols) if c.rank == 0]
-    if limit is not None and 1 + sum(max(cell_len(cols[i].header), *(cell_len(r[i]) for r in rows)) + 3
-                                     for i in essential) > limit:
-        rows = table("\n")  # too wide for the terminal: bytes over the time in each cell
-    print_table(out, cols, rows, wide, title="selective options: kept for backward +forward redone")
+    title = "selective options: kept for backward +forward redone"
+    if limit is None or _width(cols, rows, range(len(cols))) <= limit:
+        print_table(out, cols, rows, wide, title=title)
+    else:  # too wide for the terminal: bytes over the time in each cell, then names over two
+        rows = table("\n")  # lines, or else as many option columns per table as fit beside the layer's
+        split = [*cols[:4], *(Col(n.replace("-", "-\n", 1)) for n in names)]
+        if _width(cols, rows, range(len(cols))) > limit >= _width(split, rows, range(len(cols))):
+            cols = split
+        first, group = [0, 1, 2, 3], []
+        for i in range(4, len(cols)):
+            if group and _width(cols, rows, first + group + [i]) > limit:
+                print_table(out, [cols[j] for j in first + group], [[r[j] for j in first + group] for r in rows],
+                            wide, title=title)
+                group, title = [], None
+            group.append(i)
+        print_table(out, [cols[j] for j in first + group], [[r[j] for j in first + group] for r in rows],
+                    wide, title=title)
     if kept is not None and any(o.name not in kept[r.index] for r in prof.chain_layers for o in r.options):
         out.print("*: beaten by store, full or another option on both memory and time (or a near tie "
                   f"with an earlier one: bytes within {TIE_BYTES:.0%}, time within {TIE_FWD:.0%} of the "
                   "forward); the planner leaves it out", soft_wrap=True)
+
+
+def _width(cols: list[Col], rows: list[list[str]], shown) -> int:
+    """A table's width with columns ``shown`` at their widest line (3 per column for borders and
+    padding, 1 more)."""
+    return 1 + sum(max(cell_len(line) for text in (cols[i].header, *(r[i] for r in rows))
+                       for line in text.split("\n")) + 3 for i in shown)
 
 
 def _kept_options(prof: Profile) -> list[set[str]] | None:
