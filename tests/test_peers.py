@@ -258,7 +258,8 @@ def test_offload_hooks_leave_cpu_tensors_and_gradients_alone():
 def _step_grads(model, ids):
     for p in model.parameters():
         p.grad = None
-    model(ids, labels=ids).backward()
+    out = model(ids, labels=ids)
+    getattr(out, "loss", out).backward()  # a Hugging Face model returns an output object with .loss
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -309,3 +310,24 @@ def test_attention_blocks_of_hugging_face_layers():
     assert attention_blocks(mlp[0]) == []
     with pytest.raises(UsageError, match="no attention block in chain layer Linear"):
         offload_attention(torch.nn.Sequential(mlp), "0")
+
+
+def test_offload_attn_on_a_hugging_face_llama_keeps_gradients(monkeypatch):
+    """A model ckplan did not write, whose attention takes the rotary pair as a keyword argument
+    (kept on the device as an input): offload-attn's gradients are no checkpointing's."""
+    transformers = pytest.importorskip("transformers")
+    import ckplan.execute.offload as offload
+    from ckplan.peers import offload_attention
+
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="sdpa"))
+    ids = torch.randint(0, 64, (2, 16))
+    plain = _step_grads(llama, ids)
+    hooks: list = []
+    with offload_attention(llama, "model.layers", hooks=hooks):
+        moved = _step_grads(llama, ids)
+    assert len(hooks) == 2 and all(h.offloaded_bytes > 0 for h in hooks)
+    assert all(torch.equal(a, b) for a, b in zip(plain, moved))
