@@ -153,8 +153,10 @@ def compiled_option_passes(inst: Instrument, step: Step, params: list[nn.Paramet
     measured: dict[str, MeasuredPass] = {}
     for name in options:
         with _compiled_under_option(inst.layers, name):
-            for _ in range(1 + (accum > 1)):
-                step.run(inst)  # compiles the option's graph; with accum, gradients are there
+            step.run(inst)  # compiles the option's graph
+            zero_grads(params)  # the measured backward makes the gradients, as the plain pass's does
+            if accum > 1:
+                step.run(inst)  # the measured micro-batch finds the gradients there, as in measure_step
             m = compiled_pass(inst, step, params, model, plain)
         measured[name] = replace(m, live_at_end={i: m.saved.get(i, 0) for i in range(inst.n)})
         zero_grads(params)
