@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root; default: every stage)
 #
-# Stages: env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed (the default order: what
+# Stages: env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile regions seed (the default order: what
 # the open work needs first). Environment: META_TARGET (the device model meta plans with; default
 # h200 on an H200, else h100), PYTEST_ARGS (e.g. -k resnet),
 # TESTS_LIMIT (seconds), GPT2_B8_COMPARE and BERT_COMPARE (the --compare lists), TARBALL. Each runs under its own time limit and logs to
@@ -13,7 +13,7 @@
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile seed}
+STAGES=${*:-env offload gpt2-b8 bert meta-plan calibrate profile tests gpt2 compile regions seed}
 REP=reports/cuda
 mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
@@ -104,6 +104,14 @@ if want compile; then
   stage compile 200 $CK bench configs/gpt2-small.yaml --device cuda \
     --compare none,dp,selective,torch-compile,torch-compile-nobudget --steps 20 --warmup 3 \
     --out-dir $REP/peers --wide --debug
+fi
+# ckplan's selective options as regions inside a whole-model torch.compile against torch.compile's
+# budget, gpt2-small and bert-large at 8 x 512 (SGD): peaks, held bytes, step times, gradients
+if want regions; then
+  stage regions 420 bash -c "$PY scripts/compiled_regions.py configs/gpt2-small.yaml --batch-size 8 \
+      --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-gpt2-small-b8.md; \
+    $PY scripts/compiled_regions.py configs/bert-large.yaml \
+      --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-bert-large.md"
 fi
 if want seed; then
   stage seed 150 $PY scripts/seed_claims.py --device cuda --full --steps 5 --out $REP/seed-claims.md
