@@ -108,7 +108,7 @@ fi
 # ckplan's selective options as regions inside a whole-model torch.compile against torch.compile's
 # budget, gpt2-small and bert-large at 8 x 512 (SGD): peaks, held bytes, step times, gradients
 if want regions; then
-  stage regions 420 bash -c "$PY scripts/compiled_regions.py configs/gpt2-small.yaml --batch-size 8 \
+  stage regions 500 bash -c "$PY scripts/compiled_regions.py configs/gpt2-small.yaml --batch-size 8 \
       --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-gpt2-small-b8.md; \
     $PY scripts/compiled_regions.py configs/bert-large.yaml \
       --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-bert-large.md"
