@@ -21,6 +21,7 @@ interleaved across variants round by round. SGD, so that the optimizer adds no s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import statistics
@@ -33,8 +34,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ckplan.bench.memory import profiled_step_memory
 from ckplan.chainfind import resolve_chain
+from ckplan.errors import CkplanError
 from ckplan.peers import eager_random_ops, shared_copy
-from ckplan.sac import context_fn
+from ckplan.sac import POLICIES, context_fn
 from ckplan.spec import build_model, load_spec, make_batch, to_loss
 from ckplan.training import autocast_ctx
 
@@ -69,23 +71,39 @@ class Variant:
         with self.settings():
             return compile_fx(gm, example_inputs)
 
-    def settings(self):
+    def settings(self) -> contextlib.ExitStack:
         import torch._functorch.config as functorch_config
-        stack = functorch_config.patch(activation_memory_budget=self.budget)
-        return _Both(stack, eager_random_ops())
+        stack = contextlib.ExitStack()
+        stack.enter_context(functorch_config.patch(activation_memory_budget=self.budget))
+        stack.enter_context(eager_random_ops())
+        return stack
 
 
-class _Both:
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-    def __enter__(self):
-        self.a.__enter__()
-        self.b.__enter__()
-
-    def __exit__(self, *exc):
-        self.b.__exit__(*exc)
-        self.a.__exit__(*exc)
+def check_variant(name: str, n_layers: int) -> str:
+    """Why variant ``name`` cannot run on a chain of ``n_layers`` ('' when it can)."""
+    for part in name.split("+"):
+        if part == "nobudget":
+            continue
+        if "@" not in part:
+            try:
+                budget = float(part[1:]) if part.startswith("b") else None
+            except ValueError:
+                budget = None
+            if budget is None or not 0.0 <= budget <= 1.0:
+                return f"{part!r} is not a budget b0.0 to b1.0, 'nobudget' or OPTION@LAYERS"
+            continue
+        option, _, where = part.partition("@")
+        if option != "ckpt" and option not in POLICIES:
+            return f"option {option!r} is not ckpt or one of {', '.join(POLICIES)}"
+        if where != "all":
+            try:
+                idx = [int(i) for i in where.split(",")]
+            except ValueError:
+                return f"layers {where!r} are not 'all' or indices like 0,1,2"
+            bad = [i for i in idx if not 0 <= i < n_layers]
+            if bad:
+                return f"layer {bad[0]} is outside the chain's {n_layers} layers (0 to {n_layers - 1})"
+    return ""
 
 
 def _loss(module, batch, precision: str):
@@ -115,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", help="also write the table as markdown here")
     a = ap.parse_args(argv)
-    spec = load_spec(a.spec)
+    try:
+        spec = load_spec(a.spec)
+    except CkplanError as e:
+        ap.error(str(e))
     if a.batch_size:
         spec = spec.model_copy(update={"input": spec.input.model_copy(update={"batch_size": a.batch_size})})
     dev = torch.device(a.device)
@@ -123,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(spec, a.device)
     batch = make_batch(spec, a.device)
     chain = spec.chain
+    n_layers = len(list(resolve_chain(model, chain)[1]))
+    for name in a.variants.split(";"):
+        why = check_variant(name, n_layers)
+        if why:
+            ap.error(f"--variants {name!r}: {why}")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     prec = spec.train.precision
     ref_loss, ref = _grads(model, batch, prec, 0)
