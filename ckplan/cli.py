@@ -32,6 +32,7 @@ from .cli_support import (
     WIDE_OPT,
     OneLineErrors,
     emit,
+    exit_now,
     given,
     guarded,
     new_folder_removed_on_error,
@@ -315,7 +316,11 @@ def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup,
 
 
 def main() -> None:
-    app()
+    """The ``ckplan`` command: the process ends as soon as the command is done (``exit_now``)."""
+    try:
+        app()
+    except SystemExit as e:
+        exit_now(e.code)
 
 
 if __name__ == "__main__":

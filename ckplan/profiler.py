@@ -12,6 +12,7 @@ times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``), and autoca
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,7 @@ from .compiled import CompiledLayers
 from .device_model import target_device
 from .errors import UsageError
 from .measure import Clock, KeptFreedMemory
+from .measure.meta_kernels import MetaKernelCache
 from .profiling.compiled_passes import compiled_layers, compiled_run
 from .profiling.instrument import Instrument
 from .profiling.notes import chain_breaks, step_notes
@@ -83,12 +85,14 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     # middle layers are one layer (profiling.option_sample), after the plain passes; elsewhere
     # with them, on every layer.
     sampled = meta and compiled is None
-    with kept, model_errors(meta), state_restored(model, params, device), hooks_installed(inst):
-        run = _run_passes(inst, step, params, chain_path, compiled, () if sampled else options,
-                          repeats=repeats, warmup=warmup, accum=accum, later=sampled)
-    sdpa_note = step.sdpa_note  # the attention calls of the plain step, not of an option's
-    if sampled:
-        _meta_sampled_passes(run, inst, container, step, params, chain_path, options, accum)
+    # On meta, below every mode that watches the ops: each meta kernel runs once per shape.
+    with MetaKernelCache() if meta else contextlib.nullcontext():
+        with kept, model_errors(meta), state_restored(model, params, device), hooks_installed(inst):
+            run = _run_passes(inst, step, params, chain_path, compiled, () if sampled else options,
+                              repeats=repeats, warmup=warmup, accum=accum, later=sampled)
+        sdpa_note = step.sdpa_note  # the attention calls of the plain step, not of an option's
+        if sampled:
+            _meta_sampled_passes(run, inst, container, step, params, chain_path, options, accum)
     measured = run.measured
     priced = device_model if meta else None
     rows = stage_rows(layers, chain_path, params, measured, run.times, meta, priced)

@@ -482,3 +482,19 @@ def test_device_meta_help_says_a_target_still_runs(command, monkeypatch):
     line = next(x for x in r.output.splitlines() if x.strip("│ ").startswith("--device"))
     assert "meta (fake tensors: no memory allocated; the model's code still runs on meta: a spec's " \
            "`target:` is imported and called, so run only specs you trust)" in " ".join(line.split())
+
+
+def test_the_fast_exit_keeps_the_code_the_output_the_handlers_and_the_threads():
+    # ckplan ends without the interpreter's teardown (cli_support.exit_now); what a normal exit
+    # does that a user can see must still happen: the exit code, buffered output, exit handlers
+    # (compiler worker pools, temporary folders) and other threads' work
+    code = (
+        "import atexit, sys, threading, time\n"
+        "from ckplan.cli_support import exit_now\n"
+        "atexit.register(lambda: print('handler ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+        "sys.stdout.write('unflushed ')\n"
+        "exit_now(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.split() == ["unflushed", "thread", "done", "handler", "ran"]

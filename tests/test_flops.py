@@ -140,3 +140,40 @@ def test_a_formula_that_raises_without_a_message_is_an_estimate_not_a_crash():
     count = counter._guarded(torch.ops.aten.mm, silent)
     assert count(torch.empty(2, 3), torch.empty(3, 4), out_val=None) == 0
     assert counter.estimated["mm"].startswith("not counted; torch's counter raised AssertionError")
+
+
+def _step_counts(counter_cls):
+    """Total FLOPs and per-op counts of a small model's forward+backward (conv, linear, SDPA,
+    layer norm, GELU, a loss) under one counter."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+    lin = torch.nn.Linear(16, 16)
+    norm = torch.nn.LayerNorm(16)
+    x = torch.randn(2, 8, 12)
+    c = counter_cls(display=False) if counter_cls is fc.FlopCounterMode else counter_cls()
+    with c:
+        h = conv(x).transpose(1, 2)
+        h = norm(F.gelu(lin(h)))
+        q = h.view(2, 12, 2, 8).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        loss = F.cross_entropy(out.reshape(-1, 8), torch.arange(48) % 8)
+        loss.backward()
+    return c.get_total_flops(), {str(k): v for k, v in c.get_flop_counts()["Global"].items()}
+
+
+def test_the_fast_dispatch_counts_what_torchs_counter_counts():
+    # ckplan's counter skips torch's decomposition attempt for ops that have nothing to
+    # decompose into: the totals and the per-op counts must be torch's own
+    assert _step_counts(FlopCounter) == _step_counts(fc.FlopCounterMode)
+    assert _step_counts(FlopCounter)[0] > 0
+
+
+def test_a_composite_op_that_reaches_the_counter_is_still_decomposed():
+    # an op with a CompositeImplicitAutograd kernel seen at the dispatch level (here called
+    # straight below autograd) goes to torch's path: its matmul is counted
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    for cls in (FlopCounter, fc.FlopCounterMode):
+        c = cls() if cls is FlopCounter else cls(display=False)
+        with c, torch._C._AutoDispatchBelowAutograd():
+            torch.ops.aten.matmul.default(a, b)
+        assert c.get_total_flops() == 2 * 4 * 5 * 3, cls

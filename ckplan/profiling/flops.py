@@ -79,15 +79,66 @@ class _GlobalOnly:
         return None
 
 
+def _plain(func: Any, registry: dict) -> bool:
+    """Whether torch's counter would run ``func`` as it is and count it: an op with a formula, or
+    one with no CompositeImplicitAutograd kernel to decompose into (most of a step's ops)."""
+    if not isinstance(func, torch._ops.OpOverload) or func in _METADATA_OPS:
+        return False
+    if func in registry:
+        return True
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key not in func.py_kernels and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+
+
+def _metadata_ops() -> frozenset:
+    """The ops torch's counter hands back unhandled (sizes, strides: nested tensors' policy)."""
+    names = ("sym_is_contiguous.default", "is_contiguous.default", "is_contiguous.memory_format",
+             "is_strides_like_format.default", "is_non_overlapping_and_dense.default", "size.default",
+             "sym_size.default", "stride.default", "sym_stride.default", "storage_offset.default",
+             "sym_storage_offset.default", "numel.default", "sym_numel.default", "dim.default")
+    ops = [getattr(getattr(torch.ops.aten, n.split(".")[0], None), n.split(".")[1], None) for n in names]
+    return frozenset([op for op in ops if op is not None] + [torch.ops.prim.layout.default,
+                                                             torch.ops.prim.device.default])
+
+
+_METADATA_OPS = _metadata_ops()
+_TorchMode = getattr(fc, "_FlopCounterMode", None)
+
+
+if _TorchMode is not None and hasattr(_TorchMode, "__torch_dispatch__"):
+    class _FastMode(_TorchMode):  # type: ignore[misc, valid-type]
+        """torch's counting mode with the common case first: an op that would be counted as it is
+        runs without the decomposition attempt (a mode re-entry and a dispatcher query per op, a
+        third of a meta profile's counting time). Everything else goes to torch's own path."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            plain = self.counter._plain_ops.get(func)
+            if plain is None:
+                plain = self.counter._plain_ops[func] = _plain(func, self.counter.flop_registry)
+            if not plain:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            out = func(*args, **(kwargs or {}))
+            return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
+else:  # a torch whose counter is laid out otherwise: its own path
+    _FastMode = None  # type: ignore[assignment, misc]
+
+
 class FlopCounter(FlopCounterMode):
     """Total FLOPs of what runs inside it; ``estimated`` maps each op that torch's formula could
     not count to what counted it instead ("ckplan's formula" or "not counted")."""
+
+    def __enter__(self):
+        entered = super().__enter__()
+        if _FastMode is not None and type(getattr(self, "mode", None)) is _TorchMode:
+            self.mode.__class__ = _FastMode  # same object, same state: only the dispatch differs
+        return entered
 
     def __init__(self) -> None:
         super().__init__(display=False)
         if hasattr(self, "mod_tracker"):
             self.mod_tracker = _GlobalOnly()
         self.estimated: dict[str, str] = {}
+        self._plain_ops: dict[Any, bool] = {}
         self.flop_registry = {op: self._guarded(op, f) for op, f in self.flop_registry.items()}
 
     def _guarded(self, op: Any, formula: Callable[..., int]) -> Callable[..., int]:

@@ -56,12 +56,17 @@ _VALUE_INITS = frozenset(getattr(torch.Tensor, name) for name in (
 
 class _NoInitOnMeta(TorchFunctionMode):
     """Skips value initialisation of meta tensors while a model is built (shapes, dtypes and
-    strides are untouched)."""
+    strides are untouched): the in-place methods above and every ``torch.nn.init`` function (a
+    mode does not see the calls its own handler makes, so ``nn.init.normal_`` must be caught
+    itself, not the ``Tensor.normal_`` inside it)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _VALUE_INITS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-            return args[0]
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in _VALUE_INITS or getattr(func, "__module__", None) == "torch.nn.init":
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
 
 
 def _build_builtin(name: str, args: dict):
