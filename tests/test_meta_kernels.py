@@ -72,6 +72,18 @@ def test_a_scalars_type_is_part_of_the_key():
     assert as_int.dtype == torch.int64 and as_float.dtype == torch.float32
 
 
+def test_the_default_dtype_is_part_of_the_key():
+    with MetaKernelCache():
+        a = aten.full.default([3], 1.0, device="meta")
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            b = aten.full.default([3], 1.0, device="meta")
+        finally:
+            torch.set_default_dtype(old)
+    assert (a.dtype, b.dtype) == (torch.float32, torch.float64)
+
+
 def test_an_undeclared_view_is_never_cached():
     # _unsafe_view returns a view of its input although its schema declares no alias
     x = _meta(4, 6)

@@ -81,7 +81,8 @@ class MetaKernelCache(TorchDispatchMode):
         if not fresh:
             return func(*args, **kwargs)
         try:
-            key = (func, _key(args), _key(tuple(sorted(kwargs.items()))))
+            # factory ops without a dtype follow the default dtype: part of the key
+            key = (func, _key(args), _key(tuple(sorted(kwargs.items()))), torch.get_default_dtype())
         except _Uncacheable:
             return func(*args, **kwargs)
         if key in self._outs:
