@@ -25,6 +25,7 @@ the rules are a transcription (sm80+ assumed) and may lag torch's.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 
@@ -228,8 +229,13 @@ def _grouped_mm_on_meta():
 
     lib = torch.library.Library("aten", "IMPL")
     try:
-        lib.impl("_grouped_mm", meta, "Meta")
-    except RuntimeError:  # a torch (2.11) whose own Python meta kernel is registered: it stays
+        # torch 2.9-2.12 register a Python meta kernel of their own (bf16 only): replace it for
+        # the pass (the undo restores it); older ones have only the C++ kernel and no override flag
+        if "allow_override" in inspect.signature(lib.impl).parameters:
+            lib.impl("_grouped_mm", meta, "Meta", allow_override=True)
+        else:
+            lib.impl("_grouped_mm", meta, "Meta")
+    except RuntimeError:  # a kernel that cannot be replaced: torch's own stays
         lib._destroy()
         return lambda: None
     return lib._destroy
