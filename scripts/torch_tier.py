@@ -41,8 +41,11 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_bench.py::test_measured_peak_matches_prediction[gpt]"]),
     "flops": ("FLOPs counted, grouped-query attention included (a Hugging Face Llama with GQA)", [
         "tests/test_flops.py"]),
-    "meta": ("profile on meta equal to the CPU profile (attention kernels, GQA)", [
-        "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel"]),
+    "meta": ("profile on meta equal to the CPU profile (attention kernels, GQA), the same with and "
+             "without the meta kernel cache; a mixture of experts (torch._grouped_mm) on meta", [
+        "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel",
+        "tests/test_meta_kernels.py",
+        "tests/test_configs.py::test_mixtral_8x7b_plans_on_meta"]),
     "fsdp2": ("FSDP2 (from torch 2.9 on CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
               "checkpoints included; a plan exported under fully_shard", [
         "tests/test_distributed.py::test_fsdp_per_rank_model_matches_measured_peak",
