@@ -13,7 +13,11 @@ Each variant is a copy of the model sharing its weights, compiled whole with Tor
 The gradients of one step of each variant are compared with eager PyTorch's from the same weights
 and seed; then one step's memory (CUDA: ``max_memory_allocated``; CPU: the PyTorch profiler's
 allocator events, above what was allocated when the step began) and ``--steps`` timed steps,
-interleaved across variants round by round. SGD, so that the optimizer adds no state.
+interleaved across variants round by round. SGD, so that the optimizer adds no state. Beside the
+measured bytes held after the forward, each row gives what the partitioned forward graph saves for
+the backward (``ckplan.measure.compiled_graph``), in all and by chain layer, and, where the run has
+a row with each option on every layer (``nobudget`` standing for store), that sum predicted layer by
+layer from those rows.
 
     python scripts/compiled_regions.py configs/gpt2-small.yaml \\
         --variants "nobudget;b0.71;sac-compute@all;sac-linear@all;ckpt@0,1,2" --out report.md
@@ -35,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from ckplan.bench.memory import profiled_step_memory
 from ckplan.chainfind import resolve_chain
 from ckplan.errors import CkplanError
+from ckplan.measure.compiled_graph import SavedForBackward
 from ckplan.peers import eager_random_ops, shared_copy
 from ckplan.sac import POLICIES, context_fn
 from ckplan.spec import build_model, load_spec, make_batch, to_loss
@@ -53,7 +58,7 @@ def _regions(model: torch.nn.Module, chain: str | None, part: str) -> None:
 
 
 class Variant:
-    def __init__(self, name: str, model: torch.nn.Module, chain: str | None, precision: str):
+    def __init__(self, name: str, model: torch.nn.Module, chain: str | None, precision: str, n_layers: int = 0):
         self.name, self.budget, self.precision = name, 1.0, precision
         copy = shared_copy(model)
         for part in name.split("+"):
@@ -65,10 +70,13 @@ class Variant:
                 _regions(copy, chain, part)
         self.module = torch.compile(copy, backend=self._backend)
         self.times: list[float] = []
+        path = resolve_chain(model, chain)[0]
+        self.saved = SavedForBackward([f"{path}.{i}" for i in range(n_layers)])  # by chain layer
+        self.layers = _layer_options(name, n_layers) if n_layers else {}
 
     def _backend(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
-        with self.settings():
+        with self.settings(), self.saved:
             return compile_fx(gm, example_inputs)
 
     def settings(self) -> contextlib.ExitStack:
@@ -77,6 +85,41 @@ class Variant:
         stack.enter_context(functorch_config.patch(activation_memory_budget=self.budget))
         stack.enter_context(eager_random_ops())
         return stack
+
+
+def _layer_options(name: str, n_layers: int) -> dict[int, str]:
+    """The option each chain layer runs with in variant ``name`` ('store' where no region), or
+    {} when a budget below 1 decides (no per-layer prediction then)."""
+    opts = {i: "store" for i in range(n_layers)}
+    for part in name.split("+"):
+        if part == "nobudget":
+            continue
+        if "@" not in part:
+            return {} if float(part[1:]) < 1.0 else opts
+        option, _, where = part.partition("@")
+        for i in (range(n_layers) if where == "all" else [int(i) for i in where.split(",")]):
+            opts[i] = option
+    return opts
+
+
+def additive_held(rows) -> dict[str, int]:
+    """Each variant's saved bytes predicted from the variants that run one option on every layer
+    (``nobudget``: every layer stored): per layer, that option's bytes in the uniform variant, plus
+    the uniform store variant's inputs and other bytes. Empty where a needed uniform row is missing."""
+    uniform = {}
+    for v, *_ in rows:
+        if v.layers and len(set(v.layers.values())) == 1:
+            uniform.setdefault(next(iter(v.layers.values())), v)
+    if "store" not in uniform:
+        return {}
+    base = uniform["store"].saved.bytes
+    out = {}
+    for v, *_ in rows:
+        if not v.layers or any(o not in uniform for o in v.layers.values()):
+            continue
+        out[v.name] = (base.get("other", 0) +
+                       sum(uniform[o].saved.bytes.get(f"L{i}", 0) for i, o in v.layers.items()))
+    return out
 
 
 def check_variant(name: str, n_layers: int) -> str:
@@ -155,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every variant's gradients first, from the same weights (the memory steps below update them).
     checked: list[tuple[Variant, float, float, float]] = []
     for name in a.variants.split(";"):
-        v = Variant(name, model, chain, prec)
+        v = Variant(name, model, chain, prec, n_layers)
         t = time.perf_counter()
         with v.settings():
             loss, grads = _grads(v.module, batch, prec, 0)
@@ -221,14 +264,20 @@ def _table(rows, a, dev: torch.device, spec) -> str:
             f"--steps {a.steps}` on {name}, torch {torch.__version__}, {date.today().isoformat()}; "
             f"batch {spec.input.batch_size} x {spec.input.shape}, SGD, {spec.train.precision}; peaks and held "
             "bytes above what was allocated when the step began (weights excluded, gradients included)\n")
-    lines = [head, "| variant | peak (bytes) | held for backward (bytes) | step (median) | min-max | "
+    lines = [head, "| variant | peak (bytes) | held for backward (bytes) | saved by the graph, less its inputs (bytes) | "
+                   "saved, from the uniform rows | step (median) | min-max | "
                    f"vs {rows[0][0].name} | max grad diff vs eager | compile |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    predicted = additive_held(rows)
     for v, compile_s, diff, peak, held in rows:
         med = statistics.median(v.times)
-        lines.append(f"| {v.name} | {peak:,} | {held:,} | {med:.3f} s | {min(v.times):.2f}-{max(v.times):.2f} s | "
-                     f"{med / base:.3f}x | {diff:.1e} | {compile_s:.0f} s |")
-    return "\n".join(lines)
+        pred = f"{predicted[v.name]:,}" if v.name in predicted else "-"
+        graph = v.saved.activations()
+        lines.append(f"| {v.name} | {peak:,} | {held:,} | {graph:,} | {pred} | {med:.3f} s | "
+                     f"{min(v.times):.2f}-{max(v.times):.2f} s | {med / base:.3f}x | {diff:.1e} | {compile_s:.0f} s |")
+    layers = [f"- {v.name}: " + ", ".join(f"{k} {b:,}" for k, b in sorted(v.saved.bytes.items())) for v, *_ in rows]
+    return "\n".join(lines) + "\n\nSaved by the partitioned forward graph, by chain layer (the layer whose op " \
+        "made the value; inputs: the graph's own inputs; other: outside the chain):\n\n" + "\n".join(layers)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, plan_chain, simulate
@@ -49,6 +50,8 @@ def test_llama_70b_plans_on_meta(configs):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"),
+                    reason="this torch has no torch._grouped_mm: transformers runs its experts another way")
 def test_mixtral_8x7b_plans_on_meta(configs):
     # A mixture of experts far beyond the machine: torch._grouped_mm had no fp32 meta kernel, and
     # torch's FLOP counter skips it. Oracles: Mixtral-8x7B's published parameter count, and each

@@ -7,6 +7,8 @@ device      the device's name and memory (NVML, CUDA, the host)
 resident    the process's resident-set peak over a block (Linux)
 kept_freed  CPU steps with freed memory kept in the process (glibc), as on a GPU
 timeline    the CPU allocator's events from the PyTorch profiler (compiled code)
+meta_kernels  each meta kernel run once per shape (fast fake passes)
+compiled_graph  what a compiled step saves for backward, from TorchInductor's partitioned graphs
 """
 from .clock import Clock
 from .cuda import CudaMemory, cuda_peak, cuda_reset, cuda_runtime_bytes
