@@ -67,7 +67,7 @@ def exit_now(code: object) -> NoReturn:
     if code is None:
         code = 0
     elif not isinstance(code, int):
-        print(code, file=sys.stderr)
+        sys.stderr.write(f"{code}\n")  # as sys.exit does with a message
         code = 1
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
