@@ -28,6 +28,21 @@ def test_hf_field_typo_is_refused_with_did_you_mean():
     assert len(m.transformer.h) == 2
 
 
+def test_hf_default_padding_id_outside_a_small_vocabulary_names_the_field():
+    # Phi-3's config defaults pad_token_id to 32000; with vocab_size 512 the model's embedding
+    # asserts inside transformers. ckplan names the field, the value, the limit and the fix.
+    pytest.importorskip("transformers")
+    fields = {"model_type": "phi3", "vocab_size": 512, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "use_cache": False}
+    with pytest.raises(SpecError) as e:
+        build_model(hf(fields), "meta")
+    assert e.value.exit_code == 2
+    assert "pad_token_id" in str(e.value) and "32000" in str(e.value) and "vocab_size 512" in str(e.value)
+    assert "below 512" in (e.value.tip or "")
+    m = build_model(hf({**fields, "pad_token_id": 0}), "meta")  # the fix the message gives builds
+    assert m.get_input_embeddings().padding_idx == 0
+
+
 def test_hf_unknown_model_type_is_one_line():
     with pytest.raises(SpecError) as e:
         build_model(hf({"model_type": "gtp2"}), "meta")

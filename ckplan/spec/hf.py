@@ -58,11 +58,28 @@ def build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
     except (KeyError, AttributeError):
         pass  # not a model of this task: from_config says so below
     try:
-        return auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
-    except (ValueError, ImportError):
-        # Architectures without SDPA attention (Bloom, GPT-J): transformers' own attention. A
-        # failed attempt leaves "sdpa" set on the config it was given, hence the copy above.
-        return auto.from_config(config, attn_implementation="eager")
+        try:
+            return auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+        except (ValueError, ImportError):
+            # Architectures without SDPA attention (Bloom, GPT-J): transformers' own attention. A
+            # failed attempt leaves "sdpa" set on the config it was given, hence the copy above.
+            return auto.from_config(config, attn_implementation="eager")
+    except AssertionError as e:
+        if "padding_idx" in str(e).lower():
+            _padding_id_error(config, model_type, fields)
+        raise
+
+
+def _padding_id_error(config, model_type: str, fields: dict) -> None:
+    """The embedding's padding row outside the vocabulary: a config's default ``pad_token_id``
+    (Phi-3: 32000) with a smaller ``vocab_size`` fails inside the model's constructor."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if not (isinstance(pad, int) and isinstance(vocab, int)):
+        return
+    where = "model.hf.pad_token_id" if "pad_token_id" in fields else \
+        f"model.hf.pad_token_id (the {model_type} config's default)"
+    raise SpecError(f"{where} {pad} is outside the vocabulary (vocab_size {vocab}: 0 to {vocab - 1})",
+                    tip=f"set pad_token_id in model.hf to a token id below {vocab} (0 is usual), or null")
 
 
 def _hf_config_class(transformers, model_type):
