@@ -50,6 +50,7 @@ class SavedForBackward:
         self.layer_names = list(layer_names)
         self.bytes: dict[str, int] = {}
         self._original: Any = None
+        self._module: Any = None  # torch._inductor.compile_fx, once entered
 
     def __enter__(self) -> SavedForBackward:
         import torch._inductor.compile_fx as cfx  # the compiler loads on first use only

@@ -127,12 +127,6 @@ class FlopCounter(FlopCounterMode):
     """Total FLOPs of what runs inside it; ``estimated`` maps each op that torch's formula could
     not count to what counted it instead ("ckplan's formula" or "not counted")."""
 
-    def __enter__(self):
-        entered = super().__enter__()
-        if _FastMode is not None and type(getattr(self, "mode", None)) is _TorchMode:
-            self.mode.__class__ = _FastMode  # same object, same state: only the dispatch differs
-        return entered
-
     def __init__(self) -> None:
         super().__init__(display=False)
         if hasattr(self, "mod_tracker"):
@@ -140,6 +134,12 @@ class FlopCounter(FlopCounterMode):
         self.estimated: dict[str, str] = {}
         self._plain_ops: dict[Any, bool] = {}
         self.flop_registry = {op: self._guarded(op, f) for op, f in self.flop_registry.items()}
+
+    def __enter__(self):
+        entered = super().__enter__()
+        if _FastMode is not None and type(getattr(self, "mode", None)) is _TorchMode:
+            self.mode.__class__ = _FastMode  # same object, same state: only the dispatch differs
+        return entered
 
     def _guarded(self, op: Any, formula: Callable[..., int]) -> Callable[..., int]:
         def count(*args, out_val=None, **kwargs) -> int:
