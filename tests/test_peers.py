@@ -255,6 +255,34 @@ def test_offload_hooks_leave_cpu_tensors_and_gradients_alone():
     assert hooks.offloaded_bytes == 0
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_offload_hooks_unpack_views_of_one_storage(monkeypatch, prefetch):
+    """Three saved tensors of one storage (``exp`` saves ``b``, ``b[:2] * b[2:]`` both halves) are
+    copied out once and unpacked three times, on demand or after a prefetch: the gradients of no offload, and after
+    the backward no copy back, no host copy and no use left (CPU tensors treated as a GPU's)."""
+    import ckplan.execute.offload as offload
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    a = torch.randn(4, 64, requires_grad=True)
+
+    def loss():
+        b = a.exp()
+        return (b[:2] * b[2:]).square().sum()
+
+    loss().backward()
+    ref, a.grad = a.grad.clone(), None
+    hooks = offload.OffloadHooks(min_bytes=0)
+    with hooks:
+        out = loss()
+    # b's storage copied once for three saved tensors (exp's output, the two halves), the product once
+    assert sorted(p.uses for p in hooks.packed) == [1, 3]
+    if prefetch:
+        hooks.prefetch()
+    out.backward()
+    assert torch.equal(a.grad, ref)
+    assert hooks.prefetched == prefetch
+    assert all(p.uses == 0 and p.back is None and p.host is None for p in hooks.packed)
+
+
 def _step_grads(model, ids):
     for p in model.parameters():
         p.grad = None

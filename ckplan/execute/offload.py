@@ -47,13 +47,15 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 class _Packed:
     """One saved storage on the host (its bytes): its copy out's event, its copy back once started,
-    and how many saved tensors of the graph are views of it (the copy back is dropped once they
-    are all unpacked: the hooks outlive the step, the device memory must not)."""
+    and how many saved tensors of the graph are views of it (the copy back and the host copy are
+    dropped once they are all unpacked: the hooks outlive the step, the memory must not; pinned
+    host memory goes back to torch's caching host allocator for the next step)."""
 
     __slots__ = ("back", "back_done", "device", "done", "host", "uses")
 
     def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None, device: torch.device):
-        self.host, self.done, self.device = host, done, device
+        self.host: torch.Tensor | None = host
+        self.done, self.device = done, device
         self.back: torch.Tensor | None = None
         self.back_done: torch.cuda.Event | None = None
         self.uses = 1
@@ -98,17 +100,7 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             seen[1].uses += 1
             return _View(seen[1], t)
         flat = _bytes_of(st, t.device)
-        if t.device.type == "cuda":
-            side = _side_stream(t.device)
-            host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
-            side.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(side):
-                host.copy_(flat, non_blocking=True)
-                flat.record_stream(side)
-                done = torch.cuda.Event()
-                done.record(side)
-        else:
-            host, done = flat.clone(), None
+        host, done = _copy_out(flat)
         self.offloaded_bytes += flat.numel()
         packed = _Packed(host, done, t.device)
         self._copied[id(st)] = (weakref.ref(st), packed)
@@ -122,45 +114,64 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
                 torch.cuda.current_stream(p.device).wait_event(p.done)
 
     def prefetch(self) -> None:
-        """Start copying every offloaded storage back on the side stream (before it is needed)."""
+        """Start copying every offloaded storage still to be used back, on the side stream."""
         self.prefetched = True
         for p in self.packed:
-            if p.back is None and p.done is None:
-                p.back = p.host.clone()
-            elif p.back is None:
-                side = _side_stream(p.device)
-                side.wait_stream(torch.cuda.current_stream(p.device))
-                with torch.cuda.stream(side):
-                    p.back = p.host.to(p.device, non_blocking=True)
-                    p.back_done = torch.cuda.Event()
-                    p.back_done.record(side)
+            if p.back is None and p.host is not None:
+                p.back, p.back_done = _copy_back(p, side=True)
 
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
         p = packed.packed
-        back = self._back(p)
+        if p.back is None:  # not prefetched: copied back now, on the current stream
+            p.back, p.back_done = _copy_back(p, side=False)
+        elif p.back_done is not None:  # prefetched on the side stream: done, and used here from now on
+            stream = torch.cuda.current_stream(p.device)
+            stream.wait_event(p.back_done)
+            p.back.record_stream(stream)
+        back = p.back
         p.uses -= 1
-        if p.uses <= 0:  # every view has it: the graph holds it from here
-            p.back = p.back_done = None
-        return torch.empty(0, dtype=packed.dtype, device=p.device).set_(
+        if p.uses <= 0:  # every view has it: the graph holds it from here, the host copy goes back
+            p.back = p.back_done = p.host = None
+        return torch.empty(0, dtype=packed.dtype, device=back.device).set_(
             back.untyped_storage(), packed.offset, packed.size, packed.stride)
 
-    @staticmethod
-    def _back(packed: _Packed) -> torch.Tensor:
-        """The storage's bytes on the device: its copy back, prefetched or made now."""
-        if packed.done is None:  # a CPU tensor (tests): copied back synchronously
-            if packed.back is None:
-                packed.back = packed.host.clone()
-            return packed.back
-        stream = torch.cuda.current_stream(packed.device)
-        if packed.back is None:  # not prefetched: copied back on the current stream
-            stream.wait_event(packed.done)
-            packed.back = packed.host.to(packed.device, non_blocking=True)
-            return packed.back
-        stream.wait_event(packed.back_done)
-        packed.back.record_stream(stream)
-        return packed.back
+
+def _copy_out(flat: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A device storage's bytes copied to pinned host memory on the side stream, after the work
+    that made them, and the copy's event; on a CPU (tests) a synchronous copy and no event."""
+    if flat.device.type != "cuda":
+        return flat.clone(), None
+    side = _side_stream(flat.device)
+    host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
+    side.wait_stream(torch.cuda.current_stream(flat.device))
+    with torch.cuda.stream(side):
+        host.copy_(flat, non_blocking=True)
+        flat.record_stream(side)  # the allocator reuses this memory only once the copy is done
+        done = torch.cuda.Event()
+        done.record(side)
+    return host, done
+
+
+def _copy_back(p: _Packed, *, side: bool) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A packed storage copied back to its device after its copy out: on the side stream with the
+    copy's event (``side``, a prefetch), or on the current stream (no event: it is ordered
+    there); on a CPU (tests) a synchronous copy."""
+    assert p.host is not None, "an offloaded tensor unpacked after its last use"
+    if p.done is None:
+        return p.host.clone(), None
+    current = torch.cuda.current_stream(p.device)
+    if not side:
+        current.wait_event(p.done)
+        return p.host.to(p.device, non_blocking=True), None
+    stream = _side_stream(p.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        back = p.host.to(p.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+    return back, event
 
 
 class PlanOffload:
