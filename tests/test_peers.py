@@ -283,6 +283,20 @@ def test_offload_hooks_unpack_views_of_one_storage(monkeypatch, prefetch):
     assert all(p.uses == 0 and p.back is None and p.host is None for p in hooks.packed)
 
 
+def test_a_second_backward_over_offloaded_tensors_is_one_clear_error(monkeypatch):
+    """Offloaded host copies are released at their last use, so ``backward(retain_graph=True)``
+    followed by a second backward is refused with ModelRunError naming the fix."""
+    import ckplan.execute.offload as offload
+    from ckplan.errors import ModelRunError
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    a = torch.randn(4, 64, requires_grad=True)
+    with offload.OffloadHooks(min_bytes=0):
+        out = a.exp().square().sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(ModelRunError, match=r"retain_graph=True.*--no-offload"):
+        out.backward()
+
+
 def _step_grads(model, ids):
     for p in model.parameters():
         p.grad = None

@@ -19,6 +19,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..errors import ModelRunError
 from ..forwards import forwards_replaced
 from ..measure.tracker import tensors_in
 
@@ -158,7 +159,12 @@ def _copy_back(p: _Packed, *, side: bool) -> tuple[torch.Tensor, torch.cuda.Even
     """A packed storage copied back to its device after its copy out: on the side stream with the
     copy's event (``side``, a prefetch), or on the current stream (no event: it is ordered
     there); on a CPU (tests) a synchronous copy."""
-    assert p.host is not None, "an offloaded tensor unpacked after its last use"
+    if p.host is None:
+        raise ModelRunError("a tensor saved for backward and offloaded to host memory was unpacked after its "
+                            "last use: a second backward through the same graph (retain_graph=True) cannot "
+                            "reuse offloaded activations, whose host copies are released once used",
+                            tip="store or checkpoint these layers instead (plan --no-offload), or run one "
+                                "backward per forward")
     if p.done is None:
         return p.host.clone(), None
     current = torch.cuda.current_stream(p.device)
