@@ -10,7 +10,9 @@ copy out's event): on demand for ``offload-all``; for the layers a plan stores w
 (:class:`PlanOffload`, used by ``PlanExecutor``) from the start of the next layer's backward, on
 the side stream. Tensors below ``min_bytes`` and tensors on other devices are
 kept as they are (on a CPU there is nothing to offload to); a storage saved by several ops, or as
-several views, is copied once and the views are made again on it when they come back.
+several views, is copied once and the views are made again on it when they come back. A host copy
+is released once its last saved tensor is unpacked, so a second backward through the same graph
+(``retain_graph=True``) is refused with ModelRunError.
 """
 from __future__ import annotations
 
