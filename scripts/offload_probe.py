@@ -21,11 +21,9 @@ from ckplan.planner.plan import OFFLOAD, STORE, Plan, Store
 from ckplan.spec import build_model, make_batch, to_loss
 from ckplan.training import forward_loss
 
-DEVICE = "cuda"
 
-
-def _sync() -> None:
-    if DEVICE == "cuda":
+def _sync(device: str) -> None:
+    if device == "cuda":
         torch.cuda.synchronize()
 
 
@@ -38,14 +36,14 @@ def pinned_allocations(n: int, nbytes: int, rounds: int = 3) -> None:
         del held
 
 
-def step_times(model, batch, steps: int, label: str) -> None:
+def step_times(model, batch, steps: int, label: str, device: str) -> None:
     times = []
     for _ in range(steps + 1):
-        _sync()
+        _sync(device)
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        forward_loss(model, *batch, to_loss, "fp32", DEVICE).backward()
-        _sync()
+        forward_loss(model, *batch, to_loss, "fp32", device).backward()
+        _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"{label}: steps ms {' '.join(f'{t:.1f}' for t in times)} (first is a warm-up)")
 
@@ -58,27 +56,25 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script (nothing is offloaded)")
     a = ap.parse_args()
-    global DEVICE
-    DEVICE = a.device
     spec = api.load(a.spec, batch_size=a.batch_size, seq_len=a.seq_len)
-    model, batch = build_model(spec, DEVICE), make_batch(spec, DEVICE)
+    model, batch = build_model(spec, a.device), make_batch(spec, a.device)
     n = chain_from_profile(api.profile(spec, device="meta")).n_layers
-    if DEVICE == "cuda":
+    if a.device == "cuda":
         pinned_allocations(n - 1, 256 * 2**20)
-    step_times(model, batch, a.steps, "none")
+    step_times(model, batch, a.steps, "none", a.device)
     plan = Plan("offload", n, tuple(Store(i, OFFLOAD if i < n - 1 else STORE) for i in range(n)))
     with apply_plan(model, plan):
-        step_times(model, batch, a.steps, "plan offload (all but the last layer)")
+        step_times(model, batch, a.steps, "plan offload (all but the last layer)", a.device)
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if DEVICE == "cuda":
+        if a.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof:
             model.zero_grad(set_to_none=True)
-            forward_loss(model, *batch, to_loss, "fp32", DEVICE).backward()
-            _sync()
+            forward_loss(model, *batch, to_loss, "fp32", a.device).backward()
+            _sync(a.device)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=40))
     with offload_all(model):
-        step_times(model, batch, a.steps, "offload-all")
+        step_times(model, batch, a.steps, "offload-all", a.device)
 
 
 if __name__ == "__main__":
