@@ -5,7 +5,7 @@
 #
 # Stages run in the order given; the default is what the open work needs first:
 #   env offload meta-plan gpt2-b8 calibrate tests compile-b8
-# and the others: bert profile gpt2 compile regions seed.
+# and the others: sac-probe bert profile gpt2 compile regions seed.
 # Each runs under its own time limit (LIMIT_<stage> in seconds overrides it, '-' as '_': LIMIT_gpt2_b8)
 # and logs to OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed
 # into $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next.
@@ -140,6 +140,12 @@ run_regions() {
       --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-gpt2-small-b8.md; \
     $PY scripts/compiled_regions.py configs/bert-large.yaml \
       --variants 'nobudget;b0.5;sac-compute@all;sac-linear@all' --steps 10 --out $REP/compiled-regions-bert-large.md"
+}
+
+# what torch's SAC policy and ckplan's selective plans recompute and cost per layer, gpt2-small at 8 x 512
+# (the meta device model prices them 8-12 points below what an H100 measured): kernels counted per step
+run_sac-probe() {
+  stage sac-probe 120 $PY scripts/sac_probe.py --device cuda --batch-size 8 --rounds 5
 }
 
 run_seed() {
