@@ -26,6 +26,7 @@ from . import render
 from .errors import CkplanError, UsageError, first_line
 from .launch import MAX_RANKS_PER_CPU
 from .options import Device, Fmt, Optimizer, Precision, Strategy
+from .records import SCHEMA_VERSION
 from .report import to_json, write_csv, write_text
 
 
@@ -84,27 +85,53 @@ def fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+class _Stdout:
+    """Whether the running command has written its document to stdout (:func:`emit`)."""
+
+    written = False
+
+
+def error_document(kind: str, message: str, tip: str | None, code: int) -> dict:
+    """What ``--format json`` prints on stdout when a command ends in an error before its document:
+    the same schema version as every document, and the error's exit code, class, message and tip."""
+    return {"schema_version": SCHEMA_VERSION,
+            "error": {"exit_code": code, "kind": kind, "message": message, "tip": tip}}
+
+
 def guarded(fn):
-    """Run a command; map ckplan errors to exit codes and keep tracebacks behind --debug."""
+    """Run a command; map ckplan errors to exit codes and keep tracebacks behind --debug. With
+    ``--format json``, an error before the command's document is a document too (stdout is never
+    empty for a script that parses it); the ``Error:`` line still goes to stderr."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         debug = kwargs.get("debug", False)
+        as_json = kwargs.get("fmt") == Fmt.json
+
+        def failed(kind: str, message: str, tip: str | None, code: int, line: str) -> None:
+            if as_json and not _Stdout.written:
+                sys.stdout.write(to_json(error_document(kind, message, tip, code)))
+            fail(line, code)
+
+        _Stdout.written = False
         try:
             return fn(*args, **kwargs)
         except CkplanError as e:
             if debug:
                 raise
             # an error raised from another (the model's own) has a traceback worth seeing
-            fail(str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""),
-                  e.exit_code)
+            failed(type(e).__name__, e.message, e.tip, e.exit_code,
+                   str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""))
         except KeyboardInterrupt:
-            fail("interrupted; no partial report was written", 130)
+            failed("Interrupted", "interrupted; no partial report was written", None, 130,
+                   "interrupted; no partial report was written")
         except typer.Exit:
             raise
         except Exception as e:  # a bug in ckplan or the model: one line, traceback with --debug
             if debug:
                 raise
-            fail(f"{type(e).__name__}: {first_line(str(e))} (run with --debug for the traceback)", 1)
+            line = f"{type(e).__name__}: {first_line(str(e))}"
+            failed(type(e).__name__, line, "run with --debug for the traceback", 1,
+                   f"{line} (run with --debug for the traceback)")
     return wrapper
 
 
@@ -252,6 +279,7 @@ def given(overrides: dict) -> dict:
 
 
 def emit(fmt: Fmt, doc: dict, frame, table) -> None:
+    _Stdout.written = True
     if fmt == Fmt.json:
         sys.stdout.write(to_json(doc))
     elif fmt == Fmt.csv:

@@ -29,7 +29,7 @@ for v in "${VERSIONS[@]}"; do
   echo "== torch $v" >&2
   current="$ROOT_DIR/torch-$v"
   py="$current/bin/python"
-  if ! "$py" -c "import sys, torch, ckplan; sys.exit(torch.__version__.split('+')[0] != '$v')" 2>/dev/null; then
+  if ! "$py" -c "import sys, torch, ckplan, xdist; sys.exit(torch.__version__.split('+')[0] != '$v')" 2>/dev/null; then
     rm -rf "$current"
     python3 -m venv "$current"
     if ! { "$py" -m pip install -q --no-cache-dir "torch==$v" \

@@ -341,3 +341,27 @@ def test_a_ckplan_output_given_as_spec_is_named(saved_profile, tmp_path):
     assert r.exit_code == 2 and "is a ckplan 'plan' document" in one_line(r) and "--plan" in one_line(r)
 
 
+
+
+# ---- --format json: an error is a document too, and never a second one -------------------------
+
+def test_json_format_gives_an_error_document_on_stdout(mlp_spec, tmp_path):
+    r = run("plan", mlp_spec, "--device", "meta", "--budget", "1KB", "--format", "json")
+    assert r.exit_code == 3
+    doc = json.loads(r.stdout)  # stdout alone holds one JSON document; the Error: line is on stderr
+    assert doc["schema_version"] == 1 and doc["error"]["exit_code"] == 3
+    assert doc["error"]["kind"] == "InfeasibleBudgetError"
+    assert doc["error"]["message"].startswith("budget 1000 B is below the smallest feasible peak")
+    assert "a budget of at least" in doc["error"]["tip"] and "Error:" in r.stderr
+    missing = run("profile", tmp_path / "nope.yaml", "--format", "json")
+    assert missing.exit_code == 2 and json.loads(missing.stdout)["error"]["kind"] == "SpecError"
+    # Without --format json stdout stays empty: the error is the stderr line only.
+    assert run("profile", tmp_path / "nope.yaml").stdout == ""
+
+
+def test_json_bench_that_exits_3_after_its_document_adds_no_error_document(mlp_spec, tmp_path):
+    r = run("bench", mlp_spec, "--device", "cpu", "--compare", "none,dp", "--budget", "1KB", "--steps", "1",
+            "--warmup", "0", "--no-options", "--out-dir", tmp_path / "o", "--format", "json")
+    assert r.exit_code == 3, r.output
+    doc = json.loads(r.stdout)  # one document: the bench's own, with its error row
+    assert "error" not in doc and {row["strategy"] for row in doc["rows"]} == {"none", "dp"}

@@ -308,6 +308,22 @@ def test_infeasible_tips_fit_the_case():
                              "least 5 GiB")
 
 
+def test_infeasible_tip_names_activations_saved_outside_the_chain_only_when_they_dominate():
+    kib = 2**10
+    base = uniform_chain(2, x_bytes=64 * kib)
+    # A seq2seq model planned over its encoder: the decoder's activations sit in the head (post).
+    big_post = Chain(base.layers, base.pre, replace(base.post, xbar_bytes=4096 * kib), base.x_in_bytes, 0,
+                     persistent_bytes=0, opt_step_peak_bytes=0, optimizer="sgd")
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(big_post, "dp", 1024 * kib)
+    outside = format_bytes(base.pre.retained_bytes + 4096 * kib)
+    assert f"a chain that covers more of the model: {outside} of the activations are saved before or after" \
+        in err.value.tip
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(base, "dp", kib)
+    assert "a chain that covers more" not in err.value.tip
+
+
 def test_chen_and_dp_agree_on_infeasible_budgets_and_compare_never_raises():
     for seed in range(20):
         ch = random_chain(6, seed)

@@ -160,7 +160,7 @@ def test_selective_strategy(chain, frac):
 
 def test_selective_needs_options():
     ch = random_chain(5, 2)
-    with pytest.raises(SpecError, match="this chain has none"):
+    with pytest.raises(SpecError, match="this chain has none that pays"):
         plan_chain(ch, "selective")
     # compare and sweep leave it out on a chain without options, keep it on one with
     assert [r.strategy for r in compare(ch, ("dp", "selective"))] == ["dp"]

@@ -17,6 +17,9 @@ from .chain import Chain
 
 # Activations are "a real part" of the floor when they are at least this share of it.
 ACTIVATION_SHARE = 0.10
+# What is saved outside the chain (before it, and in the head after it) is worth naming when it
+# is at least this share of the activation floor: no plan can lower it.
+OUTSIDE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,12 @@ def infeasible_error(chain: Chain, budget_bytes: int, lowest: int) -> Infeasible
         fixes.append("a smaller batch size or sequence length (input.batch_size, input.shape; "
                      "--batch-size, --seq-len: activations are "
                      f"{fb(f.activation_bytes)} of the floor)")
+    outside = chain.pre.retained_bytes + chain.post.xbar_bytes
+    if f.activation_bytes and outside >= OUTSIDE_SHARE * f.activation_bytes:
+        fixes.append(f"a chain that covers more of the model: {fb(outside)} of the activations are "
+                     "saved before or after the chain layers, where no plan checkpoints (the embeddings, the "
+                     "head and loss, or a second stack: an encoder-decoder's chain is one of its two; "
+                     "`ckplan profile` shows them as (pre) and (post), and `chain:` in the spec picks the chain)")
     fixes.append(f"a budget of at least {fb(lowest)}")
     return InfeasibleBudgetError(
         f"budget {fb(budget_bytes)} is below the smallest feasible peak {fb(lowest)}, reached in "

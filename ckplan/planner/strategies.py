@@ -154,12 +154,14 @@ def common_policies(chain: Chain) -> tuple[str, ...]:
 def selective_plans(chain: Chain) -> list[Plan]:
     """One plan per common policy: every layer stored with it (``selective``'s candidates)."""
     if not chain.has_options:
-        raise SpecError("the selective strategy needs selective options, and this chain has none: the "
-                        "profile measured none, or every option it measured was dominated (kept more "
-                        "and recomputed no less than storing or recomputing the whole layer; on small "
-                        "layers SAC's own overhead outweighs what it saves)",
-                        tip="profile with options (`ckplan profile --options`), or use --strategy dp, "
-                            "which plans without them when none pays")
+        raise SpecError("the selective strategy needs selective options, and this chain has none that "
+                        "pays: the profile measured none (profiled without options, or the layers cannot "
+                        "run under SAC: its notes say which), or every option it measured was dominated "
+                        "(kept more and recomputed no less than storing or recomputing the whole layer; "
+                        "on small layers SAC's own overhead outweighs what it saves, and on a busy machine "
+                        "the measured times that decide it vary)",
+                        tip="use --strategy dp, which plans without options when none pays, or bench a "
+                            "plan that uses one (--plan FILE) to measure it anyway")
     pols = common_policies(chain)
     if not pols:
         have = sorted({o.name for ly in chain.layers for o in ly.options})

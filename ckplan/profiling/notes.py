@@ -26,7 +26,7 @@ BREAKS_NOTE = ("layers that do not receive the previous layer's output as an arg
 CARRIED_NOTE = ("layers that hand the next layer more than one tensor (counted together as the "
                 "boundary a checkpoint keeps; rotor's model has one tensor per boundary): on such "
                 "chains ckplan's tests predict checkpointed plans exactly or within one boundary "
-                "tensor, either way (README: known limits); bytes besides the first")
+                "tensor, high or low (docs/memory-model.md: one boundary size per layer); bytes besides the first")
 UNKEPT_NOTE = ("outputs no op saves (freed once the next stage has run; a checkpoint starting there "
                "keeps them)")
 LOOSE_NOTE = ("tensors a checkpoint cannot drop (kept with nothing saved: a custom autograd "
