@@ -160,7 +160,8 @@ def selective_plans(chain: Chain) -> list[Plan]:
                         "(kept more and recomputed no less than storing or recomputing the whole layer; "
                         "on small layers SAC's own overhead outweighs what it saves, and on a busy machine "
                         "the measured times that decide it vary)",
-                        tip="use --strategy dp, which plans without options when none pays, or bench a "
+                        tip="profile with options where they were left out (`ckplan profile --options`), "
+                            "use --strategy dp, which plans without options when none pays, or bench a "
                             "plan that uses one (--plan FILE) to measure it anyway")
     pols = common_policies(chain)
     if not pols:
