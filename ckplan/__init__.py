@@ -4,7 +4,8 @@
     ckplan.apply_plan(model, plan.plan)                              # or a plan.json path
 
 One facade: the public functions (:mod:`ckplan.public`: ``plan_model``, ``apply_plan``,
-``load_plan``, ``profile_model``, ``compiled_layers``, ``kept_freed_memory``, ``remove_plan``),
+``load_plan``, ``profile_model``, ``compiled_layers``, ``compiled_model``, ``kept_freed_memory``,
+``remove_plan``),
 ``export_plan``, the errors, and the command functions of :mod:`ckplan.api` (``ckplan.load``,
 ``ckplan.profile``, ``ckplan.plan``, ``ckplan.sweep``, ``ckplan.world_sizes``,
 ``ckplan.bench_distributed``, ``ckplan.read_plan``, ``ckplan.load_profile``...). ``api.bench``,
@@ -22,8 +23,8 @@ __version__ = "0.1.0"
 
 # Where each name of the facade lives. They are imported on first use (PEP 562): ckplan's planner
 # (ckplan.planner, imported through this package) runs without torch, which these modules import.
-_PUBLIC = ("apply_plan", "compiled_layers", "kept_freed_memory", "load_plan", "plan_model", "profile_model",
-           "remove_plan")
+_PUBLIC = ("apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory", "load_plan", "plan_model",
+           "profile_model", "remove_plan")
 _API = ("bench_distributed", "check_bench_args", "check_budget", "check_nproc", "check_output_dir",
         "check_output_file", "check_plan_chain", "check_positive", "check_train_args", "load", "load_profile",
         "option_names", "plan", "profile", "profile_problem", "read_plan", "read_plan_document",

@@ -61,17 +61,25 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
           steps: int = 5, warmup: int = 1, device: str | Device | None = "auto",
           plan_path: str | Path | None = None, memory_limit: str | int | None = None, progress=None,
           force: bool = False, note: Note | None = None, options: bool | Sequence[str] = False,
-          compile: bool = False):
+          compile: bool = False, compile_scope: str = "layers"):
     """Profile the spec's model, plan every strategy, and run measured training steps.
 
     ``options``: the profile also measures selective options (see :func:`profile_model`).
     ``compile``: the chain layers are profiled compiled and every ckplan row (``none`` too) runs
     with them compiled, its plan applied around them (:mod:`ckplan.compiled`); peers run as always.
+    ``compile_scope="model"`` (implies ``compile``): every ckplan row runs as one whole-model
+    ``torch.compile`` with a checkpoint region per chain layer (:mod:`ckplan.compiled_model`), and
+    ``dp`` plans in that space (:mod:`ckplan.bench.whole_rows`).
 
     Every argument is checked before anything runs; on cpu/cuda a meta pass first checks that the
     step fits (:func:`preflight`; ``force=True`` runs anyway).
     """
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
+    if compile_scope not in ("layers", "model"):
+        raise UsageError(f"compile scope {compile_scope!r} is not layers or model",
+                         tip="--compile-scope layers (each chain layer compiled) or model (the whole model)")
+    whole = compile_scope == "model"
+    compile = compile or whole
     limit, dev, plan_read = _check_bench(spec, k=k, steps=steps, warmup=warmup, budget=budget,
                                          memory_limit=memory_limit, device=device, plan_path=plan_path)
     for peer in (p for p in OFFLOAD_PEERS if p in strategies and dev.type != "cuda"):
@@ -81,7 +89,8 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     if plan_read is not None and "offload" in plan_read[0].options() and dev.type != "cuda":
         raise UsageError(f"--plan {plan_path} offloads layers to host memory, which needs a CUDA device (this bench "
                          f"runs on {dev.type})", tip="bench it on the GPU it was planned for (--device cuda)")
-    names = compile_options(option_names(options, compile=compile), compile, dev.type)
+    # min-cut options have no region inside a whole-model compile: not measured for it
+    names = compile_options(option_names(options, compile=compile and not whole), compile, dev.type)
     extra = {}
     plan_doc: dict = {}
     where = f"--plan {plan_path}"
@@ -112,7 +121,8 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     budget_bytes = resolve_budget(budget, prof).bytes if budget is not None else None
     return run_bench(model, batch, to_loss, prof, strategies=strategies, budget_bytes=budget_bytes,
                      k=k, steps=steps, warmup=warmup, device=dev, lr=spec.train.lr,
-                     extra_plans=extra, memory_limit_bytes=limit, progress=progress)
+                     extra_plans=extra, memory_limit_bytes=limit, progress=progress,
+                     scope=compile_scope)
 
 
 def check_bench_args(spec: Spec, *, k: int = 2, steps: int = 5, warmup: int = 1,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .api_profile import profile
+from .api_whole import plan_spec_whole
 from .arguments import Note, Progress, check_budget, check_positive, load, note_or_warn, tick
 from .device_model import target_device
 from .documents import load_profile
@@ -46,7 +47,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
          device: str | Device | None = None, overrides: dict | None = None, force: bool = False,
          progress: Progress | None = None, note: Note | None = None, world_size: int = 1,
          parallel: str = "fsdp", options: bool | Sequence[str] = False, compile: bool = False,
-         dp_mode: str = "auto", meta_target: str | None = None, offload: bool | None = None):
+         dp_mode: str = "auto", meta_target: str | None = None, offload: bool | None = None,
+         compile_scope: str = "layers"):
     """Profile (or load a saved profile), then plan one strategy or all of them at one budget.
 
     ``spec``: a Spec or a spec file (``overrides`` applied); or ``profile_path``, a saved profile,
@@ -60,10 +62,22 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     ``device="meta"``, the device the profile stands for (:func:`profile`). ``offload``: dp may
     offload layers to pinned host memory when the profile has a host link (``Profile.host_bw``):
     None or True (True asked for: a note says so where there is no link), False never.
+    ``compile_scope="model"``: dp for a whole-model ``torch.compile``, one checkpoint region per
+    chain layer (:mod:`ckplan.api_whole`; it profiles the spec and measures whole-model steps).
     """
     strategy = "all" if str(strategy) == "all" else str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
     check_budget(budget)
+    if compile_scope == "model":
+        if profile_path is not None or spec is None or world_size > 1:
+            raise UsageError("--compile-scope model plans from a SPEC on one device: it measures whole-model "
+                             "compiled steps, which a saved profile does not hold",
+                             tip="give the spec, without --profile and --world-size")
+        return plan_spec_whole(load(spec, **{k: v for k, v in (overrides or {}).items() if v is not None}),
+                               budget=budget, strategy=strategy, device=device, force=force, progress=progress,
+                               note=note, options=options)
+    if compile_scope != "layers":
+        raise UsageError(f"compile scope {compile_scope!r} is not layers or model", tip="--compile-scope layers|model")
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
                              meta_target)
     tick(progress, f"planning {strategy} for {prof.model}")

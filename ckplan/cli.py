@@ -19,6 +19,7 @@ from .cli_support import (
     BENCH_DEVICE_OPT,
     BENCH_FORCE_OPT,
     COMPILE_OPT,
+    COMPILE_SCOPE_OPT,
     DEBUG_OPT,
     DEVICE_OPT,
     FORCE_OPT,
@@ -42,7 +43,7 @@ from .cli_support import (
 )
 from .device_model import save_device
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
-from .options import Device, ExportTarget, Fmt, Parallel, StrategyOrAll
+from .options import CompileScope, Device, ExportTarget, Fmt, Parallel, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -115,6 +116,7 @@ def plan(
                                                   "(or the closest plan it can express)."),
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
+    compile_scope: CompileScope = COMPILE_SCOPE_OPT,
     offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="dp may offload layers' "
                                            "saved activations to pinned host memory where the profile has a "
                                            "host link (a GPU, or meta with a GPU --target; a CPU has none). "
@@ -143,7 +145,7 @@ def plan(
                                  wide)
     return _plan_one(spec, common, budget=budget, strategy=strategy, k=k, world_size=sizes[0], parallel=kind,
                      options=options, compile=compile, offload=offload, exact=exact, export=export, output=output,
-                     fmt=fmt, wide=wide)
+                     fmt=fmt, wide=wide, compile_scope=compile_scope.value)
 
 
 def _plan_sweep(spec, common: dict, out_dir, points, options, compile, ignored, fmt, wide) -> None:
@@ -243,6 +245,7 @@ def bench(
     parallel: Optional[Parallel] = PARALLEL_OPT,
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
+    compile_scope: CompileScope = COMPILE_SCOPE_OPT,
     force: bool = BENCH_FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -263,7 +266,7 @@ def bench(
         if s.name:
             dev_type = api.resolve_device(device).type
             report.check_output_dir(out_dir, names=report.bench_filenames(
-                s.name, f"{dev_type}-compiled" if compile else dev_type))
+                s.name, _device_tag(dev_type, compile, compile_scope)))
         # The arguments and the plan file are checked before the bar opens: an error is then the
         # only line (a bar closed at once leaves an empty line on a terminal).
         api.check_bench_args(s, k=k, steps=steps, warmup=warmup, budget=budget, memory_limit=memory_limit,
@@ -272,7 +275,8 @@ def bench(
         with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
             res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                             device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
-                            force=force, options=options, compile=compile, note=render.info)
+                            force=force, options=options, compile=compile, note=render.info,
+                            compile_scope=compile_scope.value)
     # The results first, then the files: a failed write must not take the table with it.
     emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
     write_failed = _write_bench(out_dir, res, started)
@@ -280,6 +284,12 @@ def bench(
     if write_failed:
         raise typer.Exit(write_failed)
     commands.exit_if_infeasible(res.rows, budget)
+
+
+def _device_tag(dev_type: str, compile: bool, scope: CompileScope) -> str:
+    if scope == CompileScope.model:
+        return f"{dev_type}-compiled-model"
+    return f"{dev_type}-compiled" if compile else dev_type
 
 
 def _write_bench(out_dir: Path, res, started: float) -> int:

@@ -222,6 +222,13 @@ COMPILE_OPT = typer.Option(False, "--compile", help="Measure (and, in bench, run
                            "partitioner at that activation memory budget, per layer).")
 
 
+COMPILE_SCOPE_OPT = typer.Option("layers", "--compile-scope", help="With --compile: layers (each chain layer "
+                                  "compiled, the plan around them) or model (implies --compile: the whole model "
+                                  "compiled, every chain layer a checkpoint region; dp then plans one region per "
+                                  "layer: stored, a selective option, or recomputed whole; the whole model is "
+                                  "compiled and measured once per choice first).")
+
+
 OPTIONS_OPT = typer.Option(True, "--options/--no-options", help="Also measure each chain layer's selective "
                            "recompute options (sac-compute, sac-linear, sac-attn; with --compile also mincut-80, "
                            "mincut-50, mincut-20): one more measured step "

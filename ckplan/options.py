@@ -82,6 +82,13 @@ class Parallel(_Names):
     ddp = "ddp"
 
 
+class CompileScope(_Names):
+    """What ``--compile`` compiles for ckplan's rows (``--compile-scope``)."""
+
+    layers = "layers"
+    model = "model"
+
+
 class ExportTarget(_Names):
     """Frameworks ``ckplan plan --export`` writes a snippet for (ckplan.export)."""
 

@@ -159,12 +159,16 @@ class CompiledPeer:
     forward+backward graph when the forward compiles, and the bench also holds the setting around
     the whole first forward+backward (:meth:`compiling`), so a lazily compiled backward sees it too.
     ``graphs`` counts the graphs compiled, so the bench can see that something compiled at all, and
-    any recompilation after the warm-up."""
+    any recompilation after the warm-up. ``prepare``, when given, changes the copy before it is
+    compiled (:class:`ckplan.compiled_model.CompiledModel` installs a plan's regions)."""
 
-    def __init__(self, model: nn.Module, fraction: float):
+    def __init__(self, model: nn.Module, fraction: float, prepare=None):
         self.fraction = fraction
         self.graphs = 0
-        self.module = torch.compile(shared_copy(model), backend=self._backend)
+        copy = shared_copy(model)
+        if prepare is not None:
+            prepare(copy)
+        self.module = torch.compile(copy, backend=self._backend)
 
     @contextlib.contextmanager
     def compiling(self):

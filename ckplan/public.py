@@ -14,6 +14,7 @@ from .api import check_budget, check_plan_chain, check_positive, check_train_arg
 from .api import profile_model as _profile
 from .chainfind import resolve_chain
 from .compiled import compiled_layers as _compiled
+from .compiled_model import compiled_model as _whole
 from .errors import UsageError
 from .execute import apply_plan as _apply
 from .execute import remove_plan as _remove
@@ -21,8 +22,8 @@ from .measure import KeptFreedMemory
 from .options import Strategy
 from .planner import chain_from_profile, plan_chain
 
-__all__ = ["apply_plan", "compiled_layers", "kept_freed_memory", "load_plan", "plan_model", "profile_model",
-           "remove_plan"]
+__all__ = ["apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory", "load_plan", "plan_model",
+           "profile_model", "remove_plan"]
 
 
 def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain: str | None = None,
@@ -87,6 +88,16 @@ def compiled_layers(model, *, chain: str | None = None):
     """A context that compiles each chain layer's forward with ``torch.compile`` (enter it before
     :func:`apply_plan`, whose checkpoints then wrap the compiled layers); see ckplan.compiled."""
     return _compiled(model, chain=chain)
+
+
+def compiled_model(model, plan, *, chain: str | None = None):
+    """A whole-model ``torch.compile`` of a copy of ``model`` sharing its parameters, running ``plan``
+    (one checkpoint region per chain layer: a plan from ``ckplan bench --compile-scope model`` or
+    any plan of stored, selective and one-layer checkpoints); see ckplan.compiled_model. Train the
+    returned module with an optimizer over ``model.parameters()``."""
+    if isinstance(plan, (str, bytes)) or hasattr(plan, "__fspath__"):
+        plan = load_plan(plan)
+    return _whole(model, plan, chain)
 
 
 def kept_freed_memory(device="cpu"):

@@ -376,16 +376,16 @@ class BenchResult:
     rows: tuple[BenchRow, ...]
     profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
     notes: tuple[str, ...] = field(default=())
-    # The planner's predicted memory/time frontier for this profile: (strategy, peak bytes,
-    # predicted slowdown) of dp at evenly spaced budgets (and of dp-layer when the profile has
-    # selective options), for the frontier plot beside the measured rows.
+    # (strategy, peak bytes, predicted slowdown) of dp at evenly spaced budgets (and dp-layer's
+    # with selective options): the predicted frontier, plotted beside the measured rows.
     frontier: tuple[tuple[str, int, float], ...] = field(default=())
-    compiled: bool = False  # --compile: ckplan's rows ran with the chain layers compiled
+    compiled: bool = False  # --compile: ckplan's rows ran compiled ("layers": each chain layer; "model": whole)
+    compile_scope: str = "layers"
 
     @property
     def device_tag(self) -> str:
-        """The device in file names: ``cpu``, or ``cpu-compiled`` for a --compile bench."""
-        return f"{self.device}-compiled" if self.compiled else self.device
+        """The device in file names: ``cpu``, ``cpu-compiled`` or ``cpu-compiled-model``."""
+        return f"{self.device}-compiled{'-model' * (self.compile_scope == 'model')}" if self.compiled else self.device
 
     @property
     def failed_rows(self) -> tuple[BenchRow, ...]:

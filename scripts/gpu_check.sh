@@ -94,12 +94,14 @@ run_tests() {
     ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-}
 }
 
-# ckplan's plans on compiled layers (--compile) against torch.compile with and without its activation
-# budget, at 8 x 512 tokens and 50%act: gpt2-small (SGD) and bert-large (AdamW)
+# ckplan's plans against torch.compile with and without its activation budget, at 8 x 512 tokens and
+# 50%act: gpt2-small (SGD) and bert-large (AdamW); COMPILE_SCOPE model (default): ckplan's rows as
+# one whole-model compile each, a checkpoint region per layer; layers: each chain layer compiled
 run_compile-b8() {
   local m
   for m in ${COMPILE_MODELS:-gpt2-small bert-large}; do
-    stage "compile-b8-$m" 240 $CK bench "configs/$m.yaml" --device cuda --batch-size 8 --budget 50%act --compile \
+    stage "compile-b8-$m" 300 $CK bench "configs/$m.yaml" --device cuda --batch-size 8 --budget 50%act --compile \
+      --compile-scope "${COMPILE_SCOPE:-model}" \
       --compare "${COMPILE_COMPARE:-none,dp,torch-compile,torch-compile-nobudget}" --steps 10 --warmup 2 \
       --out-dir $REP/compiled --wide --debug
   done

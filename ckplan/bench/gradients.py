@@ -11,6 +11,7 @@ import torch
 from ..errors import ModelRunError
 from ..measure import TrackerLimitExceeded
 from ..peers import UNAVAILABLE
+from ..planner import plan_none
 from ..records import ERROR, NON_FINITE, WRONG_GRADIENTS
 from .entry import Entry
 from .status import one_line, row_error
@@ -23,14 +24,17 @@ GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16":
 
 
 
-def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str]) -> None:
+def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eager_reference: bool = False) -> None:
     """Step 1: same initial weights and RNG, one accumulated backward per plan, judged against none.
 
-    The reference (the first plan without checkpoints) runs first, whatever its place in the list.
+    The reference (the first plan without checkpoints) runs first, whatever its place in the list;
+    with ``eager_reference`` it is the model eager without checkpoints, run first and not a row.
     Rows outside the tolerance become ``wrong-gradients``, NaN/inf ``non-finite`` (the tolerances: :mod:`ckplan.bench`).
     """
     init = {name: v.detach().to("cpu", copy=True) for name, v in run.model.state_dict().items()}
     order = sorted(entries, key=lambda e: not e.is_reference)  # stable: the first none first
+    if eager_reference:
+        order = [Entry("none (eager)", plan_none(len(run.profile.chain_layers))), *order]
     rtol, atol = GRAD_TOLERANCES.get(run.profile.precision, GRAD_TOLERANCES["fp32"])
     ref: dict[str, torch.Tensor | None] | None = None
     ref_loss = ref_scale = 0.0

@@ -6,7 +6,9 @@ import statistics
 
 from ..errors import CkplanError
 from ..planner import sweep
+from ..planner.regions import frontier
 from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
+from ..sac import POLICIES
 from .entry import Entry
 
 
@@ -95,8 +97,23 @@ def frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
     return tuple((p.strategy, p.peak_bytes, 1.0 + p.overhead) for p in pts if p.strategy in names)
 
 
+def regions_frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
+    """The one-region-per-layer plans' predicted frontier (``--compile-scope model``), thinned to
+    about :data:`FRONTIER_POINTS` points evenly spread over their peaks."""
+    points, _ = frontier(chain, POLICIES)
+    if not points:
+        return ()
+    lo, hi = points[0][0], points[-1][0]
+    step = max(1, (hi - lo) // FRONTIER_POINTS)
+    picked: dict[int, tuple[int, float]] = {}
+    for peak, ms, _ in points:  # by peak ascending and time descending: the fastest of each cell
+        picked[(peak - lo) // step] = (peak, ms)
+    base = chain.base_step_ms
+    return tuple(("dp", peak, 1.0 + ms / base) for peak, ms in sorted(picked.values()))
+
+
 def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str], *, steps: int, warmup: int,
-                 budget_bytes: int | None, k: int, explicit_budget: int | None) -> BenchResult:
+                 budget_bytes: int | None, k: int, explicit_budget: int | None, scope: str = "layers") -> BenchResult:
     """The rows (``explicit_budget``: the --budget a row predicted to fit must measure under), the
     few-steps caveat, dp's frontier, all in one :class:`BenchResult`."""
     none = next((e for e in entries if e.name == "none" and e.times), None)
@@ -109,4 +126,5 @@ def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str]
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
                        budget_bytes=budget_bytes, k=k, rows=rows,
                        profile_peak_bytes=profile.totals.predicted_peak_bytes, notes=tuple(notes),
-                       frontier=frontier_of(chain), compiled=profile.compiled)
+                       frontier=regions_frontier_of(chain) if scope == "model" else frontier_of(chain),
+                       compiled=profile.compiled, compile_scope=scope if profile.compiled else "layers")

@@ -13,6 +13,7 @@ from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
 from ..planner.plan import OFFLOAD, STORE
 from ..records import OK, BenchResult, Profile
+from ..sac import POLICIES
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
 from .entry import Entry
@@ -23,35 +24,44 @@ from .plans import bench_budget, plan_entries
 from .result import bench_result
 from .status import guarded
 from .steps import Run, Stepper
+from .whole_rows import SCOPE_NOTE, whole_chain, whole_entries
 
 
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
               k: int, steps: int, warmup: int, device: torch.device, lr: float,
               extra_plans: dict[str, Plan] | None = None, memory_limit_bytes: int | None = None,
-              progress: Callable[[str], None] | None = None) -> BenchResult:
+              progress: Callable[[str], None] | None = None, scope: str = "layers") -> BenchResult:
     """Bench ``strategies`` (and ``extra_plans``) on ``model``; see :mod:`ckplan.bench`.
 
-    Names in :data:`ckplan.peers.PEER_NAMES` among ``strategies`` are peers, run the same way."""
+    Names in :data:`ckplan.peers.PEER_NAMES` among ``strategies`` are peers, run the same way.
+    ``scope="model"`` (a compiled profile): ckplan's rows run as whole-model compiled copies
+    (:mod:`ckplan.bench.whole_rows`)."""
     tick = progress or _silent
-    chain = chain_from_profile(profile)
-    notes = list(profile.notes)
-    explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
-    budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
     extra_plans = extra_plans or {}
     # a given plan (made on meta, say) may store layers with options this profile measured but
     # found dominated: they stay in the chain that scores it
     used = tuple(sorted({o for p in extra_plans.values() for o in p.options()} - {STORE, OFFLOAD}))
-    entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
-                           chain_from_profile(profile, keep=used) if used else chain)
+    whole = scope == "model"
+    chain = chain_from_profile(profile, keep=POLICIES if whole else ())
+    notes = list(profile.notes)
+    if whole:
+        chain, made = whole_chain(model, batch, loss_fn, profile, device, chain, tick)
+    explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
+    budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
+    if whole:
+        entries = whole_entries(chain, strategies, budget_bytes, k, model, profile, made, extra_plans)
+    else:
+        entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
+                               chain_from_profile(profile, keep=used) if used else chain)
     compile_entries(entries, model, chain, budget_bytes, device)
     peer_predictions(entries, model, profile, notes)
     runnable = [e for e in entries if e.runnable]
     run = Run(model, batch, loss_fn, profile, device, memory_limit_bytes)
-    if profile.compiled:
+    if profile.compiled and not whole:
         _, container, _ = resolve_chain(model, profile.chain)
         run.layers = CompiledLayers(list(container))
     try:
-        check_gradients(run, runnable, tick, notes)
+        check_gradients(run, runnable, tick, notes, eager_reference=whole)
         if run.layers is not None:
             eager_cross_check(run, runnable, tick, notes)
         run.opt = make_optimizer(model.parameters(), profile.optimizer, lr, device.type)
@@ -67,6 +77,8 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         if kept.active and KEPT_MEMORY_NOTE not in notes:
             notes.append(KEPT_MEMORY_NOTE)
         compile_notes(run, runnable, notes)
+        if whole:
+            notes.append(SCOPE_NOTE)
         if run.layers is not None:
             notes.append(f"--compile: ckplan's rows ran with each chain layer's forward compiled (torch.compile, "
                          f"TorchInductor; {run.layers.graphs} graph(s) compiled), the plan applied around "
@@ -76,7 +88,7 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
     return bench_result(profile, entries, chain, notes, steps=steps, warmup=warmup, budget_bytes=budget_bytes, k=k,
-                        explicit_budget=explicit)
+                        explicit_budget=explicit, scope=scope)
 
 
 def _silent(msg: str) -> None:

@@ -1,0 +1,60 @@
+"""``ckplan plan --compile-scope model``: the optimal plan of one checkpoint region per chain layer
+for a whole-model ``torch.compile`` (:mod:`ckplan.compiled_model`), from the spec's compiled
+profile and one measured whole-model step per choice a layer has (:mod:`ckplan.profiling.whole_steps`).
+
+The plan is written in the plain form (``Checkpoint(i, i + 1)`` for a layer recomputed whole); run
+it with ``ckplan.compiled_model(model, "plan.json")``, or check it with ``ckplan bench
+--compile-scope model --plan plan.json``.
+"""
+from __future__ import annotations
+
+from .api_profile import profile, resolve_device
+from .arguments import Note, Progress, tick
+from .errors import InfeasibleBudgetError, UsageError
+from .plan_report import PlanReport
+from .planner import PlanResult, chain_from_profile, parse_budget, plan_none, simulate
+from .planner.whole import plain_plan, plan_whole, whole_model_chain
+from .profiling.whole_steps import whole_steps
+from .sac import POLICIES
+from .spec import Spec, build_model, make_batch, to_loss
+
+NOTE = ("planned for a whole-model torch.compile, one checkpoint region per chain layer: run it with "
+        "`ckplan.compiled_model(model, plan)` (a compiled copy sharing the model's parameters)")
+
+
+def plan_spec_whole(spec: Spec, *, budget, strategy: str, device, force: bool, progress: Progress | None,
+                    note: Note | None, options) -> PlanReport:
+    """Profile ``spec`` compiled, measure its whole-model steps, and plan ``dp`` in that space."""
+    if strategy != "dp":
+        raise UsageError(f"--compile-scope model plans dp only, not {strategy!r}",
+                         tip="drop --strategy, or compare strategies with `ckplan bench --compile-scope model`")
+    dev = resolve_device(device)
+    if dev.type == "meta":
+        raise UsageError("--compile-scope model measures whole-model compiled steps, which meta cannot run",
+                         tip="plan on --device cpu or cuda")
+    prof = profile(spec, device=dev.type, force=force, progress=progress, note=note,
+                   options=[o for o in POLICIES] if options else False, compile=True)
+    model = build_model(spec, str(dev))
+    batch = make_batch(spec, str(dev))
+    chain = chain_from_profile(prof, keep=POLICIES)
+    steps, _ = whole_steps(model, batch, to_loss, prof, dev, chain, lambda m: tick(progress, m))
+    chain = whole_model_chain(chain, steps)
+    none = simulate(chain, plan_none(chain.n_layers))
+    if budget is None:
+        budget_bytes, source = None, "none given: planned for the smallest peak of one region per layer"
+    else:
+        b = parse_budget(budget, chain, what="budget")
+        budget_bytes, source = b.bytes, f"--budget: {b.description}"
+    tick(progress, f"planning dp for {prof.model} (whole-model compile)")
+    try:
+        res = plan_whole(chain, budget_bytes)
+    except InfeasibleBudgetError as err:
+        err.budget_source = source
+        raise
+    budget_bytes = budget_bytes if budget_bytes is not None else res.peak_bytes
+    score = simulate(chain, res.plan)
+    chosen = PlanResult("dp", plain_plan(res.plan), score, budget_bytes, score.peak_bytes <= budget_bytes,
+                        exact=res.exact, notes=("one checkpoint region per layer (whole-model compile)",))
+    return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy="dp", k=1,
+                      results=(chosen,), chosen=chosen, none_peak_bytes=none.peak_bytes,
+                      none_step_ms=none.step_ms, notes=(NOTE,))

@@ -1,0 +1,83 @@
+"""``--compile-scope model``: ckplan's rows as checkpoint regions inside one whole-model
+``torch.compile`` (:mod:`ckplan.compiled_model`), planned on a chain built from the compiled
+layers' profile and one measured whole-model step per choice a layer has
+(:mod:`ckplan.profiling.whole_steps`, :mod:`ckplan.planner.whole`).
+
+The uniform steps' compiled copies are reused by the rows that run the same plan (``none``: every
+layer stored). ``dp`` is :func:`ckplan.planner.regions.plan_regions` over one region per layer
+(stored, a SAC option, or recomputed whole: the option ``full-region``), the optimum in that
+space; the other strategies plan as they do eagerly and run where their plan has one region per
+layer (``every-k`` with ``--k 1``, ``selective``). Rows report plans in the plain form
+(``Checkpoint(i, i + 1)`` for a layer recomputed whole), which ``ckplan.compiled_model`` runs.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..compiled_model import CompiledModel, region_options
+from ..errors import InfeasibleBudgetError, SpecError, UsageError
+from ..peers import COMPILE_PEERS, PEER_NAMES
+from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
+from ..planner.whole import FULL, option_plan, plain_plan, plan_whole, whole_model_chain
+from ..profiling.whole_steps import whole_steps
+from ..records import ERROR, INFEASIBLE
+from .entry import Entry, fwd_bwd_peak
+from .peer_rows import peer_entry
+
+SCOPE_NOTE = ("--compile-scope model: ckplan's rows ran as one whole-model torch.compile each (TorchInductor), "
+              "every chain layer a checkpoint region (stored, a selective option's SAC tags, or recomputed "
+              "whole), predicted from the compiled layers' profile and one measured whole-model step per "
+              "choice (every layer stored, recomputed, or with one option: their saved bytes per layer, "
+              "times, the loss head and the end of the backward); peers ran as they are")
+
+
+def whole_chain(model, batch, loss_fn, profile, device: torch.device, chain, tick):
+    """The whole-model compiled chain and the compiled copies of its uniform steps, by choice."""
+    steps, made = whole_steps(model, batch, loss_fn, profile, device, chain, tick)
+    return whole_model_chain(chain, steps), made
+
+
+def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int, model, profile,
+                  made: dict[str, CompiledModel], extra_plans: dict[str, Plan]) -> list[Entry]:
+    """The rows under ``--compile-scope model``: ckplan's strategies and the given plans as
+    whole-model compiled copies (``dp``: the optimal one-region-per-layer plan), peers as usual."""
+    entries: list[Entry] = []
+    for s in [*strategies, *extra_plans]:
+        if s in COMPILE_PEERS:
+            entries.append(Entry(s, None, kind="peer"))
+            continue
+        if s in PEER_NAMES:
+            entries.append(peer_entry(chain, s))
+            continue
+        try:
+            plan = extra_plans[s] if s in extra_plans else _plan(chain, s, budget_bytes, k)
+            opts = tuple(FULL if o == "full" else o for o in region_options(plan))
+            plan = option_plan(opts, plan.strategy)
+        except InfeasibleBudgetError as err:
+            entries.append(Entry(s, None, status=INFEASIBLE, message=err.message))
+            continue
+        except (SpecError, UsageError) as err:
+            entries.append(Entry(s, None, status=ERROR, message=f"{err.message} ({err.tip})"))
+            continue
+        sc = simulate(chain, plan)
+        e = Entry(s, plain_plan(plan), sc.peak_bytes, fwd_bwd_peak(chain, plan),
+                  held_for_backward_bytes(chain, plan), sc.overhead)
+        uniform = opts[0] if len(set(opts)) == 1 else ""
+        e.compiled = made.get(uniform) or CompiledModel(model, plan, profile.chain)
+        e.message = "whole-model torch.compile, one checkpoint region per layer"
+        entries.append(e)
+    return entries
+
+
+def _plan(chain, strategy: str, budget_bytes: int | None, k: int) -> Plan:
+    if strategy == "dp":
+        return plan_whole(chain, budget_bytes).plan
+    if strategy == "every-k" and k != 1:
+        raise UsageError(f"every-k with k={k} checkpoints {k} layers together; a whole-model torch.compile runs "
+                         "one checkpoint region per layer", tip="use --k 1, or --compile-scope layers")
+    # the other strategies plan as they do eagerly (selective: one SAC option on every layer)
+    eager_like = replace(chain, layers=tuple(replace(ly, options=tuple(o for o in ly.options if o.name != FULL))
+                                             for ly in chain.layers))
+    return plan_chain(eager_like, strategy, budget_bytes, k).plan
