@@ -22,17 +22,25 @@ def bench_budget(chain, strategies: list[str], budget_bytes: int | None, notes: 
     return b.bytes
 
 
+def peer_row(chain, name: str) -> Entry | None:
+    """The row of peer ``name`` (a torch-compile peer gets its compiled copy later), None for
+    ckplan's own strategies."""
+    if name in COMPILE_PEERS:
+        return Entry(name, None, kind="peer")
+    if name in PEER_NAMES:
+        return peer_entry(chain, name)
+    return None
+
+
 def plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
                   extra_plans: dict[str, Plan], extra_chain=None) -> list[Entry]:
     """Each strategy planned on the profile's chain (or marked infeasible), then the given plans,
     scored on ``extra_chain`` (the chain with their options kept; default ``chain``)."""
     entries: list[Entry] = []
     for s in strategies:
-        if s in COMPILE_PEERS:
-            entries.append(Entry(s, None, kind="peer"))
-            continue
-        if s in PEER_NAMES:
-            entries.append(peer_entry(chain, s))
+        peer = peer_row(chain, s)
+        if peer is not None:
+            entries.append(peer)
             continue
         try:
             res = plan_chain(chain, s, budget_bytes, k)

@@ -18,13 +18,12 @@ import torch
 
 from ..compiled_model import CompiledModel, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
-from ..peers import COMPILE_PEERS, PEER_NAMES
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
 from ..planner.whole import FULL, option_plan, plain_plan, plan_whole, whole_model_chain
 from ..profiling.whole_steps import whole_steps
 from ..records import ERROR, INFEASIBLE
 from .entry import Entry, fwd_bwd_peak
-from .peer_rows import peer_entry
+from .plans import peer_row
 
 SCOPE_NOTE = ("--compile-scope model: ckplan's rows ran as one whole-model torch.compile each (TorchInductor), "
               "every chain layer a checkpoint region (stored, a selective option's SAC tags, or recomputed "
@@ -45,11 +44,9 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     whole-model compiled copies (``dp``: the optimal one-region-per-layer plan), peers as usual."""
     entries: list[Entry] = []
     for s in [*strategies, *extra_plans]:
-        if s in COMPILE_PEERS:
-            entries.append(Entry(s, None, kind="peer"))
-            continue
-        if s in PEER_NAMES:
-            entries.append(peer_entry(chain, s))
+        peer = peer_row(chain, s)
+        if peer is not None:
+            entries.append(peer)
             continue
         try:
             plan = extra_plans[s] if s in extra_plans else _plan(chain, s, budget_bytes, k)
