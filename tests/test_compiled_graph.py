@@ -22,6 +22,7 @@ from ckplan.zoo import build_builtin
     ("L['self'].transformer.h[11].attn", "transformer.h.11.attn"),
     ("L['self']._orig_mod.layers[0]", "layers.0"),
     ("L['fn'].encoder.layer[2]", "encoder.layer.2"),
+    ("L['args'][0].model.layers.0.mlp", "model.layers.0.mlp"),  # a Hugging Face Llama, torch 2.13
 ])
 def test_dynamo_module_paths_become_dotted_names(path, name):
     assert module_path(path) == name

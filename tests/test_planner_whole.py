@@ -82,3 +82,20 @@ def test_each_measured_choice_becomes_the_layers_option():
     assert simulate(fitted, option_plan([opt] * n)).peak_bytes == fitted.persistent_bytes + sel_high.bwd_peak_bytes
     # and the stored plan still reproduces its own step
     assert _measured_like(fitted)[0] == none.held_bytes
+
+
+def test_a_graph_that_names_no_chain_layer_keeps_the_profiles_bytes():
+    # Dynamo may reach the layers under another module path (a sliced ModuleList): nothing is
+    # attributed to them, every count is 0, and the profile's bytes stay
+    chain = random_chain(3, 4, max_size=997, options=1)
+    held, fwd, bwd = _measured_like(chain)
+    zeros = (0, 0, 0)
+    opt = chain.layers[0].options[0].name
+    fitted = whole_model_chain(chain, {"store": WholeStep(held + 100, fwd + 100, bwd + 100, layer_saved=zeros),
+                                       FULL: WholeStep(held // 3, fwd, bwd, layer_saved=zeros),
+                                       opt: WholeStep(held // 2, fwd, bwd, layer_saved=zeros)})
+    for a, b in zip(fitted.layers, chain.layers):
+        by = {o.name: o.xbar_bytes for o in a.options}
+        assert a.xbar_bytes == b.xbar_bytes and by[FULL] == b.x_bytes
+        assert by[opt] == next(o.xbar_bytes for o in b.options if o.name == opt)
+    assert _measured_like(fitted)[0] == held + 100  # the difference is the head's

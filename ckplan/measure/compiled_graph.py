@@ -31,11 +31,14 @@ def _storage(val: Any) -> int | None:
 
 def module_path(stack_path: str) -> str:
     """A dotted module name from Dynamo's ``nn_module_stack`` path
-    (``L['self'].blocks[3]``, ``L['self']._modules['blocks']._modules['3']``) -> ``blocks.3``."""
+    (``L['self'].blocks[3]``, ``L['self']._modules['blocks']._modules['3']``,
+    ``L['args'][0].blocks.3``) -> ``blocks.3``."""
     path = _INDEX.sub(r".\1", _KEY.sub(r".\1", str(stack_path)))
     parts = [p for p in path.split(".") if p and p != "_modules"]
     if parts and parts[0] in ("L", "self", "G"):
         parts = parts[1:]
+    if parts[:2] == ["args", "0"]:  # the module itself, passed as the traced frame's first argument
+        parts = parts[2:]
     if parts and parts[0] in ("self", "fn", "mod", "_orig_mod"):
         parts = parts[1:]
     return ".".join(p for p in parts if p != "_orig_mod")

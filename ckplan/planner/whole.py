@@ -11,7 +11,8 @@ recomputed whole (``full-region``), every layer with one selective option; what 
 graph saves is read per layer (:class:`ckplan.measure.compiled_graph.SavedForBackward`).
 :func:`whole_model_chain` then gives
 
-* each layer's stored bytes (``xbar``) as the ``none`` graph saves them;
+* each layer's stored bytes (``xbar``) as the ``none`` graph saves them (where the graph's nodes
+  name no chain layer, the profile's bytes, and the difference lands on the head below);
 * each option's bytes as its graph saves them, its recompute time what its step took beyond the
   ``none`` step shared by the layers' forward times, its transients the profiled ones shifted by
   the change in what it keeps; and a selective option named ``full-region`` (the layer recomputed
@@ -125,23 +126,35 @@ def _stage_live(chain: Chain, plan: Plan, stage: int, op: str) -> int:
     raise AssertionError(f"no {op} event of stage {stage}")
 
 
+def _readable(step: WholeStep, n: int) -> bool:
+    """Whether the step's graph gave every chain layer its saved bytes (a model whose layers Dynamo
+    reaches under another module path than the chain's leaves them all to ``other``)."""
+    return len(step.layer_saved) == n and all(s > 0 for s in step.layer_saved)
+
+
+def _profiled_bytes(ly, name: str) -> int:
+    """What the compiled layers' profile says option ``name`` keeps (``full-region``: the input a
+    checkpoint keeps, counted as the layer's output)."""
+    return next((o.xbar_bytes for o in ly.options if o.name == name), ly.x_bytes)
+
+
 def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
     """``chain`` as a whole-model compiled step runs it (the module docstring): ``steps`` maps
     ``store`` (required), ``full-region`` and selective options to the step with every layer so."""
     n = chain.n_layers
     none = steps["store"]
-    layers = list(chain.layers)
-    if len(none.layer_saved) == n:
-        layers = [replace(ly, xbar_bytes=max(s, 0)) for ly, s in zip(layers, none.layer_saved)]
-    chain = replace(chain, layers=tuple(layers))
+    if _readable(none, n):
+        chain = replace(chain, layers=tuple(replace(ly, xbar_bytes=max(s, ly.x_bytes if ly.x_kept else 0))
+                                            for ly, s in zip(chain.layers, none.layer_saved)))
     for name, step in steps.items():
-        if name == "store" or len(step.layer_saved) != n:
+        if name == "store":
             continue
         timed = none.fwd_bwd_ms > 0 and step.fwd_bwd_ms > 0
         redo = _share(chain, step.fwd_bwd_ms - none.fwd_bwd_ms) if timed else [
             max(0.0, ly.fwd_ms - ly.tail_ms) for ly in chain.layers]
+        saved = step.layer_saved if _readable(step, n) else [_profiled_bytes(ly, name) for ly in chain.layers]
         chain = replace(chain, layers=tuple(_with_option(ly, name, s, r)
-                                            for ly, s, r in zip(chain.layers, step.layer_saved, redo)))
+                                            for ly, s, r in zip(chain.layers, saved, redo)))
     p = chain.persistent_bytes
     stored = plan_none(n)
     held = held_for_backward_bytes(chain, stored)
@@ -151,7 +164,7 @@ def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
                    bwd_tmp_bytes=max(0, p + none.bwd_peak_bytes - _stage_live(base, stored, n, "B")))
     out = _scaled_to(replace(base, post=post), none.fwd_bwd_ms)
     full = steps.get(FULL)
-    if full is not None and len(full.layer_saved) == n:
+    if full is not None:
         every_full = option_plan([FULL] * n)
         want = p + max(full.fwd_peak_bytes, full.bwd_peak_bytes)
         if simulate(out, every_full).peak_bytes < want:
@@ -159,7 +172,7 @@ def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
             if need > out.pre.bwd_tmp_bytes:
                 out = replace(out, pre=replace(out.pre, bwd_tmp_bytes=need))
     for name, step in steps.items():  # each uniform step peaks no lower than measured
-        if name != "store" and len(step.layer_saved) == n:
+        if name != "store":
             out = _raise_option(out, name, p + max(step.fwd_peak_bytes, step.bwd_peak_bytes),
                                 backward=step.bwd_peak_bytes >= step.fwd_peak_bytes)
     return out
