@@ -6,9 +6,9 @@ import statistics
 
 from ..errors import CkplanError
 from ..planner import sweep
-from ..planner.regions import frontier
+from ..planner.regions import scored_frontier
+from ..planner.whole import WHOLE_OPTIONS
 from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
-from ..sac import POLICIES
 from .entry import Entry
 
 
@@ -100,14 +100,16 @@ def frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
 def regions_frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
     """The one-region-per-layer plans' predicted frontier (``--compile-scope model``), thinned to
     about :data:`FRONTIER_POINTS` points evenly spread over their peaks."""
-    points, _ = frontier(chain, POLICIES)
+    points, _ = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
     if not points:
         return ()
     lo, hi = points[0][0], points[-1][0]
     step = max(1, (hi - lo) // FRONTIER_POINTS)
     picked: dict[int, tuple[int, float]] = {}
-    for peak, ms, _ in points:  # by peak ascending and time descending: the fastest of each cell
-        picked[(peak - lo) // step] = (peak, ms)
+    for peak, ms, _ in points:  # the fastest of each cell
+        cell = (peak - lo) // step
+        if cell not in picked or ms < picked[cell][1]:
+            picked[cell] = (peak, ms)
     base = chain.base_step_ms
     return tuple(("dp", peak, 1.0 + ms / base) for peak, ms in sorted(picked.values()))
 

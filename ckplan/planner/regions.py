@@ -126,20 +126,40 @@ def frontier(chain: Chain, allowed: Sequence[str] | None = None, max_points: int
     return [(max(fixed, need), t, opts) for need, t, opts in points], exact
 
 
+def scored_frontier(chain: Chain, allowed: Sequence[str] | None = None, max_points: int = MAX_POINTS, *,
+                    checkpoints: bool = True) -> tuple[list[tuple[int, float, tuple[str, ...]]], bool]:
+    """The frontier's plans and the plans with one choice on every layer, each with the
+    simulator's own peak: (peak, ms, options), and whether every frontier peak was the
+    simulator's (``exact``). Where the per-layer terms do not hold (side inputs that checkpoints
+    keep, autocast copies), the simulator's peaks decide and optimality is no longer proven."""
+    points, exact = frontier(chain, allowed, max_points, checkpoints=checkpoints)
+    names = {c.option for row in layer_choices(chain, allowed, checkpoints=checkpoints) for c in row}
+    uniform = [tuple([o] * chain.n_layers) for o in sorted(names)
+               if all(o == STORE or (o == FULL and checkpoints) or any(x.name == o for x in ly.options)
+                      for ly in chain.layers)]
+    out = []
+    for peak, t, opts in points:
+        true = simulate(chain, regions_plan(opts, checkpoints=checkpoints)).peak_bytes
+        exact = exact and true == peak
+        out.append((true, t, opts))
+    seen = {opts for _, _, opts in out}
+    for opts in uniform:
+        if opts not in seen:
+            sc = simulate(chain, regions_plan(opts, checkpoints=checkpoints))
+            out.append((sc.peak_bytes, sc.recompute_ms, opts))
+    return sorted(out, key=lambda p: (p[0], p[1])), exact
+
+
 def plan_regions(chain: Chain, budget_bytes: int, *, allowed: Sequence[str] | None = None,
                  max_points: int = MAX_POINTS, strategy: str = "dp-regions",
                  checkpoints: bool = True) -> RegionsResult | None:
     """The one-region-per-layer plan with the least recompute whose simulated peak fits
-    ``budget_bytes``; None when none fits."""
-    points, exact = frontier(chain, allowed, max_points, checkpoints=checkpoints)
+    ``budget_bytes``; None when none fits (see :func:`scored_frontier` for ``exact``)."""
+    points, exact = scored_frontier(chain, allowed, max_points, checkpoints=checkpoints)
     best = None
     for peak, t, opts in points:
         if peak <= budget_bytes and (best is None or t < best[1]):
             best = (peak, t, opts)
     if best is None:
         return None
-    plan = regions_plan(best[2], strategy, checkpoints=checkpoints)
-    peak = simulate(chain, plan).peak_bytes
-    if peak != best[0]:  # the terms above do not hold for this chain: a bug, not a plan to run
-        raise AssertionError(f"regions planner: frontier peak {best[0]} but the simulator's {peak}")
-    return RegionsResult(plan, peak, exact)
+    return RegionsResult(regions_plan(best[2], strategy, checkpoints=checkpoints), best[0], exact)

@@ -44,7 +44,7 @@ from .budget import held_for_backward_bytes
 from .chain import Chain
 from .layer import Option
 from .plan import Checkpoint, Plan, Store
-from .regions import RegionsResult, frontier, plan_regions
+from .regions import RegionsResult, plan_regions, scored_frontier
 from .simulate import simulate, trace
 
 FULL = "full-region"  # a layer recomputed whole in a region of its own (not a Checkpoint item)
@@ -197,7 +197,7 @@ def plan_whole(chain: Chain, budget_bytes: int | None) -> RegionsResult:
     """dp for a whole-model compiled chain: the optimal plan of one region per layer (options
     ``WHOLE_OPTIONS``) at ``budget_bytes`` (None: the smallest peak); InfeasibleBudgetError, with
     that smallest peak, when none fits."""
-    points, _ = frontier(chain, WHOLE_OPTIONS, checkpoints=False)
+    points, _ = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
     lowest = min(p[0] for p in points)
     target = lowest if budget_bytes is None else budget_bytes
     res = plan_regions(chain, target, allowed=WHOLE_OPTIONS, checkpoints=False, strategy="dp")
