@@ -8,13 +8,18 @@ it with ``ckplan.compiled_model(model, "plan.json")``, or check it with ``ckplan
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
+import torch
+
 from .api_profile import profile, resolve_device
 from .arguments import Note, Progress, tick
 from .errors import InfeasibleBudgetError, UsageError
 from .plan_report import PlanReport
 from .planner import PlanResult, chain_from_profile, parse_budget, plan_none, simulate
-from .planner.whole import plain_plan, plan_whole, whole_model_chain
-from .profiling.whole_steps import whole_steps
+from .planner.whole import plain_plan, whole_model_chain
+from .profiling.whole_steps import checked_plan, measure_whole, whole_steps
 from .sac import POLICIES
 from .spec import Spec, build_model, make_batch, to_loss
 
@@ -37,6 +42,7 @@ def plan_spec_whole(spec: Spec, *, budget, strategy: str, device, force: bool, p
     model = build_model(spec, str(dev))
     batch = make_batch(spec, str(dev))
     chain = chain_from_profile(prof, keep=POLICIES)
+    torch._dynamo.reset()
     steps, _ = whole_steps(model, batch, to_loss, prof, dev, chain, lambda m: tick(progress, m))
     chain = whole_model_chain(chain, steps)
     none = simulate(chain, plan_none(chain.n_layers))
@@ -46,15 +52,22 @@ def plan_spec_whole(spec: Spec, *, budget, strategy: str, device, force: bool, p
         b = parse_budget(budget, chain, what="budget")
         budget_bytes, source = b.bytes, f"--budget: {b.description}"
     tick(progress, f"planning dp for {prof.model} (whole-model compile)")
+    measure = functools.partial(measure_whole, model, batch, to_loss, prof, dev)
     try:
-        res = plan_whole(chain, budget_bytes)
+        res, checked, _, lines = checked_plan(chain, budget_bytes, measure, lambda m: tick(progress, m))
     except InfeasibleBudgetError as err:
         err.budget_source = source
         raise
     budget_bytes = budget_bytes if budget_bytes is not None else res.peak_bytes
     score = simulate(chain, res.plan)
-    chosen = PlanResult("dp", plain_plan(res.plan), score, budget_bytes, score.peak_bytes <= budget_bytes,
-                        exact=res.exact, notes=("one checkpoint region per layer (whole-model compile)",))
+    if res.plan.options() in checked:  # its peak: its own compiled step's, measured while planning
+        score = replace(score, peak_bytes=res.peak_bytes)
+    notes = ["one checkpoint region per layer (whole-model compile)"]
+    if checked:
+        notes.append(f"mixed plans compiled and measured while planning: {'; '.join(lines)}; the chosen plan's peak "
+                     + ("is its measured one" if res.plan.options() in checked else "is its uniform step's"))
+    chosen = PlanResult("dp", plain_plan(res.plan), score, budget_bytes, res.peak_bytes <= budget_bytes,
+                        exact=res.exact, notes=tuple(notes))
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy="dp", k=1,
                       results=(chosen,), chosen=chosen, none_peak_bytes=none.peak_bytes,
                       none_step_ms=none.step_ms, notes=(NOTE,))

@@ -70,9 +70,15 @@ def exit_now(code: object) -> NoReturn:
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")  # as sys.exit does with a message
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # what the interpreter does at exit first: run threading's own exit hooks (a ThreadPoolExecutor's
+    # tells its idle workers to stop; TorchInductor compiles on such a pool), then join the threads
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # pragma: no cover  (every CPython ckplan supports has it)
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`): nothing to lose

@@ -177,7 +177,7 @@ class CompiledPeer:
         other masks than eager, and the gradient check against ``none`` fails on any model with
         dropout (BERT-large: loss 10.5244 vs 10.4978; with it, equal)."""
         import torch._functorch.config as functorch_config
-        with functorch_config.patch(activation_memory_budget=self.fraction), eager_random_ops():
+        with functorch_config.patch(activation_memory_budget=self.fraction), eager_random_ops(), copies_compile():
             yield
 
     def _backend(self, gm, example_inputs):
@@ -185,6 +185,19 @@ class CompiledPeer:
         self.graphs += 1
         with self.compiling():
             return compile_fx(gm, example_inputs)
+
+
+COPIES = 64  # compiled copies of one model (one forward code object) a process may hold
+
+
+def copies_compile():
+    """Dynamo's per-code recompile limit raised to :data:`COPIES`: every compiled copy of a model
+    is another cache entry of the same ``forward``, and past the default (8) Dynamo runs the next
+    copy eagerly without a word (a whole-model bench compiles a copy per uniform step, per plan and
+    per peer)."""
+    import torch._dynamo.config as dynamo_config
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    return dynamo_config.patch(**{name: max(COPIES, getattr(dynamo_config, name))})
 
 
 def eager_random_ops():

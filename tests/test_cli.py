@@ -487,12 +487,16 @@ def test_device_meta_help_says_a_target_still_runs(command, monkeypatch):
 def test_the_fast_exit_keeps_the_code_the_output_the_handlers_and_the_threads():
     # ckplan ends without the interpreter's teardown (cli_support.exit_now); what a normal exit
     # does that a user can see must still happen: the exit code, buffered output, exit handlers
-    # (compiler worker pools, temporary folders) and other threads' work
+    # (compiler worker pools, temporary folders) and other threads' work, and it must end with
+    # an idle thread pool alive (after --compile-scope model the process stayed alive without it)
     code = (
         "import atexit, sys, threading, time\n"
         "from ckplan.cli_support import exit_now\n"
         "atexit.register(lambda: print('handler ran'))\n"
         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+        # an idle pool's workers (TorchInductor compiles on one) wait for the pool's exit hook
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(2); pool.submit(time.sleep, 0.1).result()\n"
         "sys.stdout.write('unflushed ')\n"
         "exit_now(3)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

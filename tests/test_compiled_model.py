@@ -84,9 +84,10 @@ def test_bench_model_scope_predicts_the_compiled_rows(tmp_path):
         r = rows[name]
         assert r.status == "ok", (name, r.message)
         assert r.max_grad_diff is not None and r.max_grad_diff <= r.grad_tolerance
-        # none and every layer recomputed are measured to build the chain (the bench's step holds the
-        # loss a few bytes longer); dp is predicted: on this 3-layer toy a stored layer beside two
-        # selective regions peaked 2.6% above the sum of the uniform steps (docs/measurement.md)
-        tol = 64 if name != "dp" else 0.03 * r.measured_peak_bytes
-        assert abs(r.predicted_peak_bytes - r.measured_peak_bytes) <= tol, (name, r.predicted_peak_bytes,
-                                                                             r.measured_peak_bytes)
+        # every plan here was measured whole before the rows ran (none and every layer recomputed to
+        # build the chain, dp's own plan while planning when it mixes choices): the bench's step runs
+        # the same compiled graph and holds the loss a few bytes longer
+        assert abs(r.predicted_peak_bytes - r.measured_peak_bytes) <= 64, (name, r.predicted_peak_bytes,
+                                                                            r.measured_peak_bytes)
+        # one graph each: the copy the bench runs is the one that was measured, not a recompile
+        assert "compiled 1 graph(s)" in r.message, (name, r.message)

@@ -373,3 +373,20 @@ def test_offload_attn_on_a_hugging_face_llama_keeps_gradients(monkeypatch):
         moved = _step_grads(llama, ids)
     assert len(hooks) == 2 and all(h.offloaded_bytes > 0 for h in hooks)
     assert all(torch.equal(a, b) for a, b in zip(plain, moved))
+
+
+@pytest.mark.slow  # ten TorchInductor compiles of a small MLP: about half a minute on 2 cores
+def test_many_compiled_copies_of_one_model_each_compile():
+    # every copy is one more cache entry of the same forward code; past Dynamo's default
+    # recompile limit (8) the next copy would run eagerly without a word
+    from ckplan.peers import CompiledPeer, compile_unavailable
+    if compile_unavailable("cpu"):
+        pytest.skip(compile_unavailable("cpu"))
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    for i in range(10):
+        peer = CompiledPeer(model, 1.0 - 0.05 * i)
+        with peer.compiling():
+            peer.module(x).sum().backward()
+        assert peer.graphs == 1, i

@@ -65,19 +65,26 @@ def test_each_measured_choice_becomes_the_layers_option():
     opt = chain.layers[0].options[0].name
     none = WholeStep(held, fwd, bwd, layers_ms, layer_saved=tuple(ly.xbar_bytes for ly in chain.layers))
     x = [ly.x_bytes for ly in chain.layers]
-    full = WholeStep(held // 4, fwd, bwd + 5000, layers_ms + 30.0, layer_saved=tuple(v + 11 for v in x))
-    sel = WholeStep(held // 2, fwd, bwd, layers_ms + 6.0, layer_saved=tuple(v + 21 for v in x))
+    # each step holds more than its graph's per-layer bytes add up to (bytes no layer is named on)
+    full = WholeStep(held + 600, fwd, bwd + 5000, layers_ms + 30.0, layer_saved=tuple(v + 11 for v in x))
+    sel = WholeStep(held + 900, fwd, bwd, layers_ms + 6.0, layer_saved=tuple(v + 21 for v in x))
     fitted = whole_model_chain(chain, {"store": none, FULL: full, opt: sel})
     fwd_ms = [ly.fwd_ms for ly in chain.layers]
+    for name, step, read in ((FULL, full, 11), (opt, sel, 21)):
+        # the plan with every layer so holds what its step held; each layer's bytes are its graph's
+        # moved by one equal share (the remainder's byte on the first layers)
+        assert held_for_backward_bytes(fitted, option_plan([name] * n)) == step.held_bytes
+        shares = [next(o for o in ly.options if o.name == name).xbar_bytes - (x[i] + read)
+                  for i, ly in enumerate(fitted.layers)]
+        assert shares[0] > 0 and max(shares) - min(shares) <= 1 and shares == sorted(shares, reverse=True)
     for i, ly in enumerate(fitted.layers):
         by = {o.name: o for o in ly.options}
-        assert by[FULL].xbar_bytes == x[i] + 11 and by[opt].xbar_bytes == x[i] + 21
         # the steps' extra time, shared by the layers' forward times
         assert by[FULL].recompute_ms == pytest.approx(30.0 * fwd_ms[i] / sum(fwd_ms))
         assert by[opt].recompute_ms == pytest.approx(6.0 * fwd_ms[i] / sum(fwd_ms))
     # each uniform step's peak is reached (the embeddings' backward, the option's transient raised)
     assert simulate(fitted, option_plan([FULL] * n)).peak_bytes >= fitted.persistent_bytes + full.bwd_peak_bytes
-    sel_high = WholeStep(held // 2, fwd, bwd + 7000, layers_ms + 6.0, layer_saved=tuple(v + 21 for v in x))
+    sel_high = WholeStep(held + 900, fwd, bwd + 7000, layers_ms + 6.0, layer_saved=tuple(v + 21 for v in x))
     fitted = whole_model_chain(chain, {"store": none, opt: sel_high})
     assert simulate(fitted, option_plan([opt] * n)).peak_bytes == fitted.persistent_bytes + sel_high.bwd_peak_bytes
     # and the stored plan still reproduces its own step
@@ -91,11 +98,104 @@ def test_a_graph_that_names_no_chain_layer_keeps_the_profiles_bytes():
     held, fwd, bwd = _measured_like(chain)
     zeros = (0, 0, 0)
     opt = chain.layers[0].options[0].name
-    fitted = whole_model_chain(chain, {"store": WholeStep(held + 100, fwd + 100, bwd + 100, layer_saved=zeros),
-                                       FULL: WholeStep(held // 3, fwd, bwd, layer_saved=zeros),
-                                       opt: WholeStep(held // 2, fwd, bwd, layer_saved=zeros)})
+    steps = {"store": WholeStep(held + 100, fwd + 100, bwd + 100, layer_saved=zeros),
+             FULL: WholeStep(held + 700, fwd, bwd, layer_saved=zeros),
+             opt: WholeStep(held + 800, fwd, bwd, layer_saved=zeros)}
+    fitted = whole_model_chain(chain, steps)
+    moved = {FULL: [], opt: []}
     for a, b in zip(fitted.layers, chain.layers):
         by = {o.name: o.xbar_bytes for o in a.options}
-        assert a.xbar_bytes == b.xbar_bytes and by[FULL] == b.x_bytes
-        assert by[opt] == next(o.xbar_bytes for o in b.options if o.name == opt)
+        assert a.xbar_bytes == b.xbar_bytes
+        moved[FULL].append(by[FULL] - b.x_bytes)
+        moved[opt].append(by[opt] - next(o.xbar_bytes for o in b.options if o.name == opt))
+    for name in (FULL, opt):  # the profile's bytes, moved by equal shares to what the step held
+        assert max(moved[name]) - min(moved[name]) <= 1
+        assert held_for_backward_bytes(fitted, option_plan([name] * 3)) == steps[name].held_bytes
     assert _measured_like(fitted)[0] == held + 100  # the difference is the head's
+
+
+def _whole_chain(seed: int):
+    """A random chain fitted to measured-like steps, and its option: every layer has it and full-region."""
+    chain = random_chain(4, seed, max_size=997, options=1)
+    held, fwd, bwd = _measured_like(chain)
+    opt = chain.layers[0].options[0].name
+    x = tuple(ly.x_bytes for ly in chain.layers)
+    steps = {"store": WholeStep(held, fwd, bwd, 40.0, tuple(ly.xbar_bytes for ly in chain.layers)),
+             FULL: WholeStep(held + 50, fwd, bwd + 900, 70.0, tuple(v + 5 for v in x)),
+             opt: WholeStep(held + 400, fwd, bwd + 200, 50.0, tuple(v + 9 for v in x))}
+    return whole_model_chain(chain, steps), opt
+
+
+def test_an_option_fitted_to_its_step_peaks_there_even_where_the_chain_peaked_elsewhere():
+    # the uniform step's measured peak lies below the simulated chain's highest op (the loss head,
+    # say) but above what its layers' backward reach: the layers are raised to it, not by the
+    # (smaller) difference from the chain's peak
+    chain = random_chain(3, 7, max_size=997, options=1)
+    held, fwd, bwd = _measured_like(chain)
+    opt = chain.layers[0].options[0].name
+    x = tuple(ly.x_bytes for ly in chain.layers)
+    base = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000), opt: WholeStep(held, fwd, 0, 0.0, x)})
+    events = trace(base, option_plan([opt] * 3))
+    layer_top = max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2) and not ev.recompute)
+    chain_top = max(ev.peak_bytes for ev in events)
+    assert layer_top < chain_top  # the head's backward peaks above the layers'
+    want = (layer_top + chain_top) // 2 - base.persistent_bytes
+    fitted = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000),
+                                       opt: WholeStep(held, fwd, want, 0.0, x)})
+    events = trace(fitted, option_plan([opt] * 3))
+    assert max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2)
+               and not ev.recompute) == want + fitted.persistent_bytes
+    # a step that peaked below what its layers were profiled to reach: their transients come down
+    low = layer_top - base.persistent_bytes - 1
+    assert all(o.bwd_tmp_bytes >= 1 for ly in base.layers for o in ly.options if o.name == opt)
+    fitted = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000),
+                                       opt: WholeStep(held, fwd, low, 0.0, x)})
+    events = trace(fitted, option_plan([opt] * 3))
+    assert max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2)
+               and not ev.recompute) == low + fitted.persistent_bytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_checked_plan_is_scored_by_its_measured_peak(seed):
+    from ckplan.errors import InfeasibleBudgetError
+    from ckplan.planner.whole import plan_whole, whole_peak
+    chain, _ = _whole_chain(seed)
+    n = chain.n_layers
+    lowest = plan_whole(chain, None).peak_bytes
+    none_peak = simulate(chain, plan_none(n)).peak_bytes
+    budget = (lowest + none_peak) // 2
+    first = plan_whole(chain, budget)
+    assert first.plan.options() and whole_peak(chain, first.plan) == first.peak_bytes <= budget
+    # its own step measured 1 byte over the budget: another plan is chosen, and never that one
+    checked = {first.plan.options(): budget + 1}
+    try:
+        again = plan_whole(chain, budget, checked)
+    except InfeasibleBudgetError as err:  # only when it was the one plan that fitted
+        assert err.min_peak_bytes > budget
+    else:
+        assert again.plan.options() != first.plan.options() and again.peak_bytes <= budget
+        assert again.peak_bytes == whole_peak(chain, again.plan, checked)
+    # measured lower than simulated: the measured peak is the plan's
+    low = {first.plan.options(): first.peak_bytes - 1}
+    assert whole_peak(chain, first.plan, low) >= first.peak_bytes - 1
+    # only measured plans: one choice on every layer, or checked
+    try:
+        only = plan_whole(chain, budget, low, only_measured=True)
+    except InfeasibleBudgetError as err:
+        assert err.min_peak_bytes > budget
+    else:
+        opts = only.plan.options()
+        assert len(set(opts)) == 1 or opts in low
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_margin_is_added_to_unmeasured_mixed_plans_only(seed):
+    from ckplan.planner.whole import plan_whole
+    chain, _ = _whole_chain(seed)
+    lowest = plan_whole(chain, None).peak_bytes
+    budget = (lowest + simulate(chain, plan_none(chain.n_layers)).peak_bytes) // 2
+    margin = (budget - lowest) // 2
+    res = plan_whole(chain, budget, margin=margin)
+    opts = res.plan.options()
+    sim = simulate(chain, res.plan).peak_bytes
+    assert res.peak_bytes == (sim if len(set(opts)) == 1 else sim + margin) <= budget

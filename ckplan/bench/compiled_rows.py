@@ -16,16 +16,18 @@ from .status import guarded, one_line
 from .steps import Run, resident_bytes
 
 
-def compile_entries(entries: list[Entry], model, chain, budget_bytes: int | None, device: torch.device) -> None:
+def compile_entries(entries: list[Entry], model, chain, budget_bytes: int | None, device: torch.device,
+                    fresh_cache: bool = True) -> None:
     """The torch-compile peers: the activation-memory fraction ckplan's budget maps to, and a
     compiled copy of the model for each (:class:`CompiledPeer`), made before any plan touches the
-    model; where TorchInductor cannot run, the rows are ``unavailable`` with the reason."""
+    model; where TorchInductor cannot run, the rows are ``unavailable`` with the reason.
+    ``fresh_cache=False`` keeps Dynamo's cache (copies compiled earlier in this bench keep their graphs)."""
     compile_rows = [e for e in entries if e.name in COMPILE_PEERS]
     if not compile_rows:
         return
     why = compile_unavailable(device.type)
     none_peak = simulate(chain, plan_chain(chain, "none", None, 1).plan).peak_bytes
-    if not why:
+    if not why and fresh_cache:
         torch._dynamo.reset()  # a fresh cache: graphs from earlier benches must not fill its per-code limit
     for e in compile_rows:
         frac = 1.0 if e.name.endswith("nobudget") else budget_fraction(budget_bytes, chain.persistent_bytes,

@@ -2,6 +2,7 @@
 timed rounds interleaved."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -12,6 +13,7 @@ from ..execute import remove_plan
 from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
 from ..planner.plan import OFFLOAD, STORE
+from ..profiling.whole_steps import measure_whole
 from ..records import OK, BenchResult, Profile
 from ..sac import POLICIES
 from ..training import make_optimizer
@@ -45,15 +47,17 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     chain = chain_from_profile(profile, keep=POLICIES if whole else ())
     notes = list(profile.notes)
     if whole:
-        chain, made = whole_chain(model, batch, loss_fn, profile, device, chain, tick)
+        chain, made, steps_note = whole_chain(model, batch, loss_fn, profile, device, chain, tick)
+        notes.append(steps_note)
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
     if whole:
-        entries = whole_entries(chain, strategies, budget_bytes, k, model, profile, made, extra_plans)
+        measure = functools.partial(measure_whole, model, batch, loss_fn, profile, device)
+        entries = whole_entries(chain, strategies, budget_bytes, k, model, profile, made, extra_plans, measure, tick)
     else:
         entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
                                chain_from_profile(profile, keep=used) if used else chain)
-    compile_entries(entries, model, chain, budget_bytes, device)
+    compile_entries(entries, model, chain, budget_bytes, device, fresh_cache=not whole)
     peer_predictions(entries, model, profile, notes)
     runnable = [e for e in entries if e.runnable]
     run = Run(model, batch, loss_fn, profile, device, memory_limit_bytes)

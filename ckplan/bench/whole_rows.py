@@ -19,9 +19,10 @@ import torch
 from ..compiled_model import CompiledModel, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
-from ..planner.whole import FULL, option_plan, plain_plan, plan_whole, whole_model_chain
-from ..profiling.whole_steps import whole_steps
+from ..planner.whole import FULL, option_plan, plain_plan, whole_model_chain, whole_peak
+from ..profiling.whole_steps import checked_plan, whole_steps
 from ..records import ERROR, INFEASIBLE
+from ..units import format_bytes
 from .entry import Entry, fwd_bwd_peak
 from .plans import peer_row
 
@@ -33,23 +34,44 @@ SCOPE_NOTE = ("--compile-scope model: ckplan's rows ran as one whole-model torch
 
 
 def whole_chain(model, batch, loss_fn, profile, device: torch.device, chain, tick):
-    """The whole-model compiled chain and the compiled copies of its uniform steps, by choice."""
+    """The whole-model compiled chain and the compiled copies of its uniform steps, by choice.
+    Dynamo's cache starts fresh here (graphs from earlier benches must not fill its per-code limit)
+    and is kept after: a copy run by a row must be the graph that was measured, not a recompile."""
+    torch._dynamo.reset()
     steps, made = whole_steps(model, batch, loss_fn, profile, device, chain, tick)
-    return whole_model_chain(chain, steps), made
+    return whole_model_chain(chain, steps), made, steps_note(steps)
+
+
+def steps_note(steps: dict) -> str:
+    """The measured whole-model steps the chain was fitted to, for the bench's notes."""
+    parts = [f"{name}: held {format_bytes(st.held_bytes)}, peak "
+             f"{format_bytes(max(st.fwd_peak_bytes, st.bwd_peak_bytes))}, {st.fwd_bwd_ms:.0f} ms"
+             for name, st in steps.items()]
+    return ("whole-model steps the chain was fitted to (every layer stored, recomputed whole or with one option; "
+            "forward+backward, bytes above the persistent ones, time from interleaved rounds): " + "; ".join(parts))
 
 
 def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int, model, profile,
-                  made: dict[str, CompiledModel], extra_plans: dict[str, Plan]) -> list[Entry]:
+                  made: dict, extra_plans: dict[str, Plan], measure, tick) -> list[Entry]:
     """The rows under ``--compile-scope model``: ckplan's strategies and the given plans as
-    whole-model compiled copies (``dp``: the optimal one-region-per-layer plan), peers as usual."""
+    whole-model compiled copies (``dp``: the one-region-per-layer plan with the least recompute
+    that fits, a mixed one measured before it is taken: :func:`checked_plan`), peers as usual.
+    ``measure(plan)``: that plan's compiled copy and measured step."""
     entries: list[Entry] = []
+    checked: dict[tuple[str, ...], int] = {}
+    lines: list[str] = []
     for s in [*strategies, *extra_plans]:
         peer = peer_row(chain, s)
         if peer is not None:
             entries.append(peer)
             continue
         try:
-            plan = extra_plans[s] if s in extra_plans else _plan(chain, s, budget_bytes, k)
+            if s == "dp":
+                res, checked, copies, lines = checked_plan(chain, budget_bytes, measure, tick)
+                made = {**made, **copies}
+                plan = res.plan
+            else:
+                plan = extra_plans[s] if s in extra_plans else _plan(chain, s, budget_bytes, k)
             opts = tuple(FULL if o == "full" else o for o in region_options(plan))
             plan = option_plan(opts, plan.strategy)
         except InfeasibleBudgetError as err:
@@ -59,18 +81,20 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
             entries.append(Entry(s, None, status=ERROR, message=f"{err.message} ({err.tip})"))
             continue
         sc = simulate(chain, plan)
-        e = Entry(s, plain_plan(plan), sc.peak_bytes, fwd_bwd_peak(chain, plan),
-                  held_for_backward_bytes(chain, plan), sc.overhead)
+        own = checked.get(opts)  # its own step, measured while dp planned
+        e = Entry(s, plain_plan(plan), whole_peak(chain, plan, checked), fwd_bwd_peak(chain, plan) if own is None
+                  else own, held_for_backward_bytes(chain, plan), sc.overhead)
         uniform = opts[0] if len(set(opts)) == 1 else ""
-        e.compiled = made.get(uniform) or CompiledModel(model, plan, profile.chain)
-        e.message = "whole-model torch.compile, one checkpoint region per layer"
+        e.compiled = made.get(uniform) or made.get(opts) or CompiledModel(model, plan, profile.chain)
+        e.message = "whole-model torch.compile, one checkpoint region per layer" + (
+            "; its peak predicted from its own compiled step, measured while planning" if own is not None else "")
+        if s == "dp" and lines:
+            e.message += f"; mixed plans measured before choosing: {'; '.join(lines)}"
         entries.append(e)
     return entries
 
 
 def _plan(chain, strategy: str, budget_bytes: int | None, k: int) -> Plan:
-    if strategy == "dp":
-        return plan_whole(chain, budget_bytes).plan
     if strategy == "every-k" and k != 1:
         raise UsageError(f"every-k with k={k} checkpoints {k} layers together; a whole-model torch.compile runs "
                          "one checkpoint region per layer", tip="use --k 1, or --compile-scope layers")

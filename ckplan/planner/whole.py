@@ -26,14 +26,17 @@ graph saves is read per layer (:class:`ckplan.measure.compiled_graph.SavedForBac
   or less than the whole graph);
 * the *pre* stage's backward transient (the embeddings' backward, the end of the step's backward)
   raised, where needed, so the simulator's every-layer-``full-region`` plan peaks no lower than
-  that step; then each option's backward transient (its forward's, where that step peaked in its
-  forward) raised in every layer, where needed, so that the plan storing every layer with it peaks
-  no lower than its step.
+  that step; then each option's bytes moved by one share per layer so that the plan storing every
+  layer with it holds what its step held, and its backward transient (its forward's, where that
+  step peaked in its forward) moved in every layer so that the plan peaks at its layers where its
+  step peaked.
 
-Every other plan's peak and time are predictions.
+Every other plan's peak and time are predictions; a plan that mixes choices is checked by its own
+measured step before dp takes it (:func:`ckplan.profiling.whole_steps.checked_plan`).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..errors import InfeasibleBudgetError
@@ -44,7 +47,7 @@ from .budget import held_for_backward_bytes
 from .chain import Chain
 from .layer import Option
 from .plan import Checkpoint, Plan, Store
-from .regions import RegionsResult, plan_regions, scored_frontier
+from .regions import RegionsResult, scored_frontier
 from .simulate import simulate, trace
 
 FULL = "full-region"  # a layer recomputed whole in a region of its own (not a Checkpoint item)
@@ -171,41 +174,92 @@ def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
             need = want - _stage_live(out, every_full, -1, "B")
             if need > out.pre.bwd_tmp_bytes:
                 out = replace(out, pre=replace(out.pre, bwd_tmp_bytes=need))
-    for name, step in steps.items():  # each uniform step peaks no lower than measured
+    for name, step in steps.items():  # each uniform step holds what it held, and peaks where it did
         if name != "store":
-            out = _raise_option(out, name, p + max(step.fwd_peak_bytes, step.bwd_peak_bytes),
+            out = _fit_held(out, name, step.held_bytes)
+            out = _fit_option(out, name, p + max(step.fwd_peak_bytes, step.bwd_peak_bytes),
                                 backward=step.bwd_peak_bytes >= step.fwd_peak_bytes)
     return out
 
 
-def _raise_option(chain: Chain, name: str, want: int, backward: bool) -> Chain:
-    """Raise option ``name``'s backward (or forward) transient in every layer by what the plan
-    storing every layer with it falls short of ``want`` (the measured peak, persistent included)."""
-    short = want - simulate(chain, option_plan([name] * chain.n_layers)).peak_bytes
-    if short <= 0:
+def _fit_held(chain: Chain, name: str, held: int) -> Chain:
+    """Option ``name``'s bytes in every layer moved by one share of what the plan storing every
+    layer with it holds after its forward less than ``held`` (measured): bytes its graph saves that
+    name no chain layer (gpt at 3 x 64: 116 KiB per ``sac-attn`` region), and what the per-layer
+    reading misses, so that the plan holds what its step held."""
+    n = chain.n_layers
+    diff = held - held_for_backward_bytes(chain, option_plan([name] * n))
+    if diff == 0:
+        return chain
+    shares = [diff // n + (1 if i < diff % n else 0) for i in range(n)]
+
+    def moved(ly, share: int):
+        return replace(ly, options=tuple(replace(o, xbar_bytes=max(ly.x_bytes, o.xbar_bytes + share))
+                                         if o.name == name else o for o in ly.options))
+    return replace(chain, layers=tuple(moved(ly, s) for ly, s in zip(chain.layers, shares)))
+
+
+def _fit_option(chain: Chain, name: str, want: int, backward: bool) -> Chain:
+    """Move option ``name``'s backward (or forward) transient in every layer by what the plan
+    storing every layer with it misses ``want`` (the measured peak, persistent included) by at its
+    layers' highest backward (forward) op, so that the plan peaks at ``want`` there: up where the
+    step peaked higher, down (to no transient at least) where it peaked lower (a compiled region's
+    recompute and backward fuse: BERT-large's recomputed layers peaked 60 MB below the profile's)."""
+    ops = ("B",) if backward else ("F", "Fn")
+    top = max(ev.peak_bytes for ev in trace(chain, option_plan([name] * chain.n_layers))
+              if ev.op in ops and ev.stage is not None and 0 <= ev.stage < chain.n_layers and not ev.recompute)
+    short = want - top
+    if short == 0:
         return chain
 
-    def up(o: Option) -> Option:
+    def moved(o: Option) -> Option:
         if o.name != name:
             return o
-        return replace(o, bwd_tmp_bytes=o.bwd_tmp_bytes + short) if backward else \
-            replace(o, fwd_tmp_bytes=o.fwd_tmp_bytes + short)
-    return replace(chain, layers=tuple(replace(ly, options=tuple(up(o) for o in ly.options)) for ly in chain.layers))
+        return replace(o, bwd_tmp_bytes=max(0, o.bwd_tmp_bytes + short)) if backward else \
+            replace(o, fwd_tmp_bytes=max(0, o.fwd_tmp_bytes + short))
+    return replace(chain, layers=tuple(replace(ly, options=tuple(moved(o) for o in ly.options)) for ly in chain.layers))
 
 
-def plan_whole(chain: Chain, budget_bytes: int | None) -> RegionsResult:
-    """dp for a whole-model compiled chain: the optimal plan of one region per layer (options
-    ``WHOLE_OPTIONS``) at ``budget_bytes`` (None: the smallest peak); InfeasibleBudgetError, with
-    that smallest peak, when none fits."""
-    points, _ = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
-    lowest = min(p[0] for p in points)
+def whole_peak(chain: Chain, plan: Plan, checked: Mapping[tuple[str, ...], int] | None = None) -> int:
+    """``plan``'s peak: the simulator's, or for a plan in ``checked`` (its layers' options -> its
+    own whole-model step's measured forward+backward peak, persistent included) that measured peak,
+    with the simulator's optimizer step."""
+    opts = plan.options()
+    if not checked or opts not in checked:
+        return simulate(chain, plan).peak_bytes
+    opt_step = max((ev.peak_bytes for ev in trace(chain, plan) if ev.op == "opt"), default=0)
+    return max(checked[opts], opt_step)
+
+
+def plan_whole(chain: Chain, budget_bytes: int | None, checked: Mapping[tuple[str, ...], int] | None = None,
+               *, only_measured: bool = False, margin: int = 0) -> RegionsResult:
+    """dp for a whole-model compiled chain: the plan of one region per layer (options
+    ``WHOLE_OPTIONS``) with the least recompute at ``budget_bytes`` (None: the smallest peak), each
+    candidate's peak :func:`whole_peak`'s; ``only_measured``: among the plans whose peak was
+    measured (one choice on every layer, or in ``checked``); ``margin``: bytes added to the peak of
+    every plan that mixes choices and was not measured. InfeasibleBudgetError, with that
+    smallest peak, when none fits. ``exact`` (optimal in the space): the frontier was not merged and
+    no check moved a candidate's peak."""
+    points, exact = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
+    scored = []
+    for peak, t, opts in points:
+        if checked and opts in checked:
+            true = whole_peak(chain, option_plan(opts), checked)
+            exact = exact and true == peak
+            peak = true
+        elif len(set(opts)) > 1:
+            peak += margin
+        if not only_measured or len(set(opts)) == 1 or (checked and opts in checked):
+            scored.append((peak, t, opts))
+    lowest = min(p[0] for p in scored)
     target = lowest if budget_bytes is None else budget_bytes
-    res = plan_regions(chain, target, allowed=WHOLE_OPTIONS, checkpoints=False, strategy="dp")
-    if res is None:
+    fits = [p for p in scored if p[0] <= target]
+    if not fits:
         raise InfeasibleBudgetError(
             f"no plan of one checkpoint region per chain layer peaks at {format_bytes(target)} or less: the "
             f"least such a plan reaches is {format_bytes(lowest)}", budget_bytes=target, min_peak_bytes=lowest,
             persistent_bytes=chain.persistent_bytes,
             tip=f"raise --budget to {format_bytes(lowest)} or more, or use --compile-scope layers (nested "
                 "checkpoints reach lower)")
-    return res
+    peak, _, opts = min(fits, key=lambda p: (p[1], p[0]))
+    return RegionsResult(option_plan(opts, "dp"), peak, exact)
