@@ -126,6 +126,11 @@ def _whole_chain(seed: int):
     return whole_model_chain(chain, steps), opt
 
 
+def _layer_backward_top(chain, opt) -> int:
+    return max(ev.peak_bytes for ev in trace(chain, option_plan([opt] * chain.n_layers))
+               if ev.op == "B" and ev.stage in range(chain.n_layers) and not ev.recompute)
+
+
 def test_an_option_fitted_to_its_step_peaks_there_even_where_the_chain_peaked_elsewhere():
     # the uniform step's measured peak lies below the simulated chain's highest op (the loss head,
     # say) but above what its layers' backward reach: the layers are raised to it, not by the
@@ -134,25 +139,21 @@ def test_an_option_fitted_to_its_step_peaks_there_even_where_the_chain_peaked_el
     held, fwd, bwd = _measured_like(chain)
     opt = chain.layers[0].options[0].name
     x = tuple(ly.x_bytes for ly in chain.layers)
-    base = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000), opt: WholeStep(held, fwd, 0, 0.0, x)})
-    events = trace(base, option_plan([opt] * 3))
-    layer_top = max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2) and not ev.recompute)
-    chain_top = max(ev.peak_bytes for ev in events)
+    store = WholeStep(held, fwd, bwd + 5000)
+    base = whole_model_chain(chain, {"store": store})
+    layer_top = _layer_backward_top(base, opt)
+    chain_top = simulate(base, option_plan([opt] * 3)).peak_bytes
     assert layer_top < chain_top  # the head's backward peaks above the layers'
     want = (layer_top + chain_top) // 2 - base.persistent_bytes
-    fitted = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000),
-                                       opt: WholeStep(held, fwd, want, 0.0, x)})
-    events = trace(fitted, option_plan([opt] * 3))
-    assert max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2)
-               and not ev.recompute) == want + fitted.persistent_bytes
-    # a step that peaked below what its layers were profiled to reach: their transients come down
-    low = layer_top - base.persistent_bytes - 1
-    assert all(o.bwd_tmp_bytes >= 1 for ly in base.layers for o in ly.options if o.name == opt)
-    fitted = whole_model_chain(chain, {"store": WholeStep(held, fwd, bwd + 5000),
-                                       opt: WholeStep(held, fwd, low, 0.0, x)})
-    events = trace(fitted, option_plan([opt] * 3))
-    assert max(ev.peak_bytes for ev in events if ev.op == "B" and ev.stage in (0, 1, 2)
-               and not ev.recompute) == low + fitted.persistent_bytes
+    assert want >= fwd  # the step peaked in its backward
+    fitted = whole_model_chain(chain, {"store": store, opt: WholeStep(held, fwd, want, 0.0, x)})
+    assert _layer_backward_top(fitted, opt) == want + fitted.persistent_bytes
+    # a step that peaked below what its layers were priced at: their transients come down, to
+    # none at least
+    fitted = whole_model_chain(chain, {"store": store, opt: WholeStep(held, fwd, fwd, 0.0, x)})
+    tmp = [o.bwd_tmp_bytes for ly in fitted.layers for o in ly.options if o.name == opt]
+    top = _layer_backward_top(fitted, opt)
+    assert top == fwd + fitted.persistent_bytes or (top > fwd + fitted.persistent_bytes and min(tmp) == 0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -195,7 +196,9 @@ def test_a_margin_is_added_to_unmeasured_mixed_plans_only(seed):
     lowest = plan_whole(chain, None).peak_bytes
     budget = (lowest + simulate(chain, plan_none(chain.n_layers)).peak_bytes) // 2
     margin = (budget - lowest) // 2
-    res = plan_whole(chain, budget, margin=margin)
-    opts = res.plan.options()
-    sim = simulate(chain, res.plan).peak_bytes
-    assert res.peak_bytes == (sim if len(set(opts)) == 1 else sim + margin) <= budget
+    for store_margin, region_margin in ((margin, 0), (0, margin), (margin, margin // 2)):
+        res = plan_whole(chain, budget, margin=store_margin, region_margin=region_margin)
+        opts = res.plan.options()
+        sim = simulate(chain, res.plan).peak_bytes
+        extra = 0 if len(set(opts)) == 1 else store_margin if "store" in opts else region_margin
+        assert res.peak_bytes == sim + extra <= budget

@@ -46,7 +46,7 @@ from .baselines import plan_none
 from .budget import held_for_backward_bytes
 from .chain import Chain
 from .layer import Option
-from .plan import Checkpoint, Plan, Store
+from .plan import STORE, Checkpoint, Plan, Store
 from .regions import RegionsResult, scored_frontier
 from .simulate import simulate, trace
 
@@ -177,8 +177,13 @@ def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
     for name, step in steps.items():  # each uniform step holds what it held, and peaks where it did
         if name != "store":
             out = _fit_held(out, name, step.held_bytes)
-            out = _fit_option(out, name, p + max(step.fwd_peak_bytes, step.bwd_peak_bytes),
-                                backward=step.bwd_peak_bytes >= step.fwd_peak_bytes)
+            top = p + max(step.fwd_peak_bytes, step.bwd_peak_bytes)
+            backward = step.bwd_peak_bytes >= step.fwd_peak_bytes
+            # the step's peak phase: its layers peak where it did; the other phase: no higher than
+            # it did (BERT-large's recomputed layers' forward had been priced 60 MB above its peak)
+            out = _fit_option(out, name, top, backward=backward)
+            out = _fit_option(out, name, p + (step.fwd_peak_bytes if backward else step.bwd_peak_bytes),
+                              backward=not backward, lower_only=True)
     return out
 
 
@@ -199,17 +204,17 @@ def _fit_held(chain: Chain, name: str, held: int) -> Chain:
     return replace(chain, layers=tuple(moved(ly, s) for ly, s in zip(chain.layers, shares)))
 
 
-def _fit_option(chain: Chain, name: str, want: int, backward: bool) -> Chain:
+def _fit_option(chain: Chain, name: str, want: int, backward: bool, lower_only: bool = False) -> Chain:
     """Move option ``name``'s backward (or forward) transient in every layer by what the plan
     storing every layer with it misses ``want`` (the measured peak, persistent included) by at its
     layers' highest backward (forward) op, so that the plan peaks at ``want`` there: up where the
     step peaked higher, down (to no transient at least) where it peaked lower (a compiled region's
-    recompute and backward fuse: BERT-large's recomputed layers peaked 60 MB below the profile's)."""
+    recompute and backward fuse); ``lower_only``: only down."""
     ops = ("B",) if backward else ("F", "Fn")
     top = max(ev.peak_bytes for ev in trace(chain, option_plan([name] * chain.n_layers))
               if ev.op in ops and ev.stage is not None and 0 <= ev.stage < chain.n_layers and not ev.recompute)
     short = want - top
-    if short == 0:
+    if short == 0 or (lower_only and short > 0):
         return chain
 
     def moved(o: Option) -> Option:
@@ -232,12 +237,13 @@ def whole_peak(chain: Chain, plan: Plan, checked: Mapping[tuple[str, ...], int] 
 
 
 def plan_whole(chain: Chain, budget_bytes: int | None, checked: Mapping[tuple[str, ...], int] | None = None,
-               *, only_measured: bool = False, margin: int = 0) -> RegionsResult:
+               *, only_measured: bool = False, margin: int = 0, region_margin: int = 0) -> RegionsResult:
     """dp for a whole-model compiled chain: the plan of one region per layer (options
     ``WHOLE_OPTIONS``) with the least recompute at ``budget_bytes`` (None: the smallest peak), each
     candidate's peak :func:`whole_peak`'s; ``only_measured``: among the plans whose peak was
     measured (one choice on every layer, or in ``checked``); ``margin``: bytes added to the peak of
-    every plan that mixes choices and was not measured. InfeasibleBudgetError, with that
+    every plan that mixes choices with a stored layer and was not measured (``region_margin``: one
+    that mixes regions only). InfeasibleBudgetError, with that
     smallest peak, when none fits. ``exact`` (optimal in the space): the frontier was not merged and
     no check moved a candidate's peak."""
     points, exact = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
@@ -248,7 +254,7 @@ def plan_whole(chain: Chain, budget_bytes: int | None, checked: Mapping[tuple[st
             exact = exact and true == peak
             peak = true
         elif len(set(opts)) > 1:
-            peak += margin
+            peak += margin if STORE in opts else region_margin
         if not only_measured or len(set(opts)) == 1 or (checked and opts in checked):
             scored.append((peak, t, opts))
     lowest = min(p[0] for p in scored)
