@@ -327,9 +327,15 @@ def test_bench_nproc_two_fsdp_ranks_predicted_equals_measured(configs, tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["command"] == "bench-distributed" and doc["world_size"] == 2
+    # gloo's worker threads decide what is live at a rank's peak on a loaded machine: at most one
+    # more unit's unsharded parameters than FSDP2's order of frees (docs/distributed.md, Limits).
+    from ckplan import api
+    from ckplan.spec import build_model
+    unit = sum(p.numel() * p.element_size() for p in build_model(api.load(spec), "cpu").blocks[0].parameters())
     for row in doc["rows"]:
         assert row["status"] == "ok", (row, doc["notes"])
-        assert abs(row["predicted_peak_bytes"] - row["measured_peak_bytes"]) <= 0.02 * row["predicted_peak_bytes"]
+        pred, diff = row["predicted_peak_bytes"], row["measured_peak_bytes"] - row["predicted_peak_bytes"]
+        assert -0.02 * pred <= diff <= 0.02 * pred + unit, (row["strategy"], pred, diff, unit)
     assert (tmp_path / "out" / "bench-gpt-tiny-dist-cpu-fsdp2.json").is_file()
 
 
