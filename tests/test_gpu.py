@@ -119,6 +119,16 @@ def test_compiled_layers_and_compile_peer_on_cuda(tiny):
     _check(res)
 
 
+def test_whole_model_compile_scope_on_cuda(tiny):
+    """--compile-scope model on the allocator: every ckplan row one whole-model compile, its peak
+    predicted from measured whole-model steps, gradients equal to the compiled none's."""
+    spec = api.load(tiny, batch_size=8, seq_len=256)
+    res = api.bench(spec, strategies=["none", "dp", "torch-compile"], budget="60%", steps=2, warmup=1,
+                    device=DEVICE, compile_scope="model")
+    _check(res)
+    assert res.compile_scope == "model"
+
+
 def test_one_nccl_rank(tiny):
     pytest.importorskip("torch.distributed.fsdp")
     import torch.distributed as dist
