@@ -343,3 +343,18 @@ def test_a_given_plan_with_an_option_the_profile_found_dominated_is_benched(tiny
     assert row.plan == plan.describe()
     assert row.measured_peak_bytes == row.predicted_peak_bytes
     assert row.max_grad_diff is not None and row.max_grad_diff < 1e-5
+
+
+def test_a_peer_measured_above_the_budget_says_by_how_much_and_stays_ok():
+    """Peers predict no peak, so they are never over-budget; their message says where they landed."""
+    from ckplan.bench.entry import Entry
+    from ckplan.bench.result import row_of
+    peer = Entry("torch-compile", None, kind="peer")
+    peer.mem["measured"] = 1_350
+    peer.times = [2.0]
+    none = Entry("none", None)
+    none.times = [1.0]
+    row = row_of(peer, none, budget_bytes=1_000)
+    assert row.status == "ok" and "measured 350 bytes above the budget" in row.message
+    assert "above the budget" not in row_of(peer, none, budget_bytes=2_000).message
+    assert "above the budget" not in row_of(peer, none, budget_bytes=None).message

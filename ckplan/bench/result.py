@@ -26,6 +26,9 @@ def row_of(e: Entry, none: Entry | None, budget_bytes: int | None = None) -> Ben
         status = OVER_BUDGET
         message = "; ".join(m for m in (message, f"measured above the budget it was predicted to fit "
                                                  f"({measured - budget_bytes} bytes over)") if m)
+    elif (status == OK and e.predicted_peak is None and measured is not None and budget_bytes is not None
+          and measured > budget_bytes):  # a peer claims no peak; say where it landed against the budget
+        message = "; ".join(m for m in (message, f"measured {measured - budget_bytes} bytes above the budget") if m)
     return BenchRow(
         strategy=e.name, status=status, plan=e.plan.describe() if e.plan else e.plan_text,
         n_checkpoints=e.plan.n_checkpoints if e.plan else 0,
