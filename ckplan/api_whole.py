@@ -15,11 +15,13 @@ import torch
 
 from .api_profile import profile, resolve_device
 from .arguments import Note, Progress, tick
+from .compiled_model import PARTITIONER_BUDGET
 from .errors import InfeasibleBudgetError, UsageError
 from .plan_report import PlanReport
 from .planner import PlanResult, chain_from_profile, parse_budget, plan_none, simulate
+from .planner.plan import STORE
 from .planner.whole import plain_plan, whole_model_chain
-from .profiling.whole_steps import checked_plan, measure_whole, whole_steps
+from .profiling.whole_steps import dp_choice, measure_whole, mincut_search, pair_timer, whole_steps
 from .sac import POLICIES
 from .spec import Spec, build_model, make_batch, to_loss
 
@@ -43,7 +45,7 @@ def plan_spec_whole(spec: Spec, *, budget, strategy: str, device, force: bool, p
     batch = make_batch(spec, str(dev))
     chain = chain_from_profile(prof, keep=POLICIES)
     torch._dynamo.reset()
-    steps, _ = whole_steps(model, batch, to_loss, prof, dev, chain, lambda m: tick(progress, m))
+    steps, made = whole_steps(model, batch, to_loss, prof, dev, chain, lambda m: tick(progress, m))
     chain = whole_model_chain(chain, steps)
     none = simulate(chain, plan_none(chain.n_layers))
     if budget is None:
@@ -53,21 +55,39 @@ def plan_spec_whole(spec: Spec, *, budget, strategy: str, device, force: bool, p
         budget_bytes, source = b.bytes, f"--budget: {b.description}"
     tick(progress, f"planning dp for {prof.model} (whole-model compile)")
     measure = functools.partial(measure_whole, model, batch, to_loss, prof, dev)
+    ticks = functools.partial(tick, progress)
+    timed = pair_timer(model, batch, to_loss, prof, dev, made[STORE], steps[STORE].fwd_bwd_ms)
+    mincut = functools.partial(mincut_search, chain, budget_bytes, steps[STORE], measure, timed, ticks)
     try:
-        res, checked, _, lines = checked_plan(chain, budget_bytes, measure, lambda m: tick(progress, m))
+        res, checked, _, lines, mc = dp_choice(chain, budget_bytes, measure, ticks, mincut)
     except InfeasibleBudgetError as err:
         err.budget_source = source
         raise
-    budget_bytes = budget_bytes if budget_bytes is not None else res.peak_bytes
-    score = simulate(chain, res.plan)
-    if res.plan.options() in checked:  # its peak: its own compiled step's, measured while planning
-        score = replace(score, peak_bytes=res.peak_bytes)
-    notes = ["one checkpoint region per layer (whole-model compile)"]
-    if checked:
-        notes.append(f"mixed plans compiled and measured while planning: {'; '.join(lines)}; the chosen plan's peak "
-                     + ("is its measured one" if res.plan.options() in checked else "is its uniform step's"))
-    chosen = PlanResult("dp", plain_plan(res.plan), score, budget_bytes, res.peak_bytes <= budget_bytes,
-                        exact=res.exact, notes=tuple(notes))
+    if mc is not None:
+        chosen = _mincut_result(chain, mc, budget_bytes, lines)
+    else:
+        budget_bytes = budget_bytes if budget_bytes is not None else res.peak_bytes
+        score = simulate(chain, res.plan)
+        if res.plan.options() in checked:  # its peak: its own compiled step's, measured while planning
+            score = replace(score, peak_bytes=res.peak_bytes)
+        notes = ["one checkpoint region per layer (whole-model compile)"]
+        if lines:
+            notes.append(f"plans compiled and measured while planning: {'; '.join(lines)}; the chosen plan's peak "
+                         + ("is its measured one" if res.plan.options() in checked else "is its uniform step's"))
+        chosen = PlanResult("dp", plain_plan(res.plan), score, budget_bytes, res.peak_bytes <= budget_bytes,
+                            exact=res.exact, notes=tuple(notes))
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy="dp", k=1,
                       results=(chosen,), chosen=chosen, none_peak_bytes=none.peak_bytes,
                       none_step_ms=none.step_ms, notes=(NOTE,))
+
+
+def _mincut_result(chain, mc, budget_bytes: int, lines: list[str]) -> PlanResult:
+    """dp's result when the partitioner's min-cut over every stored layer was taken: its peak and
+    time as measured while planning."""
+    base = simulate(chain, plan_none(chain.n_layers))
+    score = replace(base, peak_bytes=mc.peak_bytes, overhead=mc.overhead, recompute_ms=base.step_ms * mc.overhead,
+                    step_ms=base.step_ms * (1 + mc.overhead), peak_at="its own measured step")
+    note = ("every layer stored and left to torch.compile's min-cut at activation_memory_budget "
+            f"{mc.plan.params[PARTITIONER_BUDGET]:.3f} (the plan's params; faster than the best plan of regions): "
+            + "; ".join(lines))
+    return PlanResult("dp", mc.plan, score, budget_bytes, mc.peak_bytes <= budget_bytes, exact=False, notes=(note,))

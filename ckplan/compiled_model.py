@@ -18,6 +18,12 @@ becomes a region Dynamo traces:
   :mod:`ckplan.planner.whole`): ``checkpoint(forward, use_reentrant=False)``; every op of the
   layer is tagged for recompute in the compiled backward.
 
+Stored layers are the partitioner's: with ``plan.params["partitioner_budget"]`` = b < 1 (what
+``dp`` writes when the partitioner's own min-cut over every stored layer is the faster way to fit,
+:func:`ckplan.profiling.whole_steps.mincut_search`) the copy compiles with
+``torch._functorch.config.activation_memory_budget = b``, and the min-cut recomputes cheap ops of
+the stored layers (and the head) to keep about that share of their saved bytes; regions keep their tags.
+
 The plan must be of that shape: one region per layer (multi-layer and nested checkpoints, the
 partitioner-budget options ``mincut-*`` and ``offload`` have no such region and are refused with
 a UsageError). :func:`ckplan.planner.regions.plan_regions` plans in that space.
@@ -39,7 +45,7 @@ from .chainfind import resolve_chain
 from .errors import UsageError
 from .measure.compiled_graph import SavedForBackward
 from .peers import CompiledPeer
-from .planner.plan import STORE, Checkpoint, Plan, Store
+from .planner.plan import PARTITIONER_BUDGET, STORE, Checkpoint, Plan, Store
 from .planner.regions import FULL, regions_plan  # noqa: F401  (re-exported)
 from .planner.whole import FULL as FULL_REGION
 from .sac import MINCUT, POLICIES, context_fn
@@ -73,6 +79,16 @@ def region_options(plan: Plan) -> tuple[str, ...]:
     return tuple(out)
 
 
+def partitioner_budget(plan: Plan) -> float:
+    """The ``activation_memory_budget`` the plan's whole-model compile runs with (1.0: none)."""
+    b = plan.params.get(PARTITIONER_BUDGET, 1.0)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 < b <= 1.0:
+        raise UsageError(f"the plan's {PARTITIONER_BUDGET} is {b!r}, not a share in (0, 1]",
+                         tip="write a number such as 0.7 (torch._functorch.config.activation_memory_budget), "
+                             "or leave it out")
+    return float(b)
+
+
 def install_regions(model: nn.Module, chain: str | None, options: Sequence[str]) -> None:
     """Wrap each chain layer's ``forward`` of ``model`` (a copy to compile) in its region."""
     _, layers, _ = resolve_chain(model, chain)
@@ -94,13 +110,14 @@ def chain_layer_names(model: nn.Module, chain: str | None) -> list[str]:
 
 class CompiledModel(CompiledPeer):
     """``module``: ``torch.compile`` of a shared-weight copy of ``model`` with ``plan``'s regions
-    (partitioner budget 1.0: the regions decide); ``saved`` records what each compiled graph's
-    forward saves for backward, by chain layer, once it has compiled."""
+    (partitioner budget 1.0 unless the plan gives one: :func:`partitioner_budget`); ``saved``
+    records what each compiled graph's forward saves for backward, by chain layer, once compiled."""
 
     def __init__(self, model: nn.Module, plan: Plan, chain: str | None = None):
         self.options = region_options(plan)
         self.saved = SavedForBackward(chain_layer_names(model, chain))
-        super().__init__(model, 1.0, prepare=functools.partial(install_regions, chain=chain, options=self.options))
+        super().__init__(model, partitioner_budget(plan),
+                         prepare=functools.partial(install_regions, chain=chain, options=self.options))
 
     def _backend(self, gm, example_inputs):
         with self.saved:

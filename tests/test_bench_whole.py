@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from ckplan.bench.whole_rows import whole_entries
+from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import simulate
 from ckplan.planner.synthetic import random_chain
 from ckplan.planner.whole import option_plan
@@ -84,3 +85,74 @@ def test_a_checked_plan_is_named_by_runs_of_layers():
     from ckplan.profiling.whole_steps import runs_text
     opts = ["store", "full-region", *["sac-attn"] * 6, *["sac-compute"] * 14, "sac-attn"]
     assert runs_text(opts) == "0 store, 1 full-region, 2-7 sac-attn, 8-21 sac-compute, 22 sac-attn"
+
+
+def _store_step(chain):
+    """The every-layer-stored step as the simulator has it (bytes above the persistent ones)."""
+    from ckplan.planner.whole import WholeStep
+    peak = simulate(chain, option_plan(["store"] * chain.n_layers)).peak_bytes - chain.persistent_bytes
+    return WholeStep(peak, peak, peak, fwd_bwd_ms=100.0)
+
+
+def test_the_partitioners_budget_is_lowered_by_its_miss_until_its_step_fits():
+    """mincut_search: the first budget is the share the budget leaves of the stored step's
+    activations; a step measured over the budget lowers it by the share it missed by."""
+    from ckplan.compiled_model import partitioner_budget
+    from ckplan.planner.whole import WholeStep
+    from ckplan.profiling.whole_steps import TRIES, mincut_search
+    chain = _sac_chain(0)
+    store = _store_step(chain)
+    p, act = chain.persistent_bytes, store.fwd_peak_bytes
+    budget = p + act // 2
+    tried = []
+
+    def measure(plan, keeps, least=0.0):  # a partitioner keeping `keeps` times the share it is given, `least` at least
+        b = partitioner_budget(plan)
+        tried.append(b)
+        peak = int(act * max(least, b * keeps))
+        return object(), WholeStep(peak // 2, peak, peak)
+    mc, lines = mincut_search(chain, budget, store, lambda pl: measure(pl, 1.0), lambda cm: 104.0, _silent)
+    assert tried == [pytest.approx(0.5, abs=2e-3)] and mc.peak_bytes <= budget
+    assert mc.step.fwd_bwd_ms == 104.0 and mc.overhead == pytest.approx(4.0 / simulate(
+        chain, option_plan(["store"] * 4)).step_ms) and mc.plan.options() == ("store",) * 4
+    assert lines[0].startswith(f"partitioner budget {tried[0]:.3f}: measured") and "over" not in lines[0]
+    tried.clear()  # keeps 10% more than asked: the second try asks for 1/1.1 of the first
+    mc, lines = mincut_search(chain, budget, store, lambda pl: measure(pl, 1.1), lambda cm: 104.0, _silent)
+    assert len(tried) == 2 and tried[1] == pytest.approx(tried[0] / 1.1, rel=1e-2) and mc.peak_bytes <= budget
+    assert lines[0].endswith("(over the budget)")
+    for least, tries in ((0.9, 1), (0.6, 2)):  # a partitioner that stops short: no step fits
+        tried.clear()  # it moved less than a quarter of the way (0.9), or not at all on the second try (0.6)
+        mc, lines = mincut_search(chain, budget, store, lambda pl, least=least: measure(pl, 1.0, least), lambda cm: 1.0,
+                                  _silent)
+        assert mc is None and len(tried) == tries == len(lines) <= TRIES
+    # no budget, or the stored step fits: nothing compiles
+    assert mincut_search(chain, None, store, _unmeasured, None, _silent) == (None, [])
+    assert mincut_search(chain, p + act + 10**9, store, _unmeasured, None, _silent) == (None, [])
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_dp_takes_the_partitioners_min_cut_only_where_it_measured_faster(faster):
+    from ckplan.compiled_model import PARTITIONER_BUDGET
+    from ckplan.planner.whole import WholeStep, plan_whole
+    from ckplan.profiling.whole_steps import Mincut, dp_choice
+    chain = _sac_chain(1)
+    lowest = plan_whole(chain, None).peak_bytes
+    none = simulate(chain, option_plan(["store"] * 4)).peak_bytes
+    budget = (lowest + none) // 2
+    region = plan_whole(chain, budget)
+    overhead = simulate(chain, region.plan).overhead + (-0.01 if faster else 0.01)
+    from ckplan.planner import Plan
+    plan = Plan("dp", 4, option_plan(["store"] * 4).items, {PARTITIONER_BUDGET: 0.5})
+    mc = Mincut(plan, budget, WholeStep(1, 1, 1, 1.0), overhead, object())
+
+    def measure(p):  # mixed plans measured as predicted
+        peak = simulate(chain, p).peak_bytes - chain.persistent_bytes
+        return object(), WholeStep(peak, peak, peak)
+    res, _, _, lines, taken = dp_choice(chain, budget, measure, _silent, lambda: (mc, ["partitioner budget 0.500"]))
+    assert res is not None and (taken is mc) == faster
+    assert lines[-1].startswith("taken" if faster else "not taken")
+    # no region plan fits: the min-cut is taken whatever it costs
+    res, _, _, _, taken = dp_choice(chain, lowest - 1, measure, _silent, lambda: (mc, []))
+    assert res is None and taken is mc
+    with pytest.raises(InfeasibleBudgetError):
+        dp_choice(chain, lowest - 1, measure, _silent, lambda: (None, []))

@@ -33,6 +33,28 @@ def test_plans_without_such_regions_are_refused_with_the_layer_named(plan, what)
     assert what in err.value.message and err.value.tip
 
 
+def test_a_partitioner_budget_travels_with_the_plan_and_only_runs_compiled(tmp_path):
+    """A plan's partitioner budget is its whole-model compile's activation_memory_budget: it
+    survives the plan file, the compiled copy takes it, bad values and eager execution are refused."""
+    import json
+
+    import ckplan
+    from ckplan.compiled_model import PARTITIONER_BUDGET, partitioner_budget
+    plan = Plan("dp", 3, plan_none(3).items, {PARTITIONER_BUDGET: 0.625})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    back = ckplan.load_plan(path)
+    assert partitioner_budget(back) == 0.625 and partitioner_budget(plan_none(3)) == 1.0
+    assert CompiledModel(_tiny(), back).fraction == 0.625  # compiles lazily: nothing runs here
+    for bad in (0, 1.5, "half", True):
+        with pytest.raises(UsageError) as err:
+            partitioner_budget(Plan("dp", 3, plan_none(3).items, {PARTITIONER_BUDGET: bad}))
+        assert repr(bad) in err.value.message and err.value.tip
+    with pytest.raises(UsageError) as err:
+        ckplan.apply_plan(_tiny(), back)
+    assert "compiled_model" in err.value.tip
+
+
 def _tiny():
     torch.manual_seed(0)
     return build_builtin("gpt", dict(vocab_size=128, block_size=64, n_layer=3, n_head=2, n_embd=64, dropout=0.1))

@@ -13,7 +13,7 @@ from ..execute import remove_plan
 from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
 from ..planner.plan import OFFLOAD, STORE
-from ..profiling.whole_steps import measure_whole
+from ..profiling.whole_steps import measure_whole, mincut_search, pair_timer
 from ..records import OK, BenchResult, Profile
 from ..sac import POLICIES
 from ..training import make_optimizer
@@ -26,7 +26,7 @@ from .plans import bench_budget, plan_entries
 from .result import bench_result
 from .status import guarded
 from .steps import Run, Stepper
-from .whole_rows import SCOPE_NOTE, whole_chain, whole_entries
+from .whole_rows import SCOPE_NOTE, steps_note, whole_chain, whole_entries
 
 
 def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str], budget_bytes: int | None,
@@ -47,13 +47,16 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     chain = chain_from_profile(profile, keep=POLICIES if whole else ())
     notes = list(profile.notes)
     if whole:
-        chain, made, steps_note = whole_chain(model, batch, loss_fn, profile, device, chain, tick)
-        notes.append(steps_note)
+        chain, made, uniform = whole_chain(model, batch, loss_fn, profile, device, chain, tick)
+        notes.append(steps_note(uniform))
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     budget_bytes = bench_budget(chain, strategies, budget_bytes, notes)
     if whole:
         measure = functools.partial(measure_whole, model, batch, loss_fn, profile, device)
-        entries = whole_entries(chain, strategies, budget_bytes, k, model, profile, made, extra_plans, measure, tick)
+        timed = pair_timer(model, batch, loss_fn, profile, device, made[STORE], uniform[STORE].fwd_bwd_ms)
+        mincut = functools.partial(mincut_search, chain, budget_bytes, uniform[STORE], measure, timed, tick)
+        entries = whole_entries(chain, strategies, budget_bytes, k, model, profile, made, extra_plans, measure, tick,
+                                mincut)
     else:
         entries = plan_entries(chain, strategies, budget_bytes, k, extra_plans,
                                chain_from_profile(profile, keep=used) if used else chain)

@@ -16,11 +16,12 @@ from dataclasses import replace
 
 import torch
 
-from ..compiled_model import CompiledModel, region_options
+from ..compiled_model import CompiledModel, partitioner_budget, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
+from ..planner.plan import STORE
 from ..planner.whole import FULL, option_plan, plain_plan, whole_model_chain, whole_peak
-from ..profiling.whole_steps import checked_plan, whole_steps
+from ..profiling.whole_steps import dp_choice, whole_steps
 from ..records import ERROR, INFEASIBLE
 from ..units import format_bytes
 from .entry import Entry, fwd_bwd_peak
@@ -34,12 +35,12 @@ SCOPE_NOTE = ("--compile-scope model: ckplan's rows ran as one whole-model torch
 
 
 def whole_chain(model, batch, loss_fn, profile, device: torch.device, chain, tick):
-    """The whole-model compiled chain and the compiled copies of its uniform steps, by choice.
-    Dynamo's cache starts fresh here (graphs from earlier benches must not fill its per-code limit)
-    and is kept after: a copy run by a row must be the graph that was measured, not a recompile."""
+    """The whole-model compiled chain, the compiled copies of its uniform steps and the steps, by
+    choice. Dynamo's cache starts fresh here (graphs from earlier benches must not fill its per-code
+    limit) and is kept after: a copy run by a row must be the graph that was measured, not a recompile."""
     torch._dynamo.reset()
     steps, made = whole_steps(model, batch, loss_fn, profile, device, chain, tick)
-    return whole_model_chain(chain, steps), made, steps_note(steps)
+    return whole_model_chain(chain, steps), made, steps
 
 
 def steps_note(steps: dict) -> str:
@@ -52,11 +53,12 @@ def steps_note(steps: dict) -> str:
 
 
 def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int, model, profile,
-                  made: dict, extra_plans: dict[str, Plan], measure, tick) -> list[Entry]:
+                  made: dict, extra_plans: dict[str, Plan], measure, tick, mincut=None) -> list[Entry]:
     """The rows under ``--compile-scope model``: ckplan's strategies and the given plans as
     whole-model compiled copies (``dp``: the one-region-per-layer plan with the least recompute
-    that fits, a mixed one measured before it is taken: :func:`checked_plan`), peers as usual.
-    ``measure(plan)``: that plan's compiled copy and measured step."""
+    that fits, a mixed one measured before it is taken, or the partitioner's min-cut where that
+    measured faster: :func:`dp_choice`), peers as usual. ``measure(plan)``: that plan's compiled
+    copy and measured step; ``mincut``: :func:`ckplan.profiling.whole_steps.mincut_search` bound."""
     entries: list[Entry] = []
     checked: dict[tuple[str, ...], int] = {}
     lines: list[str] = []
@@ -67,11 +69,17 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
             continue
         try:
             if s == "dp":
-                res, checked, copies, lines = checked_plan(chain, budget_bytes, measure, tick)
+                res, checked, copies, lines, mc = dp_choice(chain, budget_bytes, measure, tick, mincut)
+                if mc is not None:
+                    entries.append(mincut_entry(chain, mc, lines))
+                    continue
                 made = {**made, **copies}
                 plan = res.plan
             else:
                 plan = extra_plans[s] if s in extra_plans else _plan(chain, s, budget_bytes, k)
+                if partitioner_budget(plan) < 1.0:
+                    entries.append(given_mincut_entry(chain, s, plan, measure))
+                    continue
             opts = tuple(FULL if o == "full" else o for o in region_options(plan))
             plan = option_plan(opts, plan.strategy)
         except InfeasibleBudgetError as err:
@@ -89,9 +97,39 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
         e.message = "whole-model torch.compile, one checkpoint region per layer" + (
             "; its peak predicted from its own compiled step, measured while planning" if own is not None else "")
         if s == "dp" and lines:
-            e.message += f"; mixed plans measured before choosing: {'; '.join(lines)}"
+            e.message += f"; plans measured before choosing: {'; '.join(lines)}"
         entries.append(e)
     return entries
+
+
+def mincut_entry(chain, mc, lines: list[str]) -> Entry:
+    """dp's row when the partitioner's min-cut was taken: its peak and time as measured while planning."""
+    p = chain.persistent_bytes
+    e = Entry("dp", mc.plan, mc.peak_bytes, p + max(mc.step.fwd_peak_bytes, mc.step.bwd_peak_bytes),
+              mc.step.held_bytes, mc.overhead)
+    e.compiled = mc.copy
+    b = partitioner_budget(mc.plan)
+    e.message = (f"whole-model torch.compile, every layer stored and left to the partitioner's min-cut at "
+                 f"activation_memory_budget {b:.3f} (faster than the best plan of regions); its peak and time "
+                 f"measured while planning: {'; '.join(lines)}")
+    return e
+
+
+def given_mincut_entry(chain, name: str, plan: Plan, measure) -> Entry:
+    """A given plan with a partitioner budget: its peak from its own step, measured here."""
+    opts = region_options(plan)
+    if any(o != STORE for o in opts):
+        raise UsageError(f"plan {name!r} gives the partitioner a budget and has regions too",
+                         tip="a plan with partitioner_budget stores every layer (ckplan plan --compile-scope model "
+                             "writes it so)")
+    cm, step = measure(plan)
+    p = chain.persistent_bytes
+    peak = whole_peak(chain, plan, {plan.options(): p + max(step.fwd_peak_bytes, step.bwd_peak_bytes)})
+    e = Entry(name, plan, peak, p + max(step.fwd_peak_bytes, step.bwd_peak_bytes), step.held_bytes, None)
+    e.compiled = cm
+    e.message = (f"whole-model torch.compile, every layer left to the partitioner's min-cut at "
+                 f"activation_memory_budget {partitioner_budget(plan):.3f}; its peak from its own step, measured here")
+    return e
 
 
 def _plan(chain, strategy: str, budget_bytes: int | None, k: int) -> Plan:

@@ -6,8 +6,9 @@ import torch.nn as nn
 
 from ..chainfind import resolve_chain
 from ..documents import read_plan
+from ..errors import UsageError
 from ..options import PLAN_OPTIONS
-from ..planner.plan import Plan
+from ..planner.plan import PARTITIONER_BUDGET, Plan
 from .executor import _ATTR, PlanExecutor
 
 
@@ -20,6 +21,11 @@ def apply_plan(model: nn.Module, plan: Plan | dict | str, *, chain: str | None =
     """
     path, container, _ = resolve_chain(model, chain)
     plan = _as_plan(plan, len(container))
+    if PARTITIONER_BUDGET in plan.params:
+        raise UsageError(f"the plan leaves the model to torch.compile's partitioner ({PARTITIONER_BUDGET} "
+                         f"{plan.params[PARTITIONER_BUDGET]!r}), which eager execution cannot honour",
+                         tip="run it with ckplan.compiled_model(model, plan), as ckplan plan --compile-scope model "
+                             "wrote it")
     old = getattr(model, _ATTR, None)
     if old is not None:
         old.remove()

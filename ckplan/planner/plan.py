@@ -41,6 +41,9 @@ __all__ = ["MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "S
            "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header", "items_from_ranges"]
 
 PLAN_FORMAT = "ckplan.plan/1"
+# A plan's params key: the activation budget of the whole-model torch.compile it is written for
+# (ckplan.compiled_model); eager execution cannot honour it.
+PARTITIONER_BUDGET = "partitioner_budget"
 
 
 
