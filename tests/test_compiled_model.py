@@ -113,3 +113,31 @@ def test_bench_model_scope_predicts_the_compiled_rows(tmp_path):
                                                                             r.measured_peak_bytes)
         # one graph each: the copy the bench runs is the one that was measured, not a recompile
         assert "compiled 1 graph(s)" in r.message, (name, r.message)
+
+
+@pytest.mark.slow  # the whole model compiled per uniform step and once more at the plan's budget
+@pytest.mark.skipif(bool(compile_unavailable("cpu")), reason="TorchInductor cannot compile on this machine")
+def test_a_plan_with_a_partitioner_budget_runs_as_measured_and_saves_less(tmp_path):
+    """A plan file with params.partitioner_budget, benched under --compile-scope model: its peak
+    predicted from its own measured step, the same compiled graph in the row, eager gradients, and
+    less held for the backward than every layer stored (the min-cut recomputed something)."""
+    import json
+
+    import ckplan
+    from ckplan.api import bench
+    from ckplan.compiled_model import PARTITIONER_BUDGET
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY.replace("n_layer: 3", "n_layer: 4"))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(Plan("mine", 4, plan_none(4).items, {PARTITIONER_BUDGET: 0.5}).to_dict()))
+    res = bench(ckplan.load(spec), strategies=["none"], steps=1, warmup=1, device="cpu", options=False,
+                compile_scope="model", plan_path=plan)
+    rows = {r.strategy: r for r in res.rows}
+    none, mine = rows["none"], rows["plan:mine"]
+    for r in (none, mine):
+        assert r.status == "ok", (r.strategy, r.message)
+        assert r.max_grad_diff is not None and r.max_grad_diff <= r.grad_tolerance
+        assert abs(r.predicted_peak_bytes - r.measured_peak_bytes) <= 64, (r.strategy, r.predicted_peak_bytes,
+                                                                            r.measured_peak_bytes)
+    assert "activation_memory_budget 0.500" in mine.message and "compiled 1 graph(s)" in mine.message
+    assert mine.measured_activation_bytes < none.measured_activation_bytes
