@@ -26,4 +26,5 @@ def test_a_taken_min_cut_is_reported_with_its_measured_peak_time_and_budget():
     assert res.score.recompute_ms == pytest.approx(base.step_ms * 0.03)
     assert json.loads(json.dumps(res.plan.to_dict()))["params"] == {PARTITIONER_BUDGET: 0.8}
     assert "activation_memory_budget 0.800" in res.notes[0] and "partitioner budget 0.800" in res.notes[0]
+    assert res.plan.describe(runs=True) == "S0..S4 (partitioner budget 0.8)"
     assert not _mincut_result(chain, mc, peak - 1, []).fits

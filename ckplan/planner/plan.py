@@ -173,6 +173,8 @@ class Plan:
                 stack.extend(reversed(it.inner))
         if runs:
             out = _store_runs(out)
+        if PARTITIONER_BUDGET in self.params:
+            out.append(f"(partitioner budget {self.params[PARTITIONER_BUDGET]})")
         return " ".join(out).replace("{ ", "{").replace(" }", "}")
 
     # ---- JSON --------------------------------------------------------------------------
