@@ -154,5 +154,6 @@ def test_dp_takes_the_partitioners_min_cut_only_where_it_measured_faster(faster)
     # no region plan fits: the min-cut is taken whatever it costs
     res, _, _, _, taken = dp_choice(chain, lowest - 1, measure, _silent, lambda: (mc, []))
     assert res is None and taken is mc
-    with pytest.raises(InfeasibleBudgetError):
-        dp_choice(chain, lowest - 1, measure, _silent, lambda: (None, []))
+    with pytest.raises(InfeasibleBudgetError) as err:
+        dp_choice(chain, lowest - 1, measure, _silent, lambda: (None, ["partitioner budget 0.400: measured 9 B"]))
+    assert "min-cut did not fit either (partitioner budget 0.400" in err.value.message

@@ -8,6 +8,10 @@ steps (paired with the every-layer-stored step round by round), and what the par
 saves per chain layer
 (:class:`ckplan.measure.compiled_graph.SavedForBackward`). Each compiled copy is returned too: the
 bench runs its rows on them.
+
+dp then checks what it picks (:func:`checked_plan`: a mixed plan is compiled and measured before it
+is taken) and weighs it against torch.compile's own min-cut over every stored layer at a budget
+searched to fit (:func:`mincut_search`, :func:`dp_choice`).
 """
 from __future__ import annotations
 
@@ -254,6 +258,9 @@ def dp_choice(chain, budget_bytes: int | None, measure, tick, mincut=None):
     except InfeasibleBudgetError as err:
         mc, mc_lines = mincut() if mincut is not None else (None, [])
         if mc is None:
+            if mc_lines:
+                err.message = f"{err.message}; torch.compile's own min-cut did not fit either ({'; '.join(mc_lines)})"
+                err.args = (f"{err.message}. Tip: {err.tip}" if err.tip else err.message,)
             raise err from None
         return None, {}, {}, mc_lines, mc
     if mincut is None:
