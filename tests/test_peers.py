@@ -102,8 +102,10 @@ def test_a_failing_compiler_makes_the_row_unavailable(run_peers, monkeypatch):
         self.graphs += 1
         raise OSError("cc1plus: fatal error (test)")
     monkeypatch.setattr(CompiledPeer, "_backend", broken)
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
-    _, res = run_peers(["none", "torch-compile"])
+    # torch's config modules keep their settings off the module __dict__: monkeypatch (pytest 9.2)
+    # would delete the setting on undo, and every later torch.compile in the process would fail
+    with torch._dynamo.config.patch(suppress_errors=False):
+        _, res = run_peers(["none", "torch-compile"])
     r = {r.strategy: r for r in res.rows}["torch-compile"]
     assert r.status == "unavailable" and "torch.compile failed here" in r.message and "cc1plus" in r.message
 
