@@ -29,6 +29,7 @@ from .arguments import (
 )
 from .bench import run_bench
 from .chainfind import resolve_chain
+from .compiled_model import partitioner_budget
 from .distributed import bench_distributed as _bench_distributed
 from .distributed import check_run, check_world, rank_chain
 from .documents import (
@@ -44,6 +45,7 @@ from .documents import (
 from .errors import DependencyError, SpecError, UsageError
 from .options import OFFLOAD_PEERS, PEERS, Device, Strategy
 from .planner import parse_budget
+from .planner.plan import PARTITIONER_BUDGET
 from .profile_doc import MAX_PROFILE_INT, profile_problem
 from .spec import Spec, build_model, make_batch, to_loss
 
@@ -89,6 +91,12 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     if plan_read is not None and "offload" in plan_read[0].options() and dev.type != "cuda":
         raise UsageError(f"--plan {plan_path} offloads layers to host memory, which needs a CUDA device (this bench "
                          f"runs on {dev.type})", tip="bench it on the GPU it was planned for (--device cuda)")
+    if plan_read is not None and PARTITIONER_BUDGET in plan_read[0].params:
+        partitioner_budget(plan_read[0])  # a bad value: one message before anything runs
+        if not whole:
+            raise UsageError(f"--plan {plan_path} leaves the model to torch.compile's partitioner "
+                             f"({PARTITIONER_BUDGET} {plan_read[0].params[PARTITIONER_BUDGET]})",
+                             tip="bench it with --compile-scope model, the scope it was planned for")
     # min-cut options have no region inside a whole-model compile: not measured for it
     names = compile_options(option_names(options, compile=compile and not whole), compile, dev.type)
     extra = {}

@@ -358,3 +358,20 @@ def test_a_peer_measured_above_the_budget_says_by_how_much_and_stays_ok():
     assert row.status == "ok" and "measured 350 bytes above the budget" in row.message
     assert "above the budget" not in row_of(peer, none, budget_bytes=2_000).message
     assert "above the budget" not in row_of(peer, none, budget_bytes=None).message
+
+
+@pytest.mark.parametrize("value,scope,says", [
+    ("half", "model", "partitioner_budget is 'half', not a share in (0, 1]"),
+    (0.6, "layers", "--compile-scope model"),
+])
+def test_a_plan_with_a_partitioner_budget_is_checked_before_anything_runs(tiny_gpt_spec, tmp_path, value, scope,
+                                                                         says):
+    from ckplan.planner import Plan, plan_none
+    plan = tmp_path / "plan.json"
+    n = 2
+    plan.write_text(json.dumps(Plan("mine", n, plan_none(n).items, {"partitioner_budget": value}).to_dict()))
+    r = CliRunner().invoke(app, ["bench", str(tiny_gpt_spec(tmp_path, n_layer=n)), "--device", "cpu", "--plan",
+                                 str(plan), "--compile-scope", scope, "--steps", "1", "--out-dir",
+                                 str(tmp_path / "out")])
+    assert r.exit_code == 2 and says in r.output, r.output
+    assert not (tmp_path / "out").exists()
