@@ -223,8 +223,9 @@ def meta_time_note(device: DeviceModel | None) -> str:
                 "this machine's ops)")
     return (f"meta device: sizes and FLOPs are exact; times come from the {device.name} device model "
             f"(each op's roofline: max of FLOPs at {device.rate('matmul', 'float32') / 1e12:.3g} TFLOP/s "
-            f"fp32 matmul x {device.matmul_eff:g}, bytes at {device.memory_bw / 1e9:.4g} GB/s x "
-            f"{device.memory_eff:g}, {device.dispatch_ms * 1e3:.3g} us dispatch; SAC "
+            f"fp32 matmul x {device.matmul_eff:g} (attention x {device.attention_eff:g}), bytes at "
+            f"{device.memory_bw / 1e9:.4g} GB/s x {device.memory_eff:g}, {device.dispatch_ms * 1e3:.3g} us "
+            f"dispatch, {device.view_ms * 1e3:.3g} us per view; SAC "
             f"+{device.sac_dispatch_ms * 1e3:.3g} us per op; checkpoint hooks {device.ckpt_hook_ms * 1e3:.3g} us "
             f"per saved tensor and call; {device.source}), not measured")
 

@@ -1,10 +1,13 @@
 """``ckplan calibrate``: measure this machine's device model (``ckplan.device_model``) once.
 
 Each field is timed on the device with the op it prices: the matrix rate per dtype from square
-matmuls, the memory bandwidth from a large copy (it reads and writes every byte), the dispatch cost
-from a loop of tiny ops (each launches one kernel and waits for nothing), what a selective-checkpoint
-policy adds per op from the same loop run under one, and on CUDA the host link from pinned copies
-each way. The rates measured are what eager PyTorch reaches, so the efficiencies are 1.
+matmuls, the memory bandwidth from a large copy (it reads and writes every byte), an attention
+kernel's share of the fp32 matrix rate from ``scaled_dot_product_attention`` at a training shape,
+the dispatch cost from a chain of tiny ops run forward and backward as a training step runs them
+(each launches one kernel, records its autograd node, and waits for nothing), a view's from a
+chain of views run the same way, what a selective-checkpoint policy adds per op from a chain run
+under one, and on CUDA the host link from pinned copies each way. The rates measured are what
+eager PyTorch reaches, so the matmul and memory efficiencies are 1.
 """
 from __future__ import annotations
 
@@ -54,9 +57,54 @@ def _tiny_ops(x: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
+def _scaled(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = x * 1.0001  # its backward is one kernel too
+    return x
+
+
+def _views(x: torch.Tensor, n: int) -> torch.Tensor:
+    for i in range(n):
+        x = x.view(2, 4) if i % 2 == 0 else x.view(8)
+    return x
+
+
+def _fwd_bwd_op_ms(device: torch.device, chain: Callable[[torch.Tensor, int], torch.Tensor], n: int,
+                   repeats: int) -> float:
+    """Host milliseconds per op of ``chain``'s ``n`` ops in a training step: recorded by autograd in
+    the forward and run again by its engine in the backward (``2 n`` dispatches), less the one
+    reduction and backward call around them."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def step(k: int) -> None:
+        chain(x, k).sum().backward()
+
+    return max(0.0, (_timed(device, lambda: step(n), repeats) - _timed(device, lambda: step(0), repeats))
+               / (2 * n) * 1e3)
+
+
 def dispatch_ms(device: torch.device, n: int = 400, repeats: int = 5) -> float:
-    x = torch.ones(8, device=device)
-    return _timed(device, lambda: _tiny_ops(x, n), repeats) / n * 1e3
+    """Host milliseconds of one op that launches a kernel, as a training step pays it."""
+    return _fwd_bwd_op_ms(device, _scaled, n, repeats)
+
+
+def view_ms(device: torch.device, n: int = 400, repeats: int = 5) -> float:
+    """Host milliseconds of one view op (no kernel), as a training step pays it."""
+    return _fwd_bwd_op_ms(device, _views, n, repeats)
+
+
+def attention_eff(device: torch.device, fp32_rate: float, *, batch: int, heads: int = 12, seq: int = 512,
+                  head_dim: int = 64, repeats: int = 5) -> float:
+    """The share of the fp32 matrix rate ``fp32_rate`` that ``scaled_dot_product_attention``
+    reaches forward and backward (``4 b h s^2 d`` FLOPs forward, twice that backward: the
+    kernels PyTorch picks for fp32, which on a GPU do not use the tensor cores)."""
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, requires_grad=True) for _ in range(3))
+
+    def step() -> None:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    flops = 3 * 4 * batch * heads * seq * seq * head_dim
+    return min(1.0, flops / _timed(device, step, repeats) / fp32_rate)
 
 
 def _saving_ops(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -136,8 +184,12 @@ def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,
         rates[str(dt).replace("torch.", "")] = matmul_rate(dev, dt, n, repeats)
     progress("memory bandwidth")
     bw = copy_bandwidth(dev, nbytes, repeats)
+    progress("attention")
+    attn = attention_eff(dev, rates["float32"], batch=(1 if quick else 8) if cuda else 1, seq=256 if quick else 512,
+                         repeats=repeats)
     progress("dispatch")
     disp = dispatch_ms(dev, 100 if quick else 400, repeats)
+    views = view_ms(dev, 100 if quick else 400, repeats)
     progress("selective-checkpoint dispatch")
     sac = sac_dispatch_ms(dev, 50 if quick else 200, repeats)
     progress("checkpoint hooks")
@@ -146,6 +198,6 @@ def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,
     return DeviceModel(
         name=device_name(dev), kind="cuda" if cuda else "cpu", matmul_flops=rates,
         vector_flops={"float32": rates["float32"]}, memory_bw=bw, dispatch_ms=disp, matmul_eff=1.0,
-        memory_eff=1.0, sac_dispatch_ms=sac, ckpt_hook_ms=hook, host_bw=host,
+        attention_eff=attn, memory_eff=1.0, sac_dispatch_ms=sac, view_ms=views, ckpt_hook_ms=hook, host_bw=host,
         source=f"measured by ckplan calibrate on {device_name(dev)}, torch {torch.__version__}, {date.today()}",
         extra={"matmul_n": n, "copy_bytes": nbytes, "quick": quick})

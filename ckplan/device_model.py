@@ -8,9 +8,11 @@ time. A device model prices each op as a roofline,
 where ``rate`` is the device's matrix rate for the op's dtype when the op is a matrix product
 (matmul, convolution, attention kernel) and its vector rate otherwise, and ``dispatch`` is what
 eager PyTorch spends per op on the host: a kernel shorter than that leaves the device waiting, so
-small layers cost their op count, not their FLOPs. A layer stored with a selective option (SAC) pays
-``sac_dispatch_ms`` more per op of its forward and of its recompute (the policy runs in Python for
-each op).
+small layers cost their op count, not their FLOPs. View ops (``view``, ``transpose``, ``split``...)
+launch no kernel but still pass through the dispatcher and autograd: each costs the host
+``view_ms``. A layer stored with a selective option (SAC) pays ``sac_dispatch_ms`` more per op,
+views included, of its forward and of its recompute (the policy runs in Python for each op, and
+the recompute replays every op of the forward through it, the ones it kept included).
 
 The built-in models carry the vendors' data-sheet figures (dense rates, no sparsity) and efficiency
 factors typical of eager PyTorch; ``ckplan calibrate`` measures the same fields on the machine it runs
@@ -30,7 +32,7 @@ from typing import Any
 from .errors import SpecError
 
 DEVICE_FORMAT = "ckplan.device/1"
-MATMUL, VECTOR = "matmul", "vector"
+MATMUL, ATTENTION, VECTOR, VIEW = "matmul", "attention", "vector", "view"
 T = 1e12
 GB = 1e9
 
@@ -44,8 +46,10 @@ class DeviceModel:
     memory_bw: float  # bytes/s between the device's memory and its cores
     dispatch_ms: float  # host time per eager op; an op never takes less
     matmul_eff: float = 0.75  # share of the matrix rate a large eager matmul reaches
+    attention_eff: float = 0.75  # share of the matrix rate a fused attention kernel reaches
     memory_eff: float = 0.8  # share of the bandwidth a large elementwise op reaches
-    sac_dispatch_ms: float = 0.0  # extra host time per op under a selective-checkpoint policy
+    sac_dispatch_ms: float = 0.0  # extra host time per op (views included) under a selective-checkpoint policy
+    view_ms: float = 0.0  # host time per view op (no kernel); 0: views not priced
     # host time of one saved tensor's hook under a non-reentrant checkpoint, per call (packed in the
     # first forward, packed again in the recompute, unpacked in the backward)
     ckpt_hook_ms: float = 0.0
@@ -56,13 +60,16 @@ class DeviceModel:
     extra: Mapping[str, Any] = field(default_factory=dict)  # what a calibration measured beside them
 
     def rate(self, op_kind: str, dtype: str) -> float:
-        """FLOP/s for ``op_kind`` (MATMUL or VECTOR) in ``dtype`` (float32 when unknown)."""
-        table = self.matmul_flops if op_kind == MATMUL else self.vector_flops
+        """FLOP/s for ``op_kind`` (MATMUL, ATTENTION or VECTOR) in ``dtype`` (float32 when unknown)."""
+        table = self.vector_flops if op_kind == VECTOR else self.matmul_flops
         return table.get(dtype) or table.get("float32") or max(table.values())
 
     def op_ms(self, op_kind: str, dtype: str, flops: float, nbytes: float) -> float:
-        """Milliseconds of one op: its roofline time, at least one dispatch (module doc)."""
-        eff = self.matmul_eff if op_kind == MATMUL else 1.0
+        """Milliseconds of one op on the device: its roofline time, at least one dispatch
+        (module doc); a view launches nothing (0)."""
+        if op_kind == VIEW:
+            return 0.0
+        eff = {MATMUL: self.matmul_eff, ATTENTION: self.attention_eff}.get(op_kind, 1.0)
         compute = flops / (self.rate(op_kind, dtype) * eff) if flops else 0.0
         memory = nbytes / (self.memory_bw * self.memory_eff) if nbytes else 0.0
         return max(compute * 1e3, memory * 1e3, self.dispatch_ms)
@@ -77,19 +84,28 @@ class DeviceModel:
 @dataclass(frozen=True)
 class OpCost:
     """One op of a profiled pass, as a device model prices it."""
-    kind: str  # MATMUL or VECTOR
+    kind: str  # MATMUL, ATTENTION (a fused attention kernel), VECTOR or VIEW (no kernel, no bytes)
     dtype: str
     flops: int
     nbytes: int  # bytes its inputs and outputs occupy (read once, written once)
 
 
-def ops_ms(device: DeviceModel, ops: Iterable[OpCost], *, sac: bool = False, host_extra_ms: float = 0.0) -> float:
-    """Milliseconds of ``ops`` run one after another on ``device`` (``sac``: under a policy): the
-    host dispatches them while the device runs the ones before, so the slower of the two sets
-    the time: max(sum of the ops' roofline times, sum of their dispatch costs and
-    ``host_extra_ms``, what else the host does meanwhile: a checkpoint's hooks)."""
+def host_ms(device: DeviceModel, ops: Iterable[OpCost]) -> float:
+    """What the host spends dispatching ``ops``: a dispatch per kernel, ``view_ms`` per view."""
+    return sum(device.view_ms if o.kind == VIEW else device.dispatch_ms for o in ops)
+
+
+def ops_ms(device: DeviceModel, ops: Iterable[OpCost], *, sac: bool = False, sac_ops: int = 0,
+           host_extra_ms: float = 0.0) -> float:
+    """Milliseconds of ``ops`` run one after another on ``device``: the host dispatches them while
+    the device runs the ones before, so the slower of the two sets the time: max(sum of the ops'
+    roofline times, the host's: their dispatch (:func:`host_ms`), SAC's per-op cost for each of
+    them when ``sac`` (run under a policy) and for ``sac_ops`` more (ops a recompute replays
+    through the policy without running them: the ones it kept), and ``host_extra_ms``, what else
+    the host does meanwhile: a checkpoint's hooks)."""
     ops = list(ops)
-    host = len(ops) * (device.dispatch_ms + (device.sac_dispatch_ms if sac else 0.0)) + host_extra_ms
+    policy = (len(ops) if sac else 0) + sac_ops
+    host = host_ms(device, ops) + policy * device.sac_dispatch_ms + host_extra_ms
     work = sum(device.op_ms(o.kind, o.dtype, o.flops, o.nbytes) for o in ops)
     return max(work, host)
 
@@ -112,13 +128,17 @@ def gather_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int =
     return (world_size - 1) / world_size * nbytes / bw * 1e3
 
 
-# Host time per eager op, what a SAC policy adds per op, and a checkpoint's hook per saved tensor
-# and call, on the host of an H200 with torch 2.11:
-# chosen from a sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py; gpt2-small at
-# 2 x 512 is bound by them). Other GPUs' hosts differ; `ckplan calibrate` measures yours.
+# Host time per eager op that launches a kernel, per view op, what a SAC policy adds per op, and a
+# checkpoint's hook per saved tensor and call, on the host of an H200 with torch 2.11; and the share
+# of the fp32 matrix rate that PyTorch's fp32 attention kernels reach (they do not use the tensor
+# cores). Chosen from a sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py;
+# gpt2-small at 2 x 512 is bound by the host). Other GPUs' hosts differ; `ckplan calibrate`
+# measures yours.
 HOST_DISPATCH_MS = 0.02
-HOST_SAC_DISPATCH_MS = 0.047
+HOST_VIEW_MS = 0.003
+HOST_SAC_DISPATCH_MS = 0.025
 HOST_CKPT_HOOK_MS = 0.0035
+ATTENTION_EFF = 0.4
 
 
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: float, net: float,
@@ -130,7 +150,8 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
     vec = {"float32": fp32 * T, "bfloat16": fp32 * T, "float16": fp32 * T, "float64": fp32 / 2 * T}
     return DeviceModel(name=name, kind="cuda", matmul_flops=mm,
                        vector_flops=vec, memory_bw=bw * GB, dispatch_ms=HOST_DISPATCH_MS,
-                       sac_dispatch_ms=HOST_SAC_DISPATCH_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS, link_bw=link * GB,
+                       sac_dispatch_ms=HOST_SAC_DISPATCH_MS, view_ms=HOST_VIEW_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS,
+                       attention_eff=ATTENTION_EFF, link_bw=link * GB,
                        network_bw=net * GB, host_bw=host * GB,
                        source=f"vendor data sheet ({sheet}); host dispatch per op fitted to H200 runs (reports/cuda)")
 
@@ -175,11 +196,11 @@ def device_from_dict(d: Any, *, where: str = "device profile") -> DeviceModel:
         table = d[key]
         if not isinstance(table, dict) or not table or not all(_positive(v) for v in table.values()):
             raise SpecError(f"{where} {key} must map dtype names to positive FLOP/s, got {str(table)[:80]}")
-    for key in ("memory_bw", "dispatch_ms", "matmul_eff", "memory_eff", "sac_dispatch_ms", "ckpt_hook_ms",
-                "link_bw", "network_bw", "host_bw"):
+    for key in ("memory_bw", "dispatch_ms", "matmul_eff", "attention_eff", "memory_eff", "sac_dispatch_ms",
+                "view_ms", "ckpt_hook_ms", "link_bw", "network_bw", "host_bw"):
         if key in d and not (_number(d[key]) and d[key] >= 0 and (key != "memory_bw" or d[key] > 0)):
             raise SpecError(f"{where} {key} must be a non-negative number, got {str(d[key])[:40]}")
-    for key in ("matmul_eff", "memory_eff"):
+    for key in ("matmul_eff", "attention_eff", "memory_eff"):
         if key in d and not 0 < d[key] <= 1:
             raise SpecError(f"{where} {key} must be in (0, 1], got {d[key]}")
     body = {k: v for k, v in d.items() if k != "format"}

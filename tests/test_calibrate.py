@@ -14,6 +14,7 @@ def test_a_cpu_calibration_is_a_device_model_that_round_trips(tmp_path):
     assert d.kind == "cpu" and "measured by ckplan calibrate" in d.source
     assert d.matmul_flops["float32"] > 1e6 and d.memory_bw > 1e6
     assert d.dispatch_ms > 0 and d.sac_dispatch_ms >= 0 and d.host_bw == 0
+    assert d.view_ms >= 0 and 0 < d.attention_eff <= 1
     assert any("matmul" in s for s in seen)
     p = tmp_path / "cpu.json"
     save_device(d, p)
@@ -34,6 +35,35 @@ def test_rates_are_work_over_time(monkeypatch):
     cpu = torch.device("cpu")
     assert matmul_rate(cpu, torch.float32, 128, 3) == 2 * 128**3 / 0.5
     assert copy_bandwidth(cpu, 2**22, 3) == 2 * 2**22 / 0.5
+
+
+def test_a_training_ops_dispatch_is_its_forward_and_backward_over_both(monkeypatch):
+    # n ops timed forward and backward, less the same step with none, over the 2 n dispatches
+    import ckplan.calibrate as cal
+
+    seen = []
+
+    def timed(device, fn, repeats):
+        fn()
+        seen.append(len(seen))
+        return 0.9 if len(seen) == 1 else 0.1  # the step with 100 ops, then the step with none
+
+    monkeypatch.setattr(cal, "_timed", timed)
+    cpu = torch.device("cpu")
+    assert cal.dispatch_ms(cpu, 100, 3) == pytest.approx(0.8 / 200 * 1e3)
+    seen.clear()
+    assert cal.view_ms(cpu, 100, 3) == pytest.approx(0.8 / 200 * 1e3)
+
+
+def test_attention_share_is_its_flops_over_time_and_rate(monkeypatch):
+    import ckplan.calibrate as cal
+
+    monkeypatch.setattr(cal, "_timed", lambda device, fn, repeats: (fn(), 0.25)[1])
+    # forward 4 b h s^2 d, backward twice that: 3 x 4 x 1 x 2 x 64^2 x 16 FLOPs in 0.25 s
+    flops = 3 * 4 * 1 * 2 * 64 * 64 * 16
+    got = cal.attention_eff(torch.device("cpu"), 1e7, batch=1, heads=2, seq=64, head_dim=16)
+    assert got == pytest.approx(flops / 0.25 / 1e7)
+    assert cal.attention_eff(torch.device("cpu"), 1.0, batch=1, heads=2, seq=64, head_dim=16) == 1.0  # capped
 
 
 def test_measured_rates_are_positive_and_finite():

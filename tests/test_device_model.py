@@ -7,9 +7,11 @@ import json
 import pytest
 
 from ckplan.device_model import (
+    ATTENTION,
     BUILTIN,
     MATMUL,
     VECTOR,
+    VIEW,
     DeviceModel,
     OpCost,
     allreduce_ms,
@@ -56,6 +58,35 @@ def test_sac_adds_its_dispatch_per_op():
     assert ops_ms(d, ops, sac=True) - ops_ms(d, ops) == pytest.approx(0.2)
 
 
+def test_a_view_costs_the_host_its_own_dispatch_and_the_device_nothing():
+    d = _dev(dispatch_ms=0.02, view_ms=0.005)
+    view = OpCost(VIEW, "", 0, 0)
+    assert d.op_ms(VIEW, "", 0, 0) == 0.0
+    assert ops_ms(d, [view] * 10) == pytest.approx(0.05)
+    # beside a 4 ms matmul the host's 2 dispatch + 10 views hide: the device sets the time
+    big = OpCost(MATMUL, "float32", int(2e9), 0)
+    assert ops_ms(d, [big] + [view] * 10) == pytest.approx(4.0)
+    # under a policy every op pays SAC's cost, views included
+    assert ops_ms(_dev(view_ms=0.005, sac_dispatch_ms=0.05), [view] * 10, sac=True) == pytest.approx(0.55)
+
+
+def test_replayed_ops_pay_the_policy_without_running():
+    # a recompute replays 6 forward ops through the policy; 2 of them run again (tiny), 4 come
+    # from its cache: the host pays 2 dispatches and 6 policy calls
+    d = _dev(dispatch_ms=0.02, sac_dispatch_ms=0.05)
+    tiny = OpCost(VECTOR, "float32", 10, 40)
+    assert ops_ms(d, [tiny] * 2, sac_ops=6) == pytest.approx(2 * 0.02 + 6 * 0.05)
+    assert ops_ms(d, [tiny] * 2, sac_ops=6, host_extra_ms=0.1) == pytest.approx(0.44)
+
+
+def test_an_attention_kernel_runs_at_its_own_share_of_the_matrix_rate():
+    d = _dev(attention_eff=0.25)
+    # 1 GFLOP at 1 TFLOP/s: 2 ms at matmul_eff 0.5, 4 ms at attention_eff 0.25
+    assert d.op_ms(MATMUL, "float32", 1e9, 0) == pytest.approx(2.0)
+    assert d.op_ms(ATTENTION, "float32", 1e9, 0) == pytest.approx(4.0)
+    assert d.op_ms(ATTENTION, "bfloat16", 1e9, 0) == pytest.approx(1.0)  # at the bf16 matrix rate
+
+
 def test_an_unknown_dtype_takes_the_fp32_rate():
     d = _dev()
     assert d.op_ms(MATMUL, "float64", 2e9, 0) == d.op_ms(MATMUL, "float32", 2e9, 0)
@@ -96,6 +127,8 @@ def test_device_profiles_round_trip(tmp_path, name):
     ({"memory_bw": -1}, "memory_bw"),
     ({"memory_bw": 0}, "memory_bw"),
     ({"matmul_eff": 1.5}, "matmul_eff"),
+    ({"attention_eff": 0}, "attention_eff"),
+    ({"view_ms": -0.001}, "view_ms"),
     ({"matmul_flops": {}}, "matmul_flops"),
     ({"vector_flops": {"float32": "fast"}}, "vector_flops"),
     ({"bandwidth": 1}, "bandwidth"),

@@ -1,6 +1,8 @@
 """On meta, a layer alone in a checkpoint is priced as PyTorch runs it (profiling/rows.py): the
 recompute stops at the op that saves the layer's last tensor (an op saving its inputs packs them
-before it runs), and the checkpoint's hooks cost the host three calls per saved tensor.
+before it runs), and the checkpoint's hooks cost the host three calls per saved tensor. View ops
+cost the host their own dispatch; a selective option pays its policy on every op of its forward and
+on every op its recompute replays (profiling/option_passes.py).
 
 Oracles: a device model whose every op costs its dispatch (the host is the bottleneck), so a
 window's time is its op count, counted by hand; the saved tensors counted by our own
@@ -42,18 +44,19 @@ class Net(nn.Module):
         return x
 
 
-def _device(tmp_path, hook_ms: float) -> str:
+def _device(tmp_path, hook_ms: float, view_ms: float = 0.0, sac_ms: float = 0.0) -> str:
     dev = DeviceModel(name="host-bound", kind="cpu", matmul_flops={"float32": 1e15}, vector_flops={"float32": 1e15},
-                      memory_bw=1e15, dispatch_ms=DISPATCH, ckpt_hook_ms=hook_ms, source="test")
-    path = tmp_path / f"dev-{hook_ms}.json"
+                      memory_bw=1e15, dispatch_ms=DISPATCH, ckpt_hook_ms=hook_ms, view_ms=view_ms,
+                      sac_dispatch_ms=sac_ms, source="test")
+    path = tmp_path / f"dev-{hook_ms}-{view_ms}-{sac_ms}.json"
     save_device(dev, path)
     return str(path)
 
 
-def _profile(tmp_path, hook_ms: float):
+def _profile(tmp_path, hook_ms: float, view_ms: float = 0.0, sac_ms: float = 0.0, options: bool = False):
     x = torch.randn(4, 16, requires_grad=True)
     return api.profile_model(Net(), (x,), {}, name="net", chain="blocks", device="meta", optimizer="sgd",
-                             meta_target=_device(tmp_path, hook_ms))
+                             meta_target=_device(tmp_path, hook_ms, view_ms, sac_ms), options=options)
 
 
 def _packs_per_block() -> int:
@@ -87,3 +90,25 @@ def test_checkpoint_hooks_cost_three_calls_per_saved_tensor(tmp_path):
     for a, b in zip(plain.chain_layers, hooked.chain_layers):
         assert b.fwd_ms == pytest.approx(a.fwd_ms)  # the first forward of a stored layer: no hooks
         assert b.recompute_ms - a.recompute_ms == pytest.approx(3 * packs * hook)
+
+
+def test_views_cost_the_host_their_own_dispatch(tmp_path):
+    view = 0.125
+    prof = _profile(tmp_path, 0.0, view_ms=view)
+    for r in prof.chain_layers:
+        # by hand: t(a.weight), mm, relu, t(b.weight), mm: three kernels, two views
+        assert r.fwd_ms == pytest.approx(3 * DISPATCH + 2 * view)
+        # the recompute: t, mm, relu, t; the last mm, which saves its inputs, never runs
+        assert r.recompute_ms == pytest.approx(2 * DISPATCH + 2 * view)
+
+
+def test_a_selective_option_pays_its_policy_on_every_op_it_runs_or_replays(tmp_path):
+    view, sac = 0.125, 10.0
+    prof = _profile(tmp_path, 0.0, view_ms=view, sac_ms=sac, options=True)
+    for r in prof.chain_layers:
+        opt = {o.name: o for o in r.options}["sac-compute"]
+        # the forward's five ops (two views) run under the policy, and the recompute replays all
+        # five through it; of those it runs the relu and the two views again, the matmuls come
+        # from its cache
+        assert opt.recompute_ms == pytest.approx(2 * 5 * sac + DISPATCH + 2 * view)
+

@@ -1,9 +1,9 @@
-"""Per-op costs: FLOPs and bytes of hand-worked ops, views left out, fake tensors priced as real."""
+"""Per-op costs: FLOPs and bytes of hand-worked ops, views kept without work, fake tensors priced as real."""
 from __future__ import annotations
 
 import torch
 
-from ckplan.device_model import MATMUL, VECTOR
+from ckplan.device_model import ATTENTION, MATMUL, VECTOR, VIEW, OpCost
 from ckplan.profiling.opcost import OpCounter
 
 
@@ -20,6 +20,7 @@ def test_a_linear_layer_is_one_matmul_with_its_bytes():
     x = torch.randn(B, i)
     c = _count(lin, x)
     mm = [op for op in c.ops if op.kind == MATMUL]
+    assert [op.kind for op in c.ops] == [VIEW, MATMUL]  # linear: t() of the weight, then addmm
     assert len(mm) == 1
     assert mm[0].flops == 2 * B * i * o
     # addmm reads the bias, the input and the weight and writes the output, fp32
@@ -35,10 +36,19 @@ def test_elementwise_ops_count_one_operation_per_element_written():
     assert c.ops[0].nbytes == 2 * 20 * 4  # reads x, writes relu(x)
 
 
-def test_views_launch_nothing():
+def test_views_launch_nothing_but_are_dispatched():
+    # four views the host dispatches; detach is bookkeeping (checkpoint hooks, the profiler's own)
     x = torch.randn(4, 6)
     c = _count(lambda t: t.view(6, 4).t().unsqueeze(0).expand(3, 4, 6).detach(), x)
-    assert c.ops == []
+    assert c.ops == [OpCost(VIEW, "", 0, 0)] * 4
+
+
+def test_an_attention_kernel_is_its_own_kind():
+    q = torch.randn(2, 3, 16, 8)
+    c = _count(torch.nn.functional.scaled_dot_product_attention, q, q, q)
+    att = [op for op in c.ops if op.kind == ATTENTION]
+    assert len(att) == 1 and att[0].flops == 4 * 2 * 3 * 16 * 16 * 8  # QK^T and PV, 2 FLOPs per MAC
+    assert not [op for op in c.ops if op.kind == MATMUL]
 
 
 def test_a_broadcast_input_counts_its_storage():

@@ -4,7 +4,10 @@
 roofline needs: whether it is a matrix product (an op torch's FLOP counter has a formula for:
 matmuls, convolutions, attention kernels), its dtype, its FLOPs, and the bytes of its distinct
 input and output tensors. View ops (``view``, ``transpose``, ``expand``...) move no data and launch
-no kernel: they are left out. Works on fake tensors, so a meta profile can price what it runs.
+no kernel, but the host still dispatches them: they are kept as ``VIEW`` ops with no FLOPs and no
+bytes. ``detach``, ``alias`` and ``lift_fresh`` are left out: the checkpoint hooks and the
+profiler's own bookkeeping call them, not the model. Works on fake tensors, so a meta profile can
+price what it runs.
 """
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ from typing import Any
 
 import torch
 
-from ..device_model import MATMUL, VECTOR, DeviceModel, OpCost, ops_ms
+from ..device_model import ATTENTION, MATMUL, VECTOR, VIEW, DeviceModel, OpCost, ops_ms
 from ..measure.tracker import tensors_in
 from .flops import FlopCounter
 
 _VIEWS: dict[Any, bool] = {}
+_BOOKKEEPING = frozenset(("detach", "alias", "lift_fresh"))
 
 
 def _is_view(packet: Any) -> bool:
@@ -29,10 +33,13 @@ def _is_view(packet: Any) -> bool:
             hit = bool(overloads) and all(getattr(o, "is_view", False) for o in overloads)
         except (AttributeError, RuntimeError):
             hit = False
-        name = str(getattr(packet, "__name__", packet)).split(".")[-1]
-        hit = hit or name in ("detach", "alias", "lift_fresh", "_unsafe_view", "_reshape_alias")
+        hit = hit or _name(packet) in _BOOKKEEPING or _name(packet) in ("_unsafe_view", "_reshape_alias")
         _VIEWS[packet] = hit
     return hit
+
+
+def _name(packet: Any) -> str:
+    return str(getattr(packet, "__name__", packet)).split(".")[-1]
 
 
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -58,7 +65,7 @@ def _dtype_name(tensors: list[torch.Tensor]) -> str:
 
 class OpCounter(FlopCounter):
     """FLOPs as :class:`ckplan.flops.FlopCounter` counts them, and ``ops``: one
-    :class:`OpCost` per op that launches work, in order (``mark`` gives the index now)."""
+    :class:`OpCost` per op the host dispatches (kernels and views), in order (``mark`` gives the index now)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,11 +77,15 @@ class OpCounter(FlopCounter):
     def _count_flops(self, func_packet, out, args, kwargs):
         before = self.get_total_flops()
         result = super()._count_flops(func_packet, out, args, kwargs)
-        if not _is_view(func_packet):
+        if _is_view(func_packet):
+            if _name(func_packet) not in _BOOKKEEPING:
+                self.ops.append(OpCost(VIEW, "", 0, 0))
+        else:
             flops = self.get_total_flops() - before
             outs = tensors_in(out)
             ins = tensors_in((args, kwargs))
-            kind = MATMUL if func_packet in self.flop_registry else VECTOR
+            kind = VECTOR if func_packet not in self.flop_registry else \
+                ATTENTION if "attention" in _name(func_packet) else MATMUL
             if kind == VECTOR:
                 flops = sum(t.numel() for t in outs)  # one operation per element written
             self.ops.append(OpCost(kind, _dtype_name(outs or ins), int(flops), _bytes(ins + outs)))

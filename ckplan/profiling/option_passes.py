@@ -210,15 +210,22 @@ def with_options(rows: tuple[StageRecord, ...], plain: MeasuredPass, passes: lis
 
 def meta_option_ms(device: DeviceModel, plain: MeasuredPass, under: MeasuredPass, i: int) -> tuple[float, float]:
     """(what the option adds to layer ``i``'s step, its backward) on ``device``: its forward and
-    its backward (which begins with the recompute) priced under SAC's dispatch, less the plain
+    its backward (which begins with the recompute, every op of the forward replayed through the
+    policy) priced with SAC's dispatch, less the plain
     layer's (:func:`ckplan.device_model.ops_ms`: the host's dispatch hides behind the device's
     work until it outlasts it). The option runs in a checkpoint of its own, whose hooks the host
     calls for every tensor the layer saves: once in the forward, twice in the backward (the pack
     in the recompute, the unpack); counted on the plain pass, whose hooks saw them."""
     def priced(m: MeasuredPass, phase: str, sac: bool) -> float:
         w = m.windows.get((phase, i))
+        if not w:
+            return 0.0
         calls = (1 if phase == "F" else 2) * plain.packs.get(i, 0) if sac else 0  # the frame's hooks see all
-        return ops_ms(device, m.ops[slice(*w["ops"])], sac=sac, host_extra_ms=calls * device.ckpt_hook_ms) if w else 0.0
+        # the forward runs every op under the policy; the backward replays them all (the recompute)
+        # before the layer's backward ops, which run plainly
+        replayed = len(range(*under.windows[("F", i)]["ops"])) if sac and phase == "B" else 0
+        return ops_ms(device, m.ops[slice(*w["ops"])], sac=sac and phase == "F", sac_ops=replayed,
+                      host_extra_ms=calls * device.ckpt_hook_ms)
 
     bwd = priced(under, "B", True)
     extra = max(0.0, bwd - priced(plain, "B", False)) + max(0.0, priced(under, "F", True) - priced(plain, "F", False))

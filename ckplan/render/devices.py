@@ -17,7 +17,9 @@ def device_table(device: DeviceModel, *, console: Console | None = None) -> None
     for dtype, rate in device.matmul_flops.items():
         t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3g} TFLOP/s")
     t.add_row("memory bandwidth (copy)", f"{device.memory_bw / 1e9:.4g} GB/s")
-    t.add_row("dispatch per op", f"{device.dispatch_ms * 1e3:.3g} us")
+    t.add_row("attention kernels, share of fp32 matmul", f"{device.attention_eff:.2f}")
+    t.add_row("dispatch per op (forward and backward)", f"{device.dispatch_ms * 1e3:.3g} us")
+    t.add_row("dispatch per view op", f"{device.view_ms * 1e3:.3g} us")
     t.add_row("SAC policy, more per op", f"{device.sac_dispatch_ms * 1e3:.3g} us")
     t.add_row("checkpoint hook, per saved tensor and call", f"{device.ckpt_hook_ms * 1e3:.3g} us")
     if device.host_bw:
