@@ -153,6 +153,15 @@ def context_fn(name: str):
     return functools.partial(_contexts, name)
 
 
+@functools.cache
+def warm_up() -> None:
+    """Run one tiny layer under a policy, forward and backward, once per process: the first SAC
+    checkpoint of a process initialises torch's own machinery (on torch 2.6, some 80 ops on
+    scratch tensors), which a profile must not bill to the first layer it measures."""
+    x = torch.ones(2, requires_grad=True)
+    checkpoint(torch.sin, x, use_reentrant=False, context_fn=context_fn("sac-compute")).sum().backward()
+
+
 def run_with_option(fn, name: str, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` as a layer stored with option ``name`` (``store``: as is)."""
     if name == STORE or not torch.is_grad_enabled():

@@ -1,6 +1,6 @@
 """Meta-predicted step times against GPU benches: how well a device model prices a GPU ckplan never ran on.
 
-For each bench JSON (``reports/cuda``), the spec is profiled on fake tensors (``--device meta``)
+For each bench JSON (``reports/cuda``; any bench of a shipped config), the spec is profiled on fake tensors (``--device meta``)
 at the bench's batch, precision and optimizer, for ``--target`` (a built-in device model or a
 device profile file), and every row the bench measured is scored on that meta profile's chain:
 the plan the row ran (its ``plan`` string), or for the peers ``hf`` (every layer in its own
@@ -59,7 +59,7 @@ def peer_plan(strategy: str, n: int) -> Plan | None:
 
 def compare(bench_path: Path, target: str) -> tuple[dict, list[dict]]:
     bench = json.loads(bench_path.read_text())
-    spec = api.load(ROOT / CONFIGS[bench["model"]], batch_size=bench["batch_size"],
+    spec = api.load(ROOT / CONFIGS.get(bench["model"], f"configs/{bench['model']}.yaml"), batch_size=bench["batch_size"],
                     precision=bench["precision"], optimizer=bench["optimizer"])
     t0 = time.time()
     prof = api.profile(spec, device="meta", meta_target=target, options=True)

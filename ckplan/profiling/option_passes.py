@@ -23,7 +23,7 @@ from ..device_model import DeviceModel, ops_ms
 from ..forwards import forwards_replaced
 from ..measure import Clock, TrackerLimitExceeded
 from ..records import CHAIN, OptionRecord, StageRecord
-from ..sac import policy_fn, run_with_option
+from ..sac import policy_fn, run_with_option, warm_up
 from .instrument import Instrument
 from .passes import MeasuredPass, measured_pass
 from .readouts import Window
@@ -127,6 +127,7 @@ def eager_option_passes(inst: Instrument, step: Step, params: list[nn.Parameter]
     """One ``option_pass`` per option, and a note per option the model cannot run under."""
     passes: list[OptionPass] = []
     notes: list[str] = []
+    warm_up()
     for name in options:
         try:
             passes.append(option_pass(inst, step, params, model, name, repeats, accum))
