@@ -4,21 +4,21 @@
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root)
 #
 # Stages run in the order given; the default is what the open work needs first:
-#   env calibrate meta-plan gpt2-b8 compile-b8
-# (a device profile with the view and attention fields; meta's plan for this GPU benched beside its
-# own profile's; the whole-model compile with dp's min-cut candidate, bert-large first), and the
-# others: offload tests sac-probe bert profile gpt2 compile regions seed.
+#   env calibrate compile-b8 meta-plan gpt2-b8 sac-probe
+# (a device profile with the view and attention fields; the whole-model compile of bert-large with
+# dp's min-cut candidate; meta's plan for this GPU benched beside its own profile's; what SAC
+# recomputes and costs per layer), and the others: offload tests bert profile gpt2 compile regions seed.
 # Each runs under its own time limit (LIMIT_<stage> in seconds overrides it, '-' as '_': LIMIT_gpt2_b8)
 # and logs to OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed
 # into $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next.
 # Environment: META_TARGET (the device model meta plans with; default h200 on an H200, else h100),
 # PYTEST_K (a -k expression), PYTEST_ARGS (more arguments, e.g. -v), OFFLOAD_COMPARE, GPT2_B8_COMPARE, BERT_COMPARE and COMPILE_COMPARE (the
-# --compare lists), COMPILE_MODELS (compile-b8's specs; default bert-large gpt2-small), TARBALL.
+# --compare lists), COMPILE_MODELS (compile-b8's specs; default bert-large; gpt2-small too), TARBALL.
 # ckplan runs from the checkout (PYTHONPATH), so nothing is installed; set PY to another interpreter.
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env calibrate meta-plan gpt2-b8 compile-b8}
+STAGES=${*:-env calibrate compile-b8 meta-plan gpt2-b8 sac-probe}
 REP=${REP:-reports/cuda}  # where the reports go (one folder per GPU: reports/cuda/h100)
 mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload" "$REP/compiled" "$REP/b8"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
@@ -101,7 +101,7 @@ run_tests() {
 # one whole-model compile each, a checkpoint region per layer; layers: each chain layer compiled
 run_compile-b8() {
   local m
-  for m in ${COMPILE_MODELS:-bert-large gpt2-small}; do
+  for m in ${COMPILE_MODELS:-bert-large}; do
     stage "compile-b8-$m" 300 $CK bench "configs/$m.yaml" --device cuda --batch-size 8 --budget 50%act --compile \
       --compile-scope "${COMPILE_SCOPE:-model}" \
       --compare "${COMPILE_COMPARE:-none,dp,torch-compile,torch-compile-nobudget}" --steps 10 --warmup 2 \
