@@ -97,7 +97,8 @@ def attention_eff(device: torch.device, fp32_rate: float, *, batch: int, heads: 
                   head_dim: int = 64, repeats: int = 5) -> float:
     """The share of the fp32 matrix rate ``fp32_rate`` that ``scaled_dot_product_attention``
     reaches forward and backward (``4 b h s^2 d`` FLOPs forward, twice that backward: the
-    kernels PyTorch picks for fp32, which on a GPU do not use the tensor cores)."""
+    kernels PyTorch picks for fp32, which on a GPU do not use the tensor cores). The device model
+    applies the same share to the other dtypes' matrix rates."""
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, requires_grad=True) for _ in range(3))
 
     def step() -> None:

@@ -130,8 +130,9 @@ def gather_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int =
 
 # Host time per eager op that launches a kernel, per view op, what a SAC policy adds per op, and a
 # checkpoint's hook per saved tensor and call, on the host of an H200 with torch 2.11; and the share
-# of the fp32 matrix rate that PyTorch's fp32 attention kernels reach (they do not use the tensor
-# cores). Chosen from a sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py;
+# of the matrix rate PyTorch's attention kernels reach (in fp32 they do not use the tensor cores; in
+# bf16 a FlashAttention-2-class kernel reaches about as much of the bf16 rate). Chosen from a
+# sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py;
 # gpt2-small at 2 x 512 is bound by the host). Other GPUs' hosts differ; `ckplan calibrate`
 # measures yours.
 HOST_DISPATCH_MS = 0.02
