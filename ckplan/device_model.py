@@ -135,11 +135,11 @@ def gather_ms(device: DeviceModel, nbytes: int, world_size: int, *, nodes: int =
 # sweep against the H200 benches in reports/cuda (scripts/meta_vs_gpu.py;
 # gpt2-small at 2 x 512 is bound by the host). Other GPUs' hosts differ; `ckplan calibrate`
 # measures yours.
-HOST_DISPATCH_MS = 0.02
+HOST_DISPATCH_MS = 0.022
 HOST_VIEW_MS = 0.003
 HOST_SAC_DISPATCH_MS = 0.025
 HOST_CKPT_HOOK_MS = 0.0035
-ATTENTION_EFF = 0.4
+ATTENTION_EFF = 0.35
 
 
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: float, net: float,
