@@ -43,3 +43,28 @@ def test_meta_times_say_which_device_model_priced_them(h200_small):
     # gpt2-small's block at 2 x 512: 16.1 GFLOP forward at 67 TFLOP/s x 0.75 is 0.32 ms; the
     # roofline adds its memory-bound ops, so the forward costs more, and the backward more again
     assert 0.32 < block.fwd_ms < 2 and block.bwd_ms > block.fwd_ms
+
+
+def _meta_vs_gpu():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("meta_vs_gpu", ROOT / "scripts" / "meta_vs_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("bench", ["reports/cuda/b8/bench-gpt2-small-cuda.json",
+                                   "reports/cuda/bench-bert-large-cuda.json"])
+def test_meta_slowdowns_hold_on_the_h200(bench):
+    """The `h200` device model against what the H200 measured (8 x 512 tokens): every row's plan,
+    scored on the meta profile, within 15% in step time for `none` and 3 points in slowdown; the one
+    known miss, `sac-linear` on every gpt2-small layer (`selective`, reports/cuda/meta-vs-h200.md),
+    within 7."""
+    head, rows = _meta_vs_gpu().compare(ROOT / bench, "h200")
+    assert {r["strategy"] for r in rows} >= {"none", "every-k", "dp", "selective"}
+    for r in rows:
+        points = abs(r["pred_slowdown"] - r["meas_slowdown"]) * 100
+        limit = 7 if (head["model"], r["strategy"]) == ("gpt2-small", "selective") else 3
+        assert points <= limit, (r["strategy"], points)
+        if r["strategy"] == "none":
+            assert abs(r["pred_step_ms"] / r["meas_step_ms"] - 1) <= 0.15
