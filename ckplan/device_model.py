@@ -154,7 +154,8 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
                        sac_dispatch_ms=HOST_SAC_DISPATCH_MS, view_ms=HOST_VIEW_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS,
                        attention_eff=ATTENTION_EFF, link_bw=link * GB,
                        network_bw=net * GB, host_bw=host * GB,
-                       source=f"vendor data sheet ({sheet}); host dispatch per op fitted to H200 runs (reports/cuda)")
+                       source=f"vendor data sheet ({sheet}); host costs and attention share fitted to H200 runs "
+                              "(reports/cuda)")
 
 
 BUILTIN: Mapping[str, DeviceModel] = MappingProxyType({
