@@ -132,6 +132,25 @@ def checkpoint_hook_ms(device: torch.device, n: int = 200, repeats: int = 5) -> 
     return max(0.0, extra / (3 * n) * 1e3)
 
 
+def checkpoint_host_ms(device: torch.device, n: int = 100, repeats: int = 5) -> tuple[float, float]:
+    """(one call of a checkpoint's saved-tensor hooks, the rest of one checkpoint beyond its
+    recompute and its hooks: its frame, the RNG state kept and restored, the recompute's set-up),
+    host milliseconds: the second from ``n`` checkpoints of one op that saves one tensor, forward
+    and backward, less the same ops plainly, less their recompute and less their ``3 n`` hook calls."""
+    hook = checkpoint_hook_ms(device, n, repeats)
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def chain(ckpt: bool) -> None:
+        y = x
+        for _ in range(n):
+            y = checkpoint(torch.sin, y, use_reentrant=False) if ckpt else torch.sin(y)
+        y.sum().backward()
+
+    extra = (_timed(device, lambda: chain(True), repeats) - _timed(device, lambda: chain(False), repeats)
+             - _timed(device, lambda: _saving_ops(x, n), repeats))
+    return hook, max(0.0, extra / n * 1e3 - 3 * hook)
+
+
 def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> float:
     """What one op costs more in a forward under ckplan's ``sac-compute`` policy than plainly
     inside a checkpoint (both forwards keep what they save; the difference is the policy)."""

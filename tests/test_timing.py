@@ -247,3 +247,36 @@ def test_same_problem_same_plan_whatever_the_clock_says(tiny_gpt_spec, tmp_path)
         b = lo + int(frac * (hi - lo))
         plans = {plan_chain(ch, "dp", b).plan.describe() for ch in chains}
         assert len(plans) == 1, (frac, plans)
+
+
+def test_cpu_checkpoints_add_their_hooks_and_frame_to_the_recompute(tiny_gpt_spec, tmp_path, monkeypatch):
+    # On a CPU nothing hides the host's work: a layer alone in a checkpoint costs its timed
+    # recompute, one hook call per saved tensor in the first forward and one in the backward, and
+    # the checkpoint's own frame. With those two set far above any op's time (1 ms a hook call,
+    # 7 ms a frame), each layer's cost is at least 2 x saved tensors + 7 ms, the saved tensors
+    # counted by our own saved-tensor hooks on the same layer.
+    import torch
+
+    import ckplan.profiling.timing as timing
+    from ckplan.spec import build_model, make_batch
+
+    monkeypatch.setattr(timing, "checkpoint_host_ms", lambda device: (1.0, 7.0))
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3))
+    prof = api.profile(spec, device="cpu", repeats=2)
+    model = build_model(spec, "cpu")
+    args, kwargs = make_batch(spec, "cpu")
+    packs = [0]
+
+    def pack(t):
+        packs[0] += 1
+        return t
+
+    block = model.blocks[1]
+    seen = {}
+    block.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0]))
+    model(*args, **kwargs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(seen["x"].detach().requires_grad_(True))
+    assert packs[0] >= 5  # the oracle counted something
+    for r in prof.chain_layers:
+        assert 2 * packs[0] * 1.0 + 7.0 <= r.recompute_ms <= 2 * packs[0] * 1.0 + 7.0 + 2 * r.fwd_ms + 1e-9

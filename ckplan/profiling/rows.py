@@ -129,9 +129,14 @@ def _smooth_chain(layers: list[nn.Module], measured: MeasuredPass, times: Times,
         med.update(zip(chain, smooth))
     timed = timed_recompute_ms(kinds, [measured.windows[("F", s)]["flops"] for s in chain],
                                [fwd_med[s] for s in chain], times.recompute)
-    if timed is None:
+    if timed is None:  # the step pairs' factor: the checkpoints' whole cost, hooks included
         factor = recompute_factor(times.pairs, sum(fwd_med[s] for s in chain))
         timed = [fwd_med[s] * factor for s in chain]
+    else:  # the recompute as timed, and on a CPU what the timing does not see: the hooks'
+        # calls in the first forward and in the backward (one each per saved tensor) and the
+        # checkpoint's own frame
+        hook, call = times.ckpt_host_ms
+        timed = [t + 2 * measured.packs.get(s, 0) * hook + call for s, t in zip(chain, timed)]
     return dict(zip(chain, timed))
 
 

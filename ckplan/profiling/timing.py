@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from ..calibrate import checkpoint_host_ms
 from ..measure import Clock
 from .instrument import Instrument
 from .readouts import Window
@@ -53,6 +54,9 @@ class Times:
     pairs: list[tuple[float, float]]
     # chain layer -> its recompute in the checkpointed passes, timed around the call (ms)
     recompute: dict[int, list[float]] = field(default_factory=dict)
+    # CPU: what a checkpoint costs the host beyond the recompute those timings see (ms): one call of
+    # its saved-tensor hooks, and the rest of one checkpoint (calibrate.checkpoint_host_ms)
+    ckpt_host_ms: tuple[float, float] = (0.0, 0.0)
 
 
 class NoWait:
@@ -100,6 +104,8 @@ def timing_passes(inst: Instrument, step: Step, params: list[nn.Parameter], repe
     times: dict[Window, list[float]] = {}
     recompute: dict[int, list[float]] = {}
     cks: list[float] = []
+    # on a CPU nothing hides the host's work: a checkpoint's hooks and frame add to the step
+    host = checkpoint_host_ms(step.device) if step.device.type == "cpu" else (0.0, 0.0)
     for _ in range(repeats):
         ck = checkpointed_pass(inst, step, params, recompute)
         if ck is None:  # a model that cannot run checkpointed: recompute at fwd_ms
@@ -114,7 +120,7 @@ def timing_passes(inst: Instrument, step: Step, params: list[nn.Parameter], repe
         plains.append(inst.marks[-1].t_ms - inst.marks[0].t_ms)
         for key, w in inst.windows().items():
             times.setdefault(key, []).append(w["ms"])
-    return Times(times, list(zip(plains, cks)), recompute)
+    return Times(times, list(zip(plains, cks)), recompute, host if recompute else (0.0, 0.0))
 
 
 def _checkpointed_forward(orig, i: int, clock: Clock, got: dict[int, list[float]]):
