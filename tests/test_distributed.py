@@ -30,6 +30,7 @@ from ckplan.distributed import (
 from ckplan.errors import UsageError
 from ckplan.planner import min_peak, plan_chain
 from ckplan.records import OVER_BUDGET
+from ckplan.spec import build_model
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
@@ -253,17 +254,22 @@ def _run(spec, prof, kind: str, strategies: list[str], k: int, budget: int):
     # the measured peak of multi-layer checkpoints (13% on every-k k=3 of the 6-block GPT), never below
     reshards = kind == "fsdp" and tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10)
     timing = GLOO_TIMING_TOL if kind == "fsdp" else 0.0
+    # and at most one more unit's unsharded parameters than FSDP2's order of frees, when a gloo
+    # worker thread frees an all-gather buffer late (docs/distributed.md, Limits)
+    unit = sum(p.numel() * p.element_size() for p in build_model(spec, "cpu").blocks[0].parameters()) \
+        if kind == "fsdp" else 0
     for r in res.rows:
-        late = r.status == OVER_BUDGET and r.measured_peak_bytes <= (1 + timing) * budget
+        late = r.status == OVER_BUDGET and r.measured_peak_bytes <= (1 + timing) * budget + unit
         assert r.status == OK or late, (r.strategy, r.status, r.message)
         if reshards:
             assert r.measured_peak_bytes <= (1 + PEAK_TOL) * r.predicted_peak_bytes, (r.strategy, r.plan)
             continue
-        lo, hi = (1 - PEAK_TOL) * r.predicted_peak_bytes, (1 + max(PEAK_TOL, timing)) * r.predicted_peak_bytes
+        lo = (1 - PEAK_TOL) * r.predicted_peak_bytes
+        hi = (1 + max(PEAK_TOL, timing)) * r.predicted_peak_bytes + unit
         assert lo <= r.measured_peak_bytes <= hi, (kind, r.strategy, r.plan, r.predicted_peak_bytes,
                                                    r.measured_peak_bytes)
         if r.strategy == "dp":
-            assert r.measured_peak_bytes <= (1 + timing) * budget, (kind, r.plan, r.measured_peak_bytes, budget)
+            assert r.measured_peak_bytes <= (1 + timing) * budget + unit, (kind, r.plan, r.measured_peak_bytes, budget)
     return res
 
 
