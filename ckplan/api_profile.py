@@ -178,7 +178,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     if dev.type == "meta":
         notes.append(meta_time_note(device_model))
         if precision != "fp32":
-            notes.append(f"meta device: autocast ({precision}) is not modelled; sizes are for fp32")
+            notes.append(f"meta device: autocast ({precision}) replayed as {kind}'s autocast casts (torch's own "
+                         "rules, asked once per function on fake tensors; ckplan.meta_autocast)")
         if kind == "cuda":
             notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes)))
     totals = Totals(

@@ -8,7 +8,8 @@ counted in them in ``profiling.instrument``, times in ``profiling.timing``, sele
 
 Known limitations: a chain layer must be called exactly once per step, in order, with the hidden
 state as its first tensor argument; work between two layers is billed to the later one; on meta,
-times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``), and autocast is not modelled.
+times are a device model's (``ckplan.device_model``), and autocast is the target's replayed
+(``ckplan.meta_autocast``).
 """
 from __future__ import annotations
 
@@ -102,6 +103,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     notes = step_notes(rows, measured, sdpa_note=sdpa_note, option_notes=run.option_notes,
                        flops_estimated=inst.flops_estimated, unsaved_kept=run.nosave[1],
                        kept_memory=kept.active, compiled_graphs=compiled.graphs if compiled is not None else None)
+    if step.unasked:
+        notes += (f"meta device: torch's autocast could not be asked on fake tensors how it casts "
+                  f"{', '.join(sorted(step.unasked)[:8])}; these calls ran in their inputs' precision",)
     breaks, breaks_note = chain_breaks(measured.breaks, len(layers))
     if breaks_note:
         notes += (breaks_note,)

@@ -20,6 +20,9 @@ the target device would make and run that kernel's meta implementation, or its s
   order (:func:`cuda_choice`): flash (fp16/bf16, no mask, head dim <= 256 and a multiple of 8),
   then memory-efficient (fp16/bf16/fp32, masks allowed, no GQA), then math.
 
+For a CUDA target, dropout runs as CUDA runs it too: the fused ``native_dropout``, which keeps a
+bool mask, not the noise tensor a meta tensor's dropout keeps (``_fused_dropout``).
+
 Known limitations: nested tensors and cuDNN attention are not modelled; on CUDA without a GPU
 the rules are a transcription (sm80+ assumed) and may lag torch's.
 """
@@ -110,6 +113,25 @@ def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor |
     return torch.where(mask, zero, neg_inf)
 
 
+_DROPOUTS = (F.dropout, torch.dropout)
+
+
+def _fused_dropout(func, args, kwargs):
+    """Dropout as a CUDA tensor runs it: ``native_dropout``, which keeps a one-byte mask for the
+    backward, where a meta (or CPU) tensor draws a noise tensor of its own dtype and keeps that
+    (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp: CUDA, 0 < p < 1, not empty)."""
+    names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
+    call = dict(p=0.5, training=True, inplace=False)
+    call.update(zip(names, args))
+    call.update(kwargs)
+    x, p = call["input"], call["p"]
+    train = call["train"] if "train" in call else call["training"]
+    if not (train and 0 < p < 1 and x.numel() > 0):
+        return func(*args, **kwargs)
+    out = torch.native_dropout(x, p, True)[0]
+    return x.copy_(out) if call["inplace"] else out
+
+
 class SdpaOnMeta(TorchFunctionMode):
     """On meta, run ``F.scaled_dot_product_attention`` with the kernel ``target`` would choose.
 
@@ -137,6 +159,8 @@ class SdpaOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _DROPOUTS and self.target == "cuda":
+            return _fused_dropout(func, args, kwargs)
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         call = _bind(args, kwargs)

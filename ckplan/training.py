@@ -10,6 +10,7 @@ from collections import Counter
 
 import torch
 
+from . import meta_autocast
 from .device_model import DeviceModel, ops_ms
 from .errors import SpecError
 from .measure import Clock, LiveTensorTracker
@@ -91,9 +92,12 @@ def meta_optimizer_step_ms(params, name: str, lr: float, device: DeviceModel) ->
 
 
 def autocast_ctx(precision: str, device_type: str):
-    """autocast for bf16/fp16 on cpu/cuda; a no-op for fp32 (and on meta, where autocast has no kernels)."""
-    if precision == "fp32" or device_type == "meta":
+    """autocast for bf16/fp16 on cpu/cuda; a no-op for fp32. On meta, where autocast casts nothing,
+    the target device's autocast replayed (``ckplan.meta_autocast``) inside a profile's step."""
+    if precision == "fp32":
         return contextlib.nullcontext()
+    if device_type == "meta":
+        return meta_autocast.region(precision)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device_type, dtype=dtype)
 

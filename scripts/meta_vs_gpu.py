@@ -80,8 +80,10 @@ def compare(bench_path: Path, target: str) -> tuple[dict, list[dict]]:
             parse_plan(r["plan"], chain.n_layers)
         if plan is None:
             continue
-        pred_step = simulate(chain, plan).step_ms
+        sim = simulate(chain, plan)
+        pred_step = sim.step_ms
         out.append(dict(strategy=r["strategy"], plan=plan.describe(runs=True), pred_step_ms=pred_step,
+                        pred_peak=sim.peak_bytes, meas_peak=r.get("measured_peak_bytes"),
                         meas_step_ms=r["step_ms"], pred_slowdown=pred_step / base,
                         meas_slowdown=r["step_ms"] / none_ms))
     agree = plan_agreement(prof, bench, chain)
@@ -124,17 +126,21 @@ def markdown(target: str, results: list[tuple[dict, list[dict]]]) -> str:
              f"`python scripts/meta_vs_gpu.py --target {target} ...` on a 2-core CPU, {date.today()}: each spec "
              "profiled on fake tensors at the bench's batch, precision and optimizer, each measured row's "
              "plan scored on that profile's chain. Step error = (predicted - measured) / measured; "
-             "slowdown error in points.", ""]
+             "slowdown error in points; peaks are the plan's simulated peak on the meta chain against "
+             "`torch.cuda.max_memory_allocated` (which includes the CUDA runtime's cuBLAS workspaces, "
+             "outside meta's reach).", ""]
     for head, rows in results:
         lines += [f"## {head['model']}, batch {head['batch']}, {head['precision']}, {head['optimizer']} "
                   f"(`{head['bench']}`, measured on {head['device']})", "",
-                  "| row | predicted step | measured step | error | predicted slowdown | measured | points |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| row | predicted step | measured step | error | predicted slowdown | measured | points "
+                  "| predicted peak | measured peak | peak error |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             err = (r["pred_step_ms"] - r["meas_step_ms"]) / r["meas_step_ms"]
             pts = (r["pred_slowdown"] - r["meas_slowdown"]) * 100
             lines.append(f"| {r['strategy']} | {r['pred_step_ms']:.1f} ms | {r['meas_step_ms']:.1f} ms | "
-                         f"{err:+.1%} | {r['pred_slowdown']:.3f} | {r['meas_slowdown']:.3f} | {pts:+.1f} |")
+                         f"{err:+.1%} | {r['pred_slowdown']:.3f} | {r['meas_slowdown']:.3f} | {pts:+.1f} | "
+                         + _peak_cells(r["pred_peak"], r["meas_peak"]))
         a = head.get("agree")
         if a is not None:
             verdict = ("the same plan" if a["equal"] else
@@ -145,6 +151,12 @@ def markdown(target: str, results: list[tuple[dict, list[dict]]]) -> str:
                       f"`{a['gpu']}`: {verdict}. Predicted on meta: {a['meta_pred']:.3f} against {a['gpu_pred']:.3f}."]
         lines.append("")
     return "\n".join(lines)
+
+
+def _peak_cells(pred: int, meas: int | None) -> str:
+    if meas is None:
+        return f"{pred:,} B | - | - |"
+    return f"{pred:,} B | {meas:,} B | {(pred - meas) / meas:+.2%} ({(pred - meas) / 2**20:+.1f} MiB) |"
 
 
 def main(argv: list[str] | None = None) -> int:

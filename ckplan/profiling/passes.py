@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .. import meta_autocast
 from ..device_model import OpCost
 from ..execute import apply_plan
 from ..measure import LiveTensorTracker
@@ -76,7 +77,7 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
     # autocast copies a weight to the low precision once per forward and caches the copy until
     # the autocast region ends: an aten._to_copy of a parameter, made under autocast.
     cast_bytes: dict[int, int] = {}
-    autocast_on = step.precision != "fp32" and step.device.type != "meta"
+    autocast_on = step.precision != "fp32"
 
     def on_op(func, inputs: set[int], new: list[tuple[int, int]]) -> None:
         phase, stage = inst.current
@@ -134,7 +135,7 @@ def nosave_pass(inst: Instrument, step: Step) -> tuple[dict[int, int], dict[int,
                     loss = forward_loss(step.model, step.args, step.kwargs, step.loss_fn,
                                         step.precision, step.device.type)
                 else:
-                    with SdpaOnMeta(step.meta_target):
+                    with SdpaOnMeta(step.meta_target), meta_autocast.targeting(step.meta_target):
                         loss = forward_loss(step.model, step.args, step.kwargs, step.loss_fn,
                                             step.precision, step.device.type)
             inst.mark("B", inst.n)

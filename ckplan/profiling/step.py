@@ -2,7 +2,8 @@
 state restored, the hooks removed.
 
 On meta, ``F.scaled_dot_product_attention`` runs the kernel the target device would choose
-(ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix).
+(ckplan.sdpa: fused kernels keep a logsumexp, the math path the attention matrix), and under
+bf16/fp16 the forward replays the target's autocast (ckplan.meta_autocast).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import _get_current_function_mode_stack
 
+from .. import meta_autocast
 from ..errors import ModelRunError, first_line
 from ..sdpa import SdpaOnMeta
 from .instrument import Instrument
@@ -26,6 +28,7 @@ class Step:
         self.precision, self.device, self.meta_target = precision, device, meta_target
         self.sdpa_note = ""
         self.sdpa: SdpaOnMeta | None = None  # the meta attention mode of the step running now
+        self.unasked: set[str] = set()  # meta_autocast.take_unasked(), over the steps run
 
     def run(self, inst: Instrument) -> None:
         if self.meta_target is None:
@@ -33,22 +36,24 @@ class Step:
             return
         sdpa = self.sdpa = SdpaOnMeta(self.meta_target)
         try:
-            with sdpa:
+            with sdpa, meta_autocast.targeting(self.meta_target):
                 inst.run(self.model, self.args, self.kwargs, self.loss_fn, self.precision, self.device.type)
         finally:
             self.sdpa = None
         self.sdpa_note = sdpa.note()
+        self.unasked |= meta_autocast.take_unasked()
 
     @contextmanager
     def recomputing(self):
         """Around a recompute in the backward: the autograd engine does not carry torch-function
         modes into it, so on meta the attention mode is entered again (else the recompute would
-        take another SDPA path than the forward and selective checkpointing's cache would miss)."""
+        take another SDPA path than the forward and selective checkpointing's cache would miss),
+        and under bf16/fp16 a fresh autocast region, as a checkpoint's recompute enters autocast."""
         sdpa = self.sdpa
         if sdpa is None or sdpa in list(_get_current_function_mode_stack()):
             yield
             return
-        with sdpa:
+        with sdpa, meta_autocast.targeting(self.meta_target), meta_autocast.region(self.precision):
             yield
 
 
