@@ -47,6 +47,9 @@ _PLAIN = frozenset({
 _METADATA = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim",
                        "numel", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense"})
 
+# ops that only rearrange an argument: what autocast casts after them is still that argument
+_RESHAPES = frozenset({"clone", "_unsafe_view", "_reshape_alias", "contiguous", "expand"})
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -84,13 +87,14 @@ class _Stop(Exception):
 
 
 class _CastsSeen(TorchDispatchMode):
-    """Records each ``_to_copy`` of an argument (by identity) and its dtype, then stops the call at
-    the first other op, keeping the output dtype that op was given (``sum(..., dtype=float32)``:
-    autocast's fp32_set_opt_dtype policy)."""
+    """Records each ``_to_copy`` of an argument, or of a view or reshaped copy of one (by identity),
+    and its dtype, then stops the call at the first other op, keeping the output dtype that op was
+    given (``sum(..., dtype=float32)``: autocast's fp32_set_opt_dtype policy)."""
 
     def __init__(self, index: dict[int, int]):
         super().__init__()
         self.index, self.casts = index, {}
+        self.made: list[torch.Tensor] = []
         self.first, self.hint = None, None  # the first op after the casts, and the dtype it was given
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -100,8 +104,16 @@ class _CastsSeen(TorchDispatchMode):
             if dtype is not None and dtype != args[0].dtype:
                 self.casts.setdefault(self.index[id(args[0])], dtype)
             return func(*args, **kwargs)
-        if func.namespace == "prim" or func.__name__.split(".")[0] in _METADATA:  # reads, not ops
+        name = func.__name__.split(".")[0]
+        if func.namespace == "prim" or name in _METADATA:  # reads, not ops
             return func(*args, **kwargs)
+        if func.is_view or name in _RESHAPES:  # einsum's permutes and reshapes before its bmm
+            out = func(*args, **kwargs)
+            src = args[0] if args else None
+            if isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and id(src) in self.index:
+                self.index[id(out)] = self.index[id(src)]
+                self.made.append(out)  # alive, so its id is not another tensor's
+            return out
         dtype = kwargs.get("dtype")
         self.first, self.hint = func, dtype if isinstance(dtype, torch.dtype) else None
         raise _Stop

@@ -27,6 +27,9 @@ CASES = {
                                                                       "cpu": ((0, BF16), (1, BF16))}),
     "matmul": (torch.matmul, lambda: (_t(4, 8), _t(8, 2)), {"cuda": ((0, BF16), (1, BF16)),
                                                              "cpu": ((0, BF16), (1, BF16))}),
+    # CUDA casts einsum's operands; the CPU casts them at the bmm einsum becomes, after permutes
+    "einsum": (torch.einsum, lambda: ("bij,bjk->bik", _t(2, 8, 16), _t(2, 16, 4)),
+               {"cuda": ((1, BF16), (2, BF16)), "cpu": ((1, BF16), (2, BF16))}),
     "sdpa fp32": (F.scaled_dot_product_attention, lambda: (_t(1, 2, 8, 4), _t(1, 2, 8, 4), _t(1, 2, 8, 4)),
                   {"cuda": ((0, BF16), (1, BF16), (2, BF16)), "cpu": ((0, BF16), (1, BF16), (2, BF16))}),
     # already low precision: nothing to cast (SDPA's own math-path upcast is not autocast's)

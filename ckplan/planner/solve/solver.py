@@ -10,7 +10,7 @@ import numpy as np
 from .. import limits
 from ..baselines import plan_none
 from ..chain import Chain
-from ..groups import size_gcd
+from ..groups import Units, size_gcd
 from ..plan import Plan, items_from_ranges
 from ..simulate import simulate
 from ..tables import (
@@ -44,6 +44,7 @@ class _Reader:
     slot_bytes: int
     top: np.ndarray  # the table's least recompute at each slot
     slot_parts: Callable[[int], Parts]  # the table's own plan at a slot
+    units: Units | None = None  # the table's units when not the solver's (their option names)
 
 
 class DPSolver:
@@ -96,9 +97,11 @@ class DPSolver:
                 self.slot_bytes, self.M, self.exact = 1, self.span, True
                 self._estimate = None
                 return
-        # The cost table on single layers takes options; grouped and autocast tables do not.
+        # The cost table on single layers takes options; grouped and autocast tables do not
+        # (with autocast copies a table with options is read beside them: ``_options_reader``).
+        with_options = chain if chain.has_casts and chain.has_options and not self.grouped else None
         if self.grouped or chain.has_casts:
-            self.options_ignored = chain.has_options
+            self.options_ignored = chain.has_options and with_options is None
             chain = chain.without_options()
         layers = layer_tables(chain)
         if grouped_units is None:
@@ -128,6 +131,8 @@ class DPSolver:
             if ft.built:
                 self.readers.append(_Reader("flat", int(ft.R1[0]), lambda a: (ft.ranges(a), {}), fq,
                                             ft.C[0], lambda m: (ft.slot_ranges(m), {})))
+        if with_options is not None and self.readers:
+            self.readers.append(_options_reader(with_options, q, M, "up" if q == g else rounding))
         self.slot_bytes = int(q)
         self.M = M
         self.exact = q == g and not self.grouped and not chain.has_casts and not self.options_ignored
@@ -208,7 +213,7 @@ class DPSolver:
         for r in self.readers:
             if r.need_bytes > avail:
                 continue
-            for plan in (self._plan(*r.parts(avail), read_bytes, budget_bytes, r.name),
+            for plan in (self._plan(*r.parts(avail), read_bytes, budget_bytes, r.name, r.units),
                          self._scan(r, read_bytes, budget_bytes)):
                 if plan is not None:
                     sc = simulate(self.chain, plan)
@@ -219,8 +224,8 @@ class DPSolver:
         return (None if best is None else best[1]), (min(overs) if overs else None)
 
     def _plan(self, ranges: list[tuple[int, int]], chosen: dict[int, int], read_bytes: int,
-              budget_bytes: int, name: str) -> Plan:
-        plan = plan_from(self.chain, self.units, ranges, chosen, {"budget_bytes": budget_bytes})
+              budget_bytes: int, name: str, units: Units | None = None) -> Plan:
+        plan = plan_from(self.chain, units or self.units, ranges, chosen, {"budget_bytes": budget_bytes})
         peak = simulate(self.chain, plan).peak_bytes
         if peak > read_bytes and not self.cast_bytes:  # exact feasibility forbids this
             raise RuntimeError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}: planner bug")
@@ -234,12 +239,23 @@ class DPSolver:
         for _ in range(limits.CAST_SCAN_READS if self.cast_bytes else limits.SCAN_READS):
             if m < 0 or r.top[m] == INF:
                 return None
-            plan = plan_from(self.chain, self.units, *r.slot_parts(m), {"budget_bytes": budget_bytes})
+            plan = plan_from(self.chain, r.units or self.units, *r.slot_parts(m), {"budget_bytes": budget_bytes})
             peak = simulate(self.chain, plan).peak_bytes
             if peak <= read_bytes:
                 return plan
             m -= 1
         return None
+
+
+def _options_reader(chain: Chain, q: int, M: int, rounding: str) -> _Reader:
+    """The cost table on single layers with their selective options, for a chain with autocast
+    copies: read like the others at lowered budgets until its plan fits (``solve``), beside the
+    option-free plans the exact top-level frontiers give; so a plan with options is taken where
+    it is cheaper and fits, and never one that does not."""
+    t = layer_tables(chain)
+    table = CostTable(t.units, t.pairs, q, M, rounding)
+    return _Reader("nested with options", int(t.peaks.R[0, t.units.size]), lambda a: table.parts(a, t.peaks),
+                   q, table.C[0, t.units.size], table.slot_parts, t.units)
 
 
 def _slot_bound(chain: Chain, budget_bytes: int) -> float:
