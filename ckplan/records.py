@@ -1,8 +1,6 @@
-"""Plain, frozen records passed between ckplan's stages (measure -> plan -> report).
-
-No torch here: the planner and the report read these without importing PyTorch.
-Sizes are ``int`` bytes, durations ``float`` milliseconds, work ``int`` FLOPs.
-"""
+"""Plain, frozen records passed between ckplan's stages (measure -> plan -> report). No torch
+here: the planner and the report read them without PyTorch. Sizes ``int`` bytes, durations
+``float`` milliseconds, work ``int`` FLOPs."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +32,7 @@ class OptionRecord:
     bwd_ms: float  # the backward window with the option, recompute included
     fwd_peak_bytes: int  # as StageRecord's, in the step with every chain layer under the option
     bwd_peak_bytes: int
+    cast_bytes: int = 0  # autocast's weight copies its forward made and did not keep: live to the forward's end
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

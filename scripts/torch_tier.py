@@ -46,6 +46,13 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel",
         "tests/test_meta_kernels.py",
         "tests/test_configs.py::test_mixtral_8x7b_plans_on_meta"]),
+    "meta-autocast": ("bf16 autocast on meta: each device's casts asked of this torch's own autocast "
+                      "kernels, and a bf16 meta profile equal to the CPU's measured one", [
+        "tests/test_meta_autocast.py::test_casts_are_the_devices_documented_policy",
+        "tests/test_meta_autocast.py::test_sum_gets_an_fp32_result_on_cuda_only",
+        "tests/test_meta_autocast.py::test_cross_entropy_as_each_device_runs_it",
+        "tests/test_meta_autocast.py::test_meta_under_bf16_equals_the_cpu_measurement",
+        "tests/test_sdpa.py"]),
     "fsdp2": ("FSDP2 (from torch 2.9 on CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
               "checkpoints included; a plan exported under fully_shard", [
         "tests/test_distributed.py::test_fsdp_per_rank_model_matches_measured_peak",

@@ -104,7 +104,7 @@ def test_a_weight_is_cast_once_per_region():
 def _memory(layer, bwd: bool = True):
     return (layer.saved_bytes, layer.output_bytes, layer.cast_bytes, layer.fwd_peak_bytes,
             *((layer.bwd_peak_bytes,) if bwd else ()),
-            tuple((o.name, o.saved_bytes, o.fwd_peak_bytes, *((o.bwd_peak_bytes,) if bwd else ()))
+            tuple((o.name, o.saved_bytes, o.cast_bytes, o.fwd_peak_bytes, *((o.bwd_peak_bytes,) if bwd else ()))
                   for o in layer.options))
 
 
@@ -119,6 +119,7 @@ def test_meta_under_bf16_equals_the_cpu_measurement(tiny_gpt_spec, tmp_path):
     for m, c in zip(meta.layers, cpu.layers):
         assert abs(m.bwd_peak_bytes - c.bwd_peak_bytes) <= 0.01 * c.bwd_peak_bytes
     assert all(r.options for r in meta.chain_layers)
+    assert any(o.cast_bytes for r in meta.chain_layers for o in r.options)  # copies an option does not keep
     assert sum(r.cast_bytes for r in meta.layers) > 0
     assert meta.totals.predicted_peak_bytes == cpu.totals.predicted_peak_bytes
     assert any("autocast (bf16) replayed as cpu's" in n for n in meta.notes)

@@ -216,7 +216,7 @@ def with_options(chain: Chain, profile: Profile, keep: tuple[str, ...] = ()) -> 
         have = [r.option(name) for r in rows]
         base = replace(chain, layers=tuple(
             replace(ly, options=(Option(name, max(o.saved_bytes, ly.x_bytes), o.recompute_ms, 0, 0,
-                                        o.recompute_flops),) if o is not None else ())
+                                        o.recompute_flops, cast_bytes=o.cast_bytes),) if o is not None else ())
             for ly, o in zip(chain.layers, have)))
         per = [name if o is not None else STORE for o in have]
         live: dict[tuple[str, int | None], int] = {}

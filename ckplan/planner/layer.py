@@ -25,6 +25,9 @@ class Option:
     # The same two while the layer is held (``Layer.held_bytes``); None: the ones above.
     held_fwd_tmp_bytes: int | None = None
     held_bwd_tmp_bytes: int | None = None
+    # autocast's weight copies the layer's forward makes and the option does not keep: in autocast's
+    # cache until the forward ends (a stored layer's own are in its xbar)
+    cast_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class Layer:
                                bwd_tmp_bytes=o.bwd_tmp_bytes, options=(), x_kept=True,
                                early_xbar_bytes=None, early_fwd_tmp_bytes=None,
                                held_fwd_tmp_bytes=o.held_fwd_tmp_bytes,
-                               held_bwd_tmp_bytes=o.held_bwd_tmp_bytes)
+                               held_bwd_tmp_bytes=o.held_bwd_tmp_bytes, cast_bytes=o.cast_bytes)
         known = ", ".join([STORE, *(o.name for o in self.options)])
         raise KeyError(f"layer {self.name!r} has no option {name!r} (it has: {known})")
 

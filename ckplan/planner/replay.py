@@ -9,7 +9,8 @@ gradient B(i) produces (``x[i-1]``, or ``delta_in`` for i = 0):
 * ``Checkpoint[s, t)`` forward: for k = s..t-1: live ``mem + x[k]``, transient ``fwd_tmp[k]``;
   then ``x[k-1]`` is freed when k > s. The boundary ``x[t-1]`` stays.
 * mixed precision: a layer inside a *top-level* checkpoint adds its ``cast[k]`` (autocast's weight
-  copies) in its forward, freed after the post forward (docs/memory-model.md).
+  copies) in its forward, freed after the post forward; so does a top-level ``Store(i, option)``
+  (the copies its policy does not keep; docs/memory-model.md).
 * post forward: live ``mem + post.xbar + post.loss``, transient ``post.fwd_tmp``; post backward:
   the loss's gradient seed (``post.loss``) is added, transient ``post.bwd_tmp``, then ``mem +=
   x[n-1] + post.grad - post.xbar``. Loss and seed stay live until the pre backward has run.
@@ -50,7 +51,7 @@ class _State:
     peak_bytes: int = -1
     peak_where: _Where = ("", None, None)  # the op that reaches it
     recompute_ms: float = 0.0
-    casts: int = 0  # autocast copies of the top-level checkpointed layers, live until the forward ends
+    casts: int = 0  # autocast copies of top-level checkpointed (and option) layers, live to the forward's end
     unsaved: int = 0  # what checkpointed first forwards keep that no hook sees: until the backward ends
     late: int = 0  # what recomputes leave on their modules (Layer.recompute_kept_bytes): to the step's end
     left_by: set[int] = field(default_factory=set)  # layers whose recompute has left it
@@ -207,11 +208,11 @@ class _Replayer(Transfers):
             # the recompute stops at the layer's last saved tensor (early stop)
             live = s.mem + ly.stop_xbar_bytes
             self.op("F", it.layer, ctx, again, live, max(0, ly.stop_fwd_tmp_bytes - dup) + pf, live)
-            # its backward's transient was measured with everything the layer keeps
-            # (its output included) counted as live: the backward starts from there
-            s.mem += ly.xbar_bytes
+            s.mem += ly.xbar_bytes  # its backward's transient was measured with all it keeps live
         else:
-            live = s.mem + ly.xbar_bytes
+            cast = ly.cast_bytes if not again and it.option not in PLAIN else 0  # an option's unkept copies
+            s.casts += cast
+            live = s.mem + ly.xbar_bytes + cast
             self.op("F", it.layer, ctx, again, live, max(0, ly.fwd_tmp_bytes - dup) + pf, live)
             s.mem = live
         if s.pending is not None:

@@ -65,6 +65,10 @@ class Instrument:
     kept_at_end: dict[int, bool | None] = field(default_factory=dict)
     saved_at_end: dict[int, int] = field(default_factory=dict)  # readouts.saved_by_stage
     live_at_end: dict[int, int] = field(default_factory=dict)  # readouts.live_by_stage
+    # autocast's weight copies (storage key -> (stage, bytes)), noted by the measured pass, and per
+    # stage the bytes of those gone when the forward ends (its region's cache cleared, nothing kept them)
+    cast_keys: dict[int, tuple[int, int]] = field(default_factory=dict)
+    casts_unkept: dict[int, int] = field(default_factory=dict)
     live_after_bwd: dict[int, int] = field(default_factory=dict)
     aliased: set[int] = field(default_factory=set)  # layers returning their input's storage
     # Early stop (StageRecord.early_*), in the measured pass: the chain layer whose forward is
@@ -287,6 +291,7 @@ class Instrument:
         self.packed_by.clear()
         self.inside = None
         self.packed_in.clear()
+        self.cast_keys.clear()
         self.b_live.clear()
         self.b_early.clear()
         self.lead.clear()
@@ -303,6 +308,11 @@ class Instrument:
         self.side.forward_ended()
         self.saved_at_end = readouts.saved_by_stage(self.saved, self.alloc_window)
         self.live_at_end = readouts.live_by_stage(self.alloc_window, self._tracker())
+        alive = self._tracker().live_storages()
+        self.casts_unkept = {}
+        for key, (stage, nbytes) in self.cast_keys.items():
+            if key not in alive:
+                self.casts_unkept[stage] = self.casts_unkept.get(stage, 0) + nbytes
         self.kept_at_end, self.aliased = readouts.kept_boundaries(
             self.out_storage, self.alloc_window, self.saved, self._tracker())
         self.saved_after_at_end = readouts.saved_after(self.kept_at_end, self.out_storage, self.packed_by)

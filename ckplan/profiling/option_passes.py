@@ -204,7 +204,8 @@ def with_options(rows: tuple[StageRecord, ...], plain: MeasuredPass, passes: lis
             opts.append(OptionRecord(
                 name=p.name, saved_bytes=p.measured.live_at_end.get(i, 0),
                 recompute_ms=float(recompute_ms), recompute_flops=int(flops), bwd_ms=float(bwd_ms),
-                fwd_peak_bytes=fw["peak"], bwd_peak_bytes=bw["peak"] if bw else 0))
+                fwd_peak_bytes=fw["peak"], bwd_peak_bytes=bw["peak"] if bw else 0,
+                cast_bytes=p.measured.casts_unkept.get(i, 0)))
         out.append(replace(r, options=tuple(opts)))
     return tuple(out)
 

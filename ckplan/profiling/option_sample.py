@@ -74,7 +74,7 @@ def _moved(cut: MeasuredPass, plain_cut: MeasuredPass, full: MeasuredPass, n: in
     f0, f1, f2 = saved("F", 0), saved("F", 1), saved("F", 2)
     b0, b1, b2 = saved("B", 0), saved("B", 1), saved("B", 2)
     windows: dict = {}
-    live_at_end = {}
+    live_at_end, unkept = {}, {}
     for i in range(n):
         k = 0 if i == 0 else 2 if i == n - 1 else 1
         # forward: layer 0 and the i - 1 middle layers before layer i; backward: every layer not
@@ -91,7 +91,9 @@ def _moved(cut: MeasuredPass, plain_cut: MeasuredPass, full: MeasuredPass, n: in
                                        peak=start + w["peak"] - w["live_start"])
         if k in cut.live_at_end:
             live_at_end[i] = cut.live_at_end[k]
-    return replace(cut, windows=windows, live_at_end=live_at_end)
+        if k in cut.casts_unkept:
+            unkept[i] = cut.casts_unkept[k]
+    return replace(cut, windows=windows, live_at_end=live_at_end, casts_unkept=unkept)
 
 
 def sampled_passes(layers: list[nn.Module], container: nn.Module, step: Step, params: list[nn.Parameter],

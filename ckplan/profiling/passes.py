@@ -41,6 +41,7 @@ class MeasuredPass:
     x_in_requires_grad: bool
     grad_window: dict[int, int]  # id(parameter) -> stage whose backward first holds its gradient
     cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
+    casts_unkept: dict[int, int] = field(default_factory=dict)  # of those, gone when the forward ends
     # every storage a stage's forward made that is alive when the forward ends (saved or not)
     live_at_end: dict[int, int] = field(default_factory=dict)
     side_inputs: tuple[SideInput, ...] = ()
@@ -89,6 +90,7 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         # (torch.is_autocast_enabled() reads False here: autocast's kernel excludes its own key.)
         if autocast_on and used and new and func is torch.ops.aten._to_copy.default:
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
+            inst.cast_keys.update((key, (stage, nbytes)) for key, nbytes in new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op, on_free=inst.on_free)
     inst.flops = OpCounter()
@@ -101,7 +103,8 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes={i: b + inst.side.carried.get(i, 0) for i, b in inst.out_bytes.items()},
         x_in_bytes=inst.x_in_bytes, x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window,
-        cast_bytes=cast_bytes, live_at_end=inst.live_at_end, side_inputs=inst.side_inputs,
+        cast_bytes=cast_bytes, casts_unkept=dict(inst.casts_unkept), live_at_end=inst.live_at_end,
+        side_inputs=inst.side_inputs,
         kept=dict(inst.kept_at_end), after_bwd=dict(inst.live_after_bwd), carried=dict(inst.side.carried),
         breaks=frozenset(inst.breaks), outside_saved=dict(inst.outside_saved_at_end),
         saved_after=dict(inst.saved_after_at_end),
