@@ -155,8 +155,8 @@ def _seen(func, flat: list, spec, kind: str, low: torch.dtype, autocast: bool) -
     the device's autocast or without it; None when the fake call failed before any cast."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # outside _quiet: it may import dynamo, which needs modes
     with _quiet(kind, low, autocast):
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
         leaves = _fakes(mode, flat, kind)
         seen = _CastsSeen({id(v): i for i, v in enumerate(leaves) if _eligible(v)})
         with mode:
@@ -189,8 +189,8 @@ def _ask(func, flat: list, spec, kind: str, low: torch.dtype) -> Rule:
         return rule
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     with _quiet("cpu", low, False):
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
         leaves = _fakes(mode, flat, "cpu")
         with mode:
             leaves = [v.to(casts[i]) if i in casts else v for i, v in enumerate(leaves)]
