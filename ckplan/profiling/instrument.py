@@ -66,7 +66,7 @@ class Instrument:
     saved_at_end: dict[int, int] = field(default_factory=dict)  # readouts.saved_by_stage
     live_at_end: dict[int, int] = field(default_factory=dict)  # readouts.live_by_stage
     # autocast's weight copies (storage key -> (stage, bytes)), noted by the measured pass, and per
-    # stage the bytes of those gone when the forward ends (its region's cache cleared, nothing kept them)
+    # stage the bytes of those freed once the chain's forward is over (autocast's cache cleared)
     cast_keys: dict[int, tuple[int, int]] = field(default_factory=dict)
     casts_unkept: dict[int, int] = field(default_factory=dict)
     live_after_bwd: dict[int, int] = field(default_factory=dict)
@@ -121,6 +121,10 @@ class Instrument:
         # and which chain layer returned it.
         self.alloc_window.pop(key, None)
         self.side.freed(key)
+        cast = self.cast_keys.pop(key, None)
+        if cast is not None and self.current[0] == "F" and self.current[1] >= self.n:
+            # freed after the chain's forward: by autocast's cache, cleared at the region's end
+            self.casts_unkept[cast[0]] = self.casts_unkept.get(cast[0], 0) + cast[1]
 
     def pack(self, t: torch.Tensor):
         inside = (self.inside if self.track_saved and not self.paused and not self.attribute_on_pack
@@ -292,6 +296,7 @@ class Instrument:
         self.inside = None
         self.packed_in.clear()
         self.cast_keys.clear()
+        self.casts_unkept.clear()
         self.b_live.clear()
         self.b_early.clear()
         self.lead.clear()
@@ -308,11 +313,6 @@ class Instrument:
         self.side.forward_ended()
         self.saved_at_end = readouts.saved_by_stage(self.saved, self.alloc_window)
         self.live_at_end = readouts.live_by_stage(self.alloc_window, self._tracker())
-        alive = self._tracker().live_storages()
-        self.casts_unkept = {}
-        for key, (stage, nbytes) in self.cast_keys.items():
-            if key not in alive:
-                self.casts_unkept[stage] = self.casts_unkept.get(stage, 0) + nbytes
         self.kept_at_end, self.aliased = readouts.kept_boundaries(
             self.out_storage, self.alloc_window, self.saved, self._tracker())
         self.saved_after_at_end = readouts.saved_after(self.kept_at_end, self.out_storage, self.packed_by)
