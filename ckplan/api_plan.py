@@ -110,7 +110,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     none = plan_chain(chain, "none")
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
-    notes = tuple(n for n in (_parallel_note(world_size, parallel), no_gain_reason(chain), compiled, no_link) if n)
+    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision), no_gain_reason(chain), compiled,
+                              no_link) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
@@ -145,16 +146,18 @@ def _chain_for(prof: Profile, world_size: int, parallel: str):
     return per_rank_chain_from_profile(prof, world_size, str(parallel))
 
 
-def _parallel_note(world_size: int, parallel: str) -> str | None:
+def _parallel_note(world_size: int, parallel: str, precision: str = "fp32") -> str | None:
     if world_size == 1:
         return None
+    mixed = ("" if precision == "fp32" else
+             f"; {precision}: autocast's copies as on one device, FSDP2's MixedPrecisionPolicy not modelled")
     if str(parallel) == "fsdp":
         return (f"per rank of FSDP2 on {world_size} ranks: parameters, gradients and optimizer state "
                 "sharded; every chain layer is one FSDP unit (its all-gathered parameters and "
                 "reduce-scatter buffers are transients), the rest is the root unit; budget and peaks "
-                "are per rank")
+                f"are per rank{mixed}")
     return (f"per rank of DDP on {world_size} ranks: parameters, gradients and optimizer state "
-            "replicated, plus DDP's gradient buckets; budget and peaks are per rank")
+            f"replicated, plus DDP's gradient buckets; budget and peaks are per rank{mixed}")
 
 
 def world_sizes(spec: Spec | str | Path | None = None, *, world_sizes: list[int], parallel: str = "fsdp",
