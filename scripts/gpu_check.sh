@@ -4,23 +4,25 @@
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root)
 #
 # Stages run in the order given; the default is what the open work needs first:
-#   env calibrate compile-b8 meta-plan gpt2-b8 sac-probe
-# (a device profile with the view and attention fields; the whole-model compile of bert-large with
+#   env calibrate bf16 compile-b8 meta-plan gpt2-b8 sac-probe
+# (a device profile with the view and attention fields; meta's bf16 autocast and the options' unkept
+# autocast copies against a bf16 bench; the whole-model compile of bert-large with
 # dp's min-cut candidate; meta's plan for this GPU benched beside its own profile's; what SAC
 # recomputes and costs per layer), and the others: offload tests bert profile gpt2 compile regions seed.
 # Each runs under its own time limit (LIMIT_<stage> in seconds overrides it, '-' as '_': LIMIT_gpt2_b8)
 # and logs to OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed
 # into $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next.
 # Environment: META_TARGET (the device model meta plans with; default h200 on an H200, else h100),
-# PYTEST_K (a -k expression), PYTEST_ARGS (more arguments, e.g. -v), OFFLOAD_COMPARE, GPT2_B8_COMPARE, BERT_COMPARE and COMPILE_COMPARE (the
+# PYTEST_K (a -k expression), PYTEST_ARGS (more arguments, e.g. -v), OFFLOAD_COMPARE, GPT2_B8_COMPARE, BF16_COMPARE,
+# BERT_COMPARE and COMPILE_COMPARE (the
 # --compare lists), COMPILE_MODELS (compile-b8's specs; default bert-large; gpt2-small too), TARBALL.
 # ckplan runs from the checkout (PYTHONPATH), so nothing is installed; set PY to another interpreter.
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env calibrate compile-b8 meta-plan gpt2-b8 sac-probe}
+STAGES=${*:-env calibrate bf16 compile-b8 meta-plan gpt2-b8 sac-probe}
 REP=${REP:-reports/cuda}  # where the reports go (one folder per GPU: reports/cuda/h100)
-mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload" "$REP/compiled" "$REP/b8"
+mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload" "$REP/compiled" "$REP/b8" "$REP/bf16"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
 PY=${PY:-python3}
 CK="$PY -m ckplan"
@@ -83,6 +85,15 @@ run_gpt2-b8() {
   stage gpt2-b8 150 $CK bench configs/gpt2-small.yaml --device cuda --batch-size 8 --budget 50%act $plan_arg \
     --compare "${GPT2_B8_COMPARE:-none,every-k,sqrtn,dp-layer,dp,selective,sac-policy,hf,offload-all,offload-attn}" \
     --k 1 --steps 10 --warmup 2 --out-dir $REP/b8 --wide --debug
+}
+
+# bf16 autocast: gpt2-small at 8 x 512 (SGD), dp planned halfway (no budget), its options
+# (OptionRecord.cast_bytes) measured; on a CPU afterwards `scripts/meta_vs_gpu.py --target h200
+# reports/cuda/bf16/bench-gpt2-small-cuda.json` checks meta's CUDA autocast rules against it
+run_bf16() {
+  stage bf16 150 $CK bench configs/gpt2-small.yaml --device cuda --batch-size 8 --precision bf16 \
+    --compare "${BF16_COMPARE:-none,every-k,dp,selective,sac-policy}" --k 1 --steps 10 --warmup 2 \
+    --out-dir $REP/bf16 --wide --debug
 }
 
 # this GPU's device profile (for --device meta --target FILE)
