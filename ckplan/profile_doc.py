@@ -83,12 +83,14 @@ def _options_problem(where: str, options: Any) -> str | None:
     for j, o in enumerate(options):
         if not isinstance(o, dict):
             return f"{where}[{j}] is not an object"
-        missing = [f.name for f in record if f.name not in o]
+        missing = [f.name for f in record if f.name not in o and not _has_default(f)]  # older profiles
         if missing:
             return f"{where}[{j}].{missing[0]} is missing"
         if not isinstance(o["name"], str) or not o["name"] or o["name"] in ("store", "full"):
             return f"{where}[{j}].name is {o['name']!r}, not the name of a selective option"
         for f in record:
+            if f.name not in o:
+                continue
             problem = _field_problem(f"{where}[{j}].{f.name}", o[f.name], f)
             if problem:
                 return problem

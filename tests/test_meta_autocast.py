@@ -176,3 +176,20 @@ def test_cuda_rules_keep_softmax_in_fp32():
             attention(q)
         kept[kind] = sizes
     assert F32 in kept["cuda"] and F32 not in kept["cpu"]
+
+
+def test_profiles_saved_before_option_copies_were_measured_still_load(tiny_gpt_spec, tmp_path):
+    # OptionRecord.cast_bytes is newer than the profile format: a saved option without it reads as
+    # 0 (no unkept copies); a field every version writes is still required.
+    from ckplan.api import profile_problem
+    from ckplan.records import Profile
+
+    prof = api.profile(api.load(tiny_gpt_spec(tmp_path)), device="meta", meta_target="cpu", options=True)
+    d = prof.to_dict()
+    for row in d["layers"]:
+        for o in row.get("options", ()):
+            del o["cast_bytes"]
+    assert profile_problem(d) is None
+    assert all(o.cast_bytes == 0 for r in Profile.from_dict(d).chain_layers for o in r.options)
+    del d["layers"][1]["options"][0]["saved_bytes"]
+    assert "options[0].saved_bytes is missing" in profile_problem(d)
