@@ -244,6 +244,36 @@ def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads
         assert all(p.uses == 0 and p.back is None for h in hooks.values() for p in h.packed)
 
 
+@pytest.mark.parametrize("releases", [{}, {"0": 2, "1": 3}])
+def test_offloaded_bytes_stay_on_the_device_until_the_release_point(tiny_gpt_spec, tmp_path, plan_grads,
+                                                                    monkeypatch, releases):
+    """The device bytes of an offloaded layer are held by its hooks until the forward of its
+    release point is over (the plan's, by default the next layer's), then freed; the gradients stay
+    those of no checkpointing (CPU tensors treated as a GPU's)."""
+    import ckplan.execute.offload as offload
+    from ckplan.planner.plan import OFFLOAD, RELEASE, Store
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    held_after: list[tuple[int, tuple[int, ...]]] = []
+    real_done = offload.PlanOffload.forward_done
+
+    def forward_done(self, k, out):
+        real_done(self, k, out)
+        held_after.append((k, tuple(sorted(i for i, h in self._hooks.items()
+                                           if any(p.held is not None for p in h.packed)))))
+    monkeypatch.setattr(offload.PlanOffload, "forward_done", forward_done)
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.0))
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = plan_grads(model, batch, None)
+    plan = Plan("custom", 4, (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3)), {RELEASE: releases})
+    loss1, g1 = plan_grads(model, batch, plan)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    assert all(torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7) for n in g0)
+    if releases:  # 0 -> after F(2), 1 -> after F(3)
+        assert held_after == [(0, (0,)), (1, (0, 1)), (2, (1,)), (3, ())]
+    else:  # 0 -> after F(1), 1 -> after F(2)
+        assert held_after == [(0, (0,)), (1, (1,)), (2, ()), (3, ())]
+
+
 @pytest.mark.parametrize("model", ["hf-llama-gqa", "zoo-gpt"])
 def test_offloaded_bytes_are_what_the_model_offloads(configs, tiny_gpt_spec, tmp_path, monkeypatch, model,
                                                      plan_grads):

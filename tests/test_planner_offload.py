@@ -1,6 +1,7 @@
 """Activation offload in the planner (planner/transfers.py, planner/solve/offload.py): the replay
 against hand arithmetic, the offload DP against brute force over every plan with every choice of
 offloaded top-level layers, and plan_dp choosing offload only when it is faster."""
+import json
 import math
 import random
 
@@ -11,8 +12,8 @@ from ckplan.errors import InfeasibleBudgetError, SpecError
 from ckplan.planner import plan_chain, plan_none, simulate
 from ckplan.planner.chain import Chain, Layer, Post, Pre
 from ckplan.planner.dp import min_peak, plan_dp
-from ckplan.planner.plan import OFFLOAD, Checkpoint, Plan, Store
-from ckplan.planner.simulate import peak_of, trace
+from ckplan.planner.plan import OFFLOAD, RELEASE, Checkpoint, Plan, Store
+from ckplan.planner.simulate import peak_of, trace, with_releases
 from ckplan.planner.solve.offload import plan_offload
 
 
@@ -40,17 +41,79 @@ def test_offloaded_layer_memory_and_time_by_hand():
     assert ops.index(("fetch", 0)) == ops.index(("B", 1)) - 1
 
 
-def test_last_layer_copies_out_beside_the_post_and_back_on_demand():
-    """The last layer's copy out hides behind the post's forward; nothing hides its copy back (it
-    is copied back at its own backward), and it is on the device only from there."""
-    chain = _three(d2h=90.0, h2d=90.0)  # 1 ms each way; the post's forward takes 1 ms
+def test_last_layer_copy_is_waited_for_at_once_and_copied_back_on_demand():
+    """The last layer's copy out is waited for right after its own forward (nothing later in the
+    forward hides it), and nothing hides its copy back (made at its own backward): both count
+    whole, and its bytes are off the device from before the post to its own backward."""
+    chain = _three(d2h=90.0, h2d=90.0)  # 1 ms each way
     plan = Plan("x", 3, (Store(0), Store(1), Store(2, OFFLOAD)))
-    assert simulate(chain, plan).transfer_ms == pytest.approx(1.0)  # the copy back, all of it
+    assert plan.releases() == {2: 2}
+    assert simulate(chain, plan).transfer_ms == pytest.approx(2.0)
     labels = [e.label for e in trace(chain, plan)]
     assert labels.index("layer 2's copy to the host done: its saved tensors leave the device") \
-        == labels.index("post forward (loss)") + 1
+        == labels.index("F(layer 2)") + 1 < labels.index("post forward (loss)")
     assert labels.index("layer 2's saved tensors copied back from the host") \
         == labels.index("post backward") + 1 == labels.index("B(layer 2)") - 1
+
+
+def _five(d2h: float, h2d: float = 1e6) -> Chain:
+    """Five equal layers: x 10, xbar 100 (90 offloadable), fwd 1 ms, bwd 2 ms."""
+    layers = tuple(Layer(f"l{i}", 1.0, 2.0, 10, 100, 5, 7, 3) for i in range(5))
+    return Chain(layers, Pre(10), Post(20, fwd_ms=1.0, bwd_ms=1.0, loss_bytes=1), 10, 0, 1000, 1000,
+                 d2h_bytes_per_ms=d2h, h2d_bytes_per_ms=h2d)
+
+
+def test_copies_queue_behind_the_forward_and_are_released_where_done():
+    """Layers 0 and 1 offloaded, each copy 2 ms (90 B at 45 B/ms), each forward 1 ms. Queued, the
+    copies run 1-3 ms and 3-5 ms while layers 1-4 run forward (they end at 2, 3, 4, 5 ms): layer 0's
+    bytes leave after F(2), layer 1's after F(4), and the step never waits. Released at the next
+    layer (a plan's default), the step waits 1 ms after F(1) and 1 ms after F(2)."""
+    chain = _five(d2h=45.0)
+    items = (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3), Store(4))
+    queued = with_releases(chain, Plan("x", 5, items))
+    assert queued.releases() == {0: 2, 1: 4}
+    sc = simulate(chain, queued)
+    assert sc.transfer_ms == pytest.approx(0.0) and sc.step_ms == pytest.approx(simulate(chain, plan_none(5)).step_ms)
+    ops = [(e.op, e.stage) for e in trace(chain, queued)]
+    assert ops.index(("offloaded", 0)) == ops.index(("F", 2)) + 1
+    assert ops.index(("offloaded", 1)) == ops.index(("F", 4)) + 1
+    # while in flight the bytes are on the device: F(2) runs with both copies' 180 B
+    f2 = next(e for e in trace(chain, queued) if (e.op, e.stage) == ("F", 2))
+    assert f2.live_bytes == 1000 + 10 + 10 + 10 + 90 + 90 + 100
+    nxt = Plan("x", 5, items)
+    assert nxt.releases() == {0: 1, 1: 2}
+    assert simulate(chain, nxt).transfer_ms == pytest.approx(2.0)
+    assert simulate(chain, nxt).peak_bytes <= sc.peak_bytes
+
+
+def test_copies_still_in_flight_are_waited_for_after_the_last_forward():
+    """Three layers offloaded with 3 ms copies beside 1 ms forwards: the queue is done at 10 ms
+    (1 + 3 * 3), the last forward ends at 5 ms, so the step waits 5 ms there, and every copy is
+    released by then."""
+    chain = _five(d2h=30.0)
+    items = (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2, OFFLOAD), Store(3), Store(4))
+    plan = with_releases(chain, Plan("x", 5, items))
+    assert plan.releases() == {0: 3, 1: 4, 2: 4}
+    assert simulate(chain, plan).transfer_ms == pytest.approx(5.0)
+
+
+def test_copies_back_wait_only_for_what_the_next_backward_does_not_hide():
+    """Copy back of layer 0 (90 B at 30 B/ms: 3 ms) starts with B(1) (2 ms): 1 ms waited."""
+    chain = _five(d2h=1e6, h2d=30.0)
+    plan = with_releases(chain, Plan("x", 5, (Store(0, OFFLOAD), Store(1), Store(2), Store(3), Store(4))))
+    assert simulate(chain, plan).transfer_ms == pytest.approx(1.0)
+
+
+def test_release_points_round_trip_and_bad_ones_are_refused():
+    chain = _five(d2h=45.0)
+    plan = with_releases(chain, Plan("x", 5, (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3), Store(4))))
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())), known_options=(OFFLOAD,))
+    assert again.releases() == {0: 2, 1: 4}
+    assert simulate(chain, again) == simulate(chain, plan)
+    for bad in ({"0": 0}, {"1": 5}, {"0": "2"}, [2, 4]):
+        broken = Plan("x", 5, plan.items, {RELEASE: bad})
+        with pytest.raises(SpecError, match="offload_release"):
+            simulate(chain, broken)
 
 
 def test_held_for_backward_leaves_out_what_went_to_the_host():
@@ -198,3 +261,15 @@ def test_offload_plans_fit_on_chains_beyond_rotors(seed):
         assert sc.step_ms <= simulate(plain, plan_dp(plain, budget).plan).step_ms + 1e-9
         top = {it.layer for it in res.plan.items if isinstance(it, Store)}
         assert all(i in top for i, o in enumerate(res.plan.options()) if o == OFFLOAD)
+
+
+def test_bench_gives_a_plan_file_without_release_points_the_queued_ones():
+    """A hand-written plan that offloads (no params.offload_release) is benched with the release
+    points its profile's copies reach, not with a wait at every next layer."""
+    from ckplan.bench.plans import plan_entries
+    chain = _five(d2h=45.0)
+    plan = Plan("hand", 5, (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3), Store(4)))
+    (entry,) = plan_entries(chain, [], None, 2, {"plan:hand": plan})
+    assert entry.plan.releases() == {0: 2, 1: 4}
+    assert entry.predicted_overhead == pytest.approx(0.0)
+    assert simulate(chain, plan).transfer_ms == pytest.approx(2.0)  # the plan as written: next-layer waits

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..errors import InfeasibleBudgetError, SpecError
 from ..peers import COMPILE_PEERS, PEER_NAMES
-from ..planner import Plan, default_budget, held_for_backward_bytes, no_gain_reason, plan_chain, simulate
+from ..planner import Plan, default_budget, held_for_backward_bytes, no_gain_reason, plan_chain, simulate, with_releases
+from ..planner.plan import RELEASE
 from ..records import ERROR, INFEASIBLE
 from .entry import Entry, fwd_bwd_peak
 from .peer_rows import peer_entry
@@ -56,6 +57,8 @@ def plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
                               held_for_backward_bytes(chain, res.plan), res.score.overhead))
     scoring = chain if extra_chain is None else extra_chain
     for name, plan in extra_plans.items():
+        if RELEASE not in plan.params:  # its offloaded layers released where the profile's copies are done
+            plan = with_releases(scoring, plan)
         sc = simulate(scoring, plan)
         entries.append(Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(scoring, plan),
                               held_for_backward_bytes(scoring, plan), sc.overhead))

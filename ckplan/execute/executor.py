@@ -99,8 +99,8 @@ class PlanExecutor:
         self._option = plan.options()
         for name in set(self._option) - {STORE, OFFLOAD}:
             check_option(name)  # an unknown option fails here, before any layer is touched
-        offloaded = {i for i, name in enumerate(self._option) if name == OFFLOAD}
-        self._offload = PlanOffload(offloaded, len(layers)) if offloaded else None
+        releases = plan.releases()
+        self._offload = PlanOffload(releases, len(layers)) if releases else None
         self._init_transient()
         for i, name in enumerate(self._option):
             if name in MINCUT and not _compiled(self._orig[i]):

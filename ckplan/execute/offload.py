@@ -3,9 +3,13 @@ and Transformer Engine's CPU offload do: no recompute, bounded by the host link.
 
 While :class:`OffloadHooks` is active, every tensor an op saves for backward that lives on a GPU
 and is not a parameter (nor a view of one) is copied to pinned host memory on a side stream,
-which first waits for the work that made it; the device tensor is marked as used by that stream
-(``record_stream``), so the caching allocator hands its memory out again only once the copy is
-done, and nothing else holds it. The backward copies each tensor back when it needs it (after the
+which first waits for the work that made it. For the peers the device tensor is marked as used by
+that stream (``record_stream``), so the caching allocator hands its memory out again only once the
+copy is done, and nothing else holds it. For a plan's offloaded layers (``hold``) the hooks keep
+the device tensor until the plan's release point (``plan_items.offload_releases``), where the
+step's stream waits for the copy and the memory is freed: the device memory then follows the plan
+op by op, as the simulator replays it (``ckplan.planner.transfers``), and the copies queue on the
+side stream behind the forward. The backward copies each tensor back when it needs it (after the
 copy out's event): on demand for ``offload-all``; for the layers a plan stores with ``offload``
 (:class:`PlanOffload`, used by ``PlanExecutor``) from the start of the next layer's backward, on
 the side stream. Tensors below ``min_bytes`` and tensors on other devices are
@@ -54,10 +58,11 @@ class _Packed:
     dropped once they are all unpacked: the hooks outlive the step, the memory must not; pinned
     host memory goes back to torch's caching host allocator for the next step)."""
 
-    __slots__ = ("back", "back_done", "device", "done", "host", "uses")
+    __slots__ = ("back", "back_done", "device", "done", "held", "host", "uses")
 
     def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None, device: torch.device):
         self.host: torch.Tensor | None = host
+        self.held: torch.Tensor | None = None  # the device bytes, until the release point (hold)
         self.done, self.device = done, device
         self.back: torch.Tensor | None = None
         self.back_done: torch.cuda.Event | None = None
@@ -84,8 +89,8 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
     each storage once, however many views of it are saved. ``keep``: tensors that stay on the
     device, views of them included (a layer's inputs, which the layer before keeps)."""
 
-    def __init__(self, min_bytes: int = MIN_BYTES, keep: tuple[torch.Tensor, ...] = ()):
-        self.min_bytes = min_bytes
+    def __init__(self, min_bytes: int = MIN_BYTES, keep: tuple[torch.Tensor, ...] = (), hold: bool = False):
+        self.min_bytes, self.hold = min_bytes, hold
         self.offloaded_bytes = 0  # bytes copied out: each storage once
         self._keep = {_storage(t) for t in keep}
         self._copied: dict[int, tuple] = {}  # id(storage) -> (weakref, packed)
@@ -103,9 +108,11 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             seen[1].uses += 1
             return _View(seen[1], t)
         flat = _bytes_of(st, t.device)
-        host, done = _copy_out(flat)
+        host, done = _copy_out(flat, record=not self.hold)
         self.offloaded_bytes += flat.numel()
         packed = _Packed(host, done, t.device)
+        if self.hold:
+            packed.held = flat
         self._copied[id(st)] = (weakref.ref(st), packed)
         self.packed.append(packed)
         return _View(packed, t)
@@ -115,6 +122,14 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
         for p in self.packed[-1:]:  # one side stream: the last copy's event covers the others
             if p.done is not None:
                 torch.cuda.current_stream(p.device).wait_event(p.done)
+
+    def release(self) -> None:
+        """The release point: the current stream waits for the copies out, and the device bytes
+        held until then are freed (to that stream's pool: what it runs next comes after the
+        wait)."""
+        self.wait_out()
+        for p in self.packed:
+            p.held = None
 
     def prefetch(self) -> None:
         """Start copying every offloaded storage still to be used back, on the side stream."""
@@ -141,9 +156,11 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             back.untyped_storage(), packed.offset, packed.size, packed.stride)
 
 
-def _copy_out(flat: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def _copy_out(flat: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """A device storage's bytes copied to pinned host memory on the side stream, after the work
-    that made them, and the copy's event; on a CPU (tests) a synchronous copy and no event."""
+    that made them, and the copy's event; ``record``: the allocator reuses the device memory only
+    after the copy (else the caller holds it until it has waited for the event). On a CPU (tests)
+    a synchronous copy and no event."""
     if flat.device.type != "cuda":
         return flat.clone(), None
     side = _side_stream(flat.device)
@@ -151,7 +168,8 @@ def _copy_out(flat: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None
     side.wait_stream(torch.cuda.current_stream(flat.device))
     with torch.cuda.stream(side):
         host.copy_(flat, non_blocking=True)
-        flat.record_stream(side)  # the allocator reuses this memory only once the copy is done
+        if record:
+            flat.record_stream(side)  # the allocator reuses this memory only once the copy is done
         done = torch.cuda.Event()
         done.record(side)
     return host, done
@@ -184,32 +202,40 @@ def _copy_back(p: _Packed, *, side: bool) -> tuple[torch.Tensor, torch.cuda.Even
 
 class PlanOffload:
     """The layers a plan stores with ``offload`` (top level): each runs under its own
-    :class:`OffloadHooks` (its inputs kept on the device); the step waits for its copies out when
-    the next layer's forward ends, and copies it back from the start of the next layer's backward
-    (a hook on that layer's output gradient; the last layer: at its own backward, on demand, as
-    ``ckplan.planner.transfers`` models it)."""
+    :class:`OffloadHooks` (its inputs kept on the device, its saved bytes held to its release
+    point); after the forward of layer ``r`` the step waits for the copies of the layers released
+    there and frees their device bytes; a layer is copied back from the start of the next layer's
+    backward (a hook on that layer's output gradient; the last layer: at its own backward, on
+    demand), as ``ckplan.planner.transfers`` models it."""
 
-    def __init__(self, layers: set[int], n_layers: int, min_bytes: int | None = None):
-        self.layers, self.n = layers, n_layers
+    def __init__(self, releases: dict[int, int], n_layers: int, min_bytes: int | None = None):
+        self.releases, self.n = releases, n_layers
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._hooks: dict[int, OffloadHooks] = {}
 
+    @property
+    def layers(self) -> set[int]:
+        return set(self.releases)
+
     def run(self, i: int, fn, args: tuple, kwargs: dict):
         keep = tuple(tensors_in((args, kwargs)))  # nested ones too (HF's position_embeddings pair)
-        hooks = OffloadHooks(self.min_bytes, keep)
+        hooks = OffloadHooks(self.min_bytes, keep, hold=True)
         with hooks:
             out = fn(*args, **kwargs)
         self._hooks[i] = hooks
         return out
 
-    def forward_done(self, i: int, out) -> None:
-        """Layer ``i``'s forward is over: the copies of layer ``i - 1`` must be done, and they
-        come back when the gradient of this output arrives."""
-        hooks = self._hooks.get(i - 1)
-        if hooks is None or not hooks.packed:
-            return
-        hooks.wait_out()
-        self._on_grad(out, hooks)
+    def forward_done(self, k: int, out) -> None:
+        """Layer ``k``'s forward is over: the copies released here are waited for and their
+        device bytes freed, and layer ``k - 1`` comes back when the gradient of this output
+        arrives."""
+        for i, r in self.releases.items():
+            hooks = self._hooks.get(i)
+            if r == k and hooks is not None:
+                hooks.release()
+        hooks = self._hooks.get(k - 1)
+        if hooks is not None and hooks.packed:
+            self._on_grad(out, hooks)
 
     @staticmethod
     def _on_grad(out, hooks: OffloadHooks) -> None:

@@ -42,7 +42,7 @@ from .chain import Chain, Layer, Post, Pre
 from .dp import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
 from .floor import Floor, floor_of, infeasible_error
 from .plan import Checkpoint, LayerDecision, Plan, RecomputedRange, Store
-from .simulate import Score, TraceEvent, simulate, trace
+from .simulate import Score, TraceEvent, simulate, trace, with_releases
 from .strategies import (
     ALL_STRATEGIES,
     STRATEGIES,
@@ -100,4 +100,5 @@ __all__ = [
     "simulate",
     "sweep",
     "trace",
+    "with_releases",
 ]

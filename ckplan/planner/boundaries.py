@@ -116,3 +116,12 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
         else:
             free += si.bytes
     return free, held
+
+
+def _side_made(chain: Chain) -> dict[int, int]:
+    """Chain layer -> bytes of the side inputs it makes."""
+    made: dict[int, int] = {}
+    for si in chain.side_inputs:
+        if si.made_by >= 0:
+            made[si.made_by] = made.get(si.made_by, 0) + si.bytes
+    return made

@@ -58,19 +58,21 @@ def top_level_needs(chain: Chain, u: Units, pc: PairCosts) -> tuple[np.ndarray, 
     U = u.size
     L = chain.layers
     cum = np.concatenate([[0], np.cumsum([ly.cast_bytes for ly in L])]).astype(np.int64)
-    x = [ly.x_bytes for ly in L]
     bwd_store = u.bwd_req + pc.grads[np.arange(1, U + 1), U] - u.x_out[U - 1]
     bwd_store[:U - 1] += u.bwd_extra  # beside the loss and its seed (the post's own has them)
-    fwd_none: list[list[int]] = []
-    for s in range(U - 1):
-        run, row = 0, []
-        for k in range(s, U - 1):
-            need = ((x[k - 1] if k > s else 0) + x[k] + L[k].fn_tmp(L[k].fwd_tmp_bytes)
-                    + int(cum[k + 1] - cum[s]))
-            run = max(run, need)
-            row.append(run)
-        fwd_none.append(row)
+    fwd_none = [list(np.maximum.accumulate(row)) for row in fwd_ops(chain, cum)]
     return bwd_store, fwd_none, cum
+
+
+def fwd_ops(chain: Chain, cum: np.ndarray) -> list[list[int]]:
+    """``ops[s][k - s]``: what the no-saving forward op of layer ``k`` in a top-level checkpoint
+    ``[s, j)`` needs above the memory at its start, autocast copies included (``cum``: their prefix
+    sums)."""
+    L = chain.layers
+    x = [ly.x_bytes for ly in L]
+    tmp = [ly.fn_tmp(ly.fwd_tmp_bytes) for ly in L]
+    return [[(x[k - 1] if k > s else 0) + x[k] + tmp[k] + int(cum[k + 1] - cum[s]) for k in range(s, len(L))]
+            for s in range(len(L))]
 
 
 class CastFrontier:

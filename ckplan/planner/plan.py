@@ -35,9 +35,20 @@ from difflib import get_close_matches
 from typing import Any
 
 from ..errors import SpecError
-from .plan_items import OFFLOAD, PLAIN, STORE, Checkpoint, Item, Store, _validate, items_from_ranges
+from .plan_items import (
+    OFFLOAD,
+    PLAIN,
+    RELEASE,
+    STORE,
+    Checkpoint,
+    Item,
+    Store,
+    _validate,
+    items_from_ranges,
+    offload_releases,
+)
 
-__all__ = ["MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "STORE", "Checkpoint", "Item",
+__all__ = ["MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "RELEASE", "STORE", "Checkpoint", "Item",
            "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header", "items_from_ranges"]
 
 PLAN_FORMAT = "ckplan.plan/1"
@@ -125,6 +136,10 @@ class Plan:
             if isinstance(it, Store):
                 out[it.layer] = it.option
         return tuple(out)
+
+    def releases(self) -> dict[int, int]:
+        """Each offloaded layer's release point (``plan_items.offload_releases``)."""
+        return offload_releases(self.n_layers, self.items, self.params)
 
     @property
     def uses_options(self) -> bool:

@@ -12,6 +12,9 @@ STORE = "store"
 # its forward and come back before its backward (ckplan.execute.offload); no recompute.
 OFFLOAD = "offload"
 PLAIN = (STORE, OFFLOAD)  # options whose forward and backward run the layer as it is
+# A plan's params key: {offloaded layer: the layer after whose first forward the step waits for
+# its copy to the host and frees its device memory} (planner/transfers.py).
+RELEASE = "offload_release"
 
 
 @dataclass(frozen=True)
@@ -118,3 +121,23 @@ def _validate(items: tuple[Item, ...], n_layers: int) -> None:
         if (owner is not None and len(seq) == 1 and isinstance(seq[0], Checkpoint)):
             raise SpecError(f"{where} is a single checkpoint of its whole range, which would only "
                             "rerun the segment", tip="list its inner items directly")
+
+
+def offload_releases(n_layers: int, items: tuple[Item, ...], params: dict[str, Any]) -> dict[int, int]:
+    """Each top-level offloaded layer's release point: ``params[RELEASE]`` where it names one (JSON
+    keys may be strings), else the next layer (the last layer: itself)."""
+    given = params.get(RELEASE) or {}
+    if not isinstance(given, dict):
+        raise SpecError(f"plan params {RELEASE!r} must map offloaded layers to release points, got {given!r}")
+    out: dict[int, int] = {}
+    for it in items:
+        if not (isinstance(it, Store) and it.option == OFFLOAD):
+            continue
+        i, last = it.layer, n_layers - 1
+        r = given.get(i, given.get(str(i), min(i + 1, last)))
+        if isinstance(r, bool) or not isinstance(r, int) or not (i < r <= last or r == i == last):
+            raise SpecError(f"plan params {RELEASE!r} gives layer {i} the release point {r!r}: its copy to "
+                            f"the host can be waited for after the forward of a later layer, {i + 1} to {last}",
+                            tip="drop the entry (the next layer is the default) or re-plan")
+        out[i] = r
+    return out

@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .boundaries import _boundary_released, _input_hold, _side_releases, _span
+from .boundaries import _boundary_released, _input_hold, _side_made, _side_releases, _span
 from .chain import Chain
 from .plan import PLAIN, STORE, Checkpoint, Item, Store
-from .transfers import Transfers, offloaded_layers
+from .transfers import AUTO, Transfers
 
 PRE, OPT = -1, None
 
@@ -69,7 +69,7 @@ class _State:
     held: set[int] = field(default_factory=set)
     first: int | None = None
     first_begun: bool = False
-    inflight: tuple[int, int] | None = None  # an offloaded layer's copy out: (bytes, layer)
+    releases: dict[int, int] = field(default_factory=dict)  # AUTO: offloaded layer -> its release point
     transfer_ms: float = 0.0  # host copies not hidden behind compute (transfers.py)
 
 
@@ -77,17 +77,14 @@ class _Replayer(Transfers):
     """The plan's ops in order, one method per step; the state in ``_State``; offload's steps
     in ``Transfers``."""
 
-    def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None):
+    def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None, releases: dict[int, int] | str):
         self.chain, self.items, self.on_op = chain, items, on_op
         self.L, self.n = chain.layers, chain.n_layers
         self.s = _State(chain.persistent_bytes)
-        self.offloaded = offloaded_layers(chain, items)
+        self.init_transfers(items, releases)
         self.side_free, self.side_held = _side_releases(chain, items)
         self.grad_made, self.grad_gone = chain.side_grads_at()
-        self.side_made: dict[int, int] = {}  # chain layer -> bytes of the side inputs it makes
-        for si in chain.side_inputs:
-            if si.made_by >= 0:
-                self.side_made[si.made_by] = self.side_made.get(si.made_by, 0) + si.bytes
+        self.side_made = _side_made(chain)
 
     def run(self) -> _State:
         s, chain = self.s, self.chain
@@ -113,6 +110,8 @@ class _Replayer(Transfers):
         p = max(live + transient, after)
         if p > s.peak_bytes:
             s.peak_bytes, s.peak_where = p, (name, stage, ctx)
+        if self.offloaded:
+            self.tick(name, stage, again)
         if self.on_op is not None:
             self.on_op(name, stage, ctx, again, live, transient, after)
 
@@ -217,7 +216,7 @@ class _Replayer(Transfers):
             s.mem = live
         if s.pending is not None:
             self.release_pending()
-        self.settle()
+        self.settle(it.layer)
         if it.layer in self.offloaded and ctx is None:
             self.send(it.layer)
         if again:
@@ -244,8 +243,8 @@ class _Replayer(Transfers):
             tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)))
             op("Fn", k, ctx, again, live, tmp, after)
             mem = after
-            if s.inflight is not None:
-                mem = self.settle(mem)
+            if self.pending:
+                mem = self.settle(k, mem)
             if again:
                 s.recompute_ms += ly.fwd_ms
         s.mem = mem
@@ -365,7 +364,7 @@ class _Replayer(Transfers):
         s.mem = live
         if s.pending is not None:
             self.release_pending()
-        self.settle()
+        self.settle(self.n)
         if s.casts:  # the autocast region ends with the loss: its cache is cleared
             s.mem -= s.casts
             self.op("uncast", None, None, False, s.mem, 0, s.mem)
@@ -394,7 +393,8 @@ class _Replayer(Transfers):
         self.op("opt", OPT, None, False, s.mem, max(0, self.chain.opt_step_peak_bytes + s.late - s.mem), s.mem)
 
 
-def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None) -> _State:
+def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None,
+            releases: dict[int, int] | str = AUTO) -> _State:
     """Run the plan's ops in order, tracking the largest op peak (and calling ``on_op`` for
-    each op when given, for traces)."""
-    return _Replayer(chain, items, on_op).run()
+    each op when given, for traces); ``releases``: the offloaded layers' (``transfers.py``)."""
+    return _Replayer(chain, items, on_op, releases).run()

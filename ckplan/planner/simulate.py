@@ -20,8 +20,9 @@ from typing import Any
 
 from ..errors import SpecError
 from .chain import Chain
-from .plan import OFFLOAD, STORE, Plan
+from .plan import OFFLOAD, RELEASE, STORE, Plan
 from .replay import PRE, Item, _replay
+from .transfers import AUTO
 
 
 @dataclass(frozen=True)
@@ -116,16 +117,17 @@ def simulate(chain: Chain, plan: Plan) -> Score:
         _RECENT.move_to_end(key)
         return hit[2]
     _check(chain, plan)
-    score = simulate_items(chain, plan.items)
+    score = simulate_items(chain, plan.items, plan.releases())
     _RECENT[key] = (chain, plan, score)  # holding both: their ids stay theirs
     if len(_RECENT) > RECENT_SCORES:
         _RECENT.popitem(last=False)
     return score
 
 
-def simulate_items(chain: Chain, items: tuple[Item, ...]) -> Score:
-    """``simulate`` for items already known to be a valid plan (brute force uses this)."""
-    r = _replay(chain, items)
+def simulate_items(chain: Chain, items: tuple[Item, ...], releases: dict[int, int] | str = AUTO) -> Score:
+    """``simulate`` for items already known to be a valid plan (brute force uses this); offloaded
+    layers released where ``releases`` says, or where their copies are done (``AUTO``)."""
+    r = _replay(chain, items, releases=releases)
     base = chain.base_step_ms
     return Score(
         peak_bytes=r.peak_bytes,
@@ -140,9 +142,18 @@ def simulate_items(chain: Chain, items: tuple[Item, ...]) -> Score:
 
 def peak_of(chain: Chain, items: tuple[Item, ...]) -> tuple[int, float]:
     """(peak bytes, time added: recompute and host copies not hidden, ms) with no labels: the fast
-    path for enumerations."""
+    path for enumerations (offloaded layers released as ``AUTO``)."""
     r = _replay(chain, items)
     return r.peak_bytes, r.recompute_ms + r.transfer_ms
+
+
+def with_releases(chain: Chain, plan: Plan) -> Plan:
+    """``plan`` with its offloaded layers' release points written out as ``AUTO`` places them on
+    ``chain`` (``transfers.py``): the points a device runs it with."""
+    if not chain.can_offload or OFFLOAD not in plan.options():
+        return plan
+    chosen = _replay(chain, plan.items).releases
+    return Plan(plan.strategy, plan.n_layers, plan.items, {**plan.params, RELEASE: dict(sorted(chosen.items()))})
 
 
 def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
@@ -156,7 +167,7 @@ def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
         events.append(TraceEvent(_label(op, stage, ctx, n), op, stage, again, live, transient,
                                  max(live + transient, after), after))
 
-    _replay(chain, plan.items, on_op)
+    _replay(chain, plan.items, on_op, plan.releases())
     return tuple(events)
 
 

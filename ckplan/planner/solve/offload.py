@@ -2,43 +2,57 @@
 
 Offload is decided at the top level only, so the top-level sequence is planned on its own, as for
 autocast copies (``casts.py``): a forward DP over single-layer units whose states are the prefix's
-``(held bytes, autocast copies, bytes in flight, time added)``. Each top-level item is
+``(held bytes, autocast copies, bytes coming back, copies out in flight, time added)``. Each
+top-level item is
 
 * ``Store(s)``: holds ``xbar[s]``;
 * ``Offload(s)``: its forward and backward are a store's; it then holds ``x[s]`` only, and its
-  other saved bytes ``o[s]`` stay on the device during the next stage's forward op (the copy out)
-  and its last backward op, ``B(s + 1)`` (the copy back; the last layer's come back at its own
-  backward): the state's bytes in flight, added to the next item's first forward op and to its
-  ``B(s + 1)`` (``transfers.py``);
-  it costs the copies' time not hidden behind that stage (``Chain.offload_ms``);
+  other saved bytes ``o[s]`` join the queue of copies out (``transfers.py``): they stay on the
+  device until the first layer's forward that ends once the copy is done, or until the last
+  layer's forward ends (the step waits there for the rest); in the backward they are on the
+  device from ``B(s + 1)`` (the copy back; the last layer's come back at its own backward), the
+  state's bytes coming back, added to the next item's first backward op; the copy back's time not
+  hidden by ``B(s + 1)`` is added;
 * ``Checkpoint[s, j)``: its forward keeps ``x[j - 1]``, its inner plan is the least-recompute plan
   of the slot tables (exact with gcd-sized slots, as ``casts.py``'s).
 
-Every op's live bytes are the prefix's plus the item's own, so each item is checked when it is
-placed (forward against the budget less held bytes and copies, backward against the budget less
-held bytes) and a state that cannot go on dies; states another beats on all four are dropped,
-which keeps the optimum. Planned on ``chain.conservative()`` without selective options; the plan
-is checked by the simulator on the chain itself.
+Every op's live bytes are the prefix's plus the item's own plus the copies out in flight, so each
+item is checked when it is placed (each forward op against the budget less held bytes, copies
+and the queue's bytes then, backward against the budget less held bytes) and a state that cannot
+go on dies; states another beats on all of them at once (the queue: no later, and no more bytes
+in flight at any time) are dropped, which keeps the optimum. Planned on ``chain.conservative()``
+without selective options; the plan is checked by the simulator on the chain itself, with the
+release points the replay chose written into it (``simulate.with_releases``).
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
-import numpy as np
-
 from .. import limits
-from ..casts import top_level_needs
+from ..casts import fwd_ops, top_level_needs
 from ..chain import Chain
 from ..groups import size_gcd
 from ..plan import OFFLOAD, STORE, Plan, items_from_ranges
-from ..simulate import simulate
+from ..simulate import simulate, simulate_items, with_releases
 from ..tables import CostTable, base_bytes, exact_chooser, fixed_peak, reconstruct
+from ..transfers import EPS_MS
 from .common import DPResult, choose_slot, layer_tables
 
-# a state: (held, copies, in flight, time added, previous unit, its state index, step)
+# the copies out in flight, in queue order: when each is done (ms from the forward's start, on the
+# clock of the replay: layers' forward times) and the bytes of it and every later one (suffix sums)
+_Dones = tuple[float, ...]
+_Sufs = tuple[int, ...]
+# a state: (held, copies, coming back, dones, sufs, time added, previous unit, its state index, step)
 # step: -1 store, -2 offload, j > 0 a checkpoint [s, j)
-_State = tuple[int, int, int, float, int, int, int]
+_State = tuple[int, int, int, _Dones, _Sufs, float, int, int, int]
 STORE_STEP, OFFLOAD_STEP = -1, -2
+
+
+def _enqueue(dones: _Dones, sufs: _Sufs, clock: float, ms: float, nbytes: int) -> tuple[_Dones, _Sufs]:
+    """A copy of ``ms`` and ``nbytes`` joins the queue at ``clock``."""
+    done = max(clock, dones[-1] if dones else clock) + ms
+    return dones + (done,), tuple(x + nbytes for x in sufs) + (nbytes,)
 
 
 def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None:
@@ -57,60 +71,88 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
     g = size_gcd(plain)
     q = choose_slot(u, span, g, slots)
     table = CostTable(u, pc, q, max(1, span // q), "up" if q == g else "nearest")
-    bwd_store, fwd_none, cum = top_level_needs(plain, u, pc)
+    bwd_store, _, cum = top_level_needs(plain, u, pc)
+    ops = fwd_ops(plain, cum)
     avail = budget_bytes - base_bytes(plain)
+    L = plain.layers
+    clock = [0.0]  # when each layer's forward ends: the replay's clock, summed the same way
+    for ly in L:
+        clock.append(clock[-1] + ly.fwd_ms)
     off = [plain.offload_bytes(i) for i in range(n)]
-    off_ms = [sum(plain.offload_ms(i)) for i in range(n)]
+    out_ms = [off[i] / plain.d2h_bytes_per_ms for i in range(n)]
+    back_ms = [max(0.0, off[i] / plain.h2d_bytes_per_ms - (L[i + 1].bwd_ms if i + 1 < n else 0.0)) for i in range(n)]
     P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
     cut = set(chain.breaks)
     states: list[list[_State]] = [[] for _ in range(U)]
-    states[0] = [(0, 0, 0, 0.0, -1, -1, 0)]
+    states[0] = [(0, 0, 0, (), (), 0.0, -1, -1, 0)]
     for s in range(n):
         states[s] = _prune(states[s], limits.CAST_MAX_STATES)
         hold = int(u.hold[s])
-        for idx, (h, c, e, cost, _, _, _) in enumerate(states[s]):
+        end = clock[s + 1]
+        for idx, (h, c, back, dones, sufs, cost, _, _, _) in enumerate(states[s]):
             mb = avail - h
             mf = mb - c
-            if u.fwd_req[s] + e <= mf and bwd_store[s] + e <= mb:
-                states[s + 1].append((h + hold, c, 0, cost, s, idx, STORE_STEP))
-                states[s + 1].append((h + int(u.x_out[s]), c, off[s], cost + off_ms[s], s, idx, OFFLOAD_STEP))
-            if bwd_store[s] + e > mb:
-                continue
+            if bwd_store[s] + back > mb:
+                continue  # B(s), with the layer before coming back
+            if u.fwd_req[s] + (sufs[0] if sufs else 0) <= mf:
+                lo = bisect_right(dones, end + EPS_MS)
+                d1, s1, wait = dones[lo:], sufs[lo:], 0.0
+                if s == n - 1:  # after the last forward: every copy is waited for
+                    d1, s1, wait = (), (), max(0.0, dones[-1] - end) if lo < len(dones) else 0.0
+                states[s + 1].append((h + hold, c, 0, d1, s1, cost + wait, s, idx, STORE_STEP))
+                d2, s2 = _enqueue(d1, s1, end, out_ms[s], off[s])
+                if s == n - 1:
+                    d2, s2, wait = (), (), wait + out_ms[s]
+                states[s + 1].append((h + int(u.x_out[s]), c, off[s], d2, s2, cost + wait + back_ms[s], s, idx,
+                                      OFFLOAD_STEP))
+            run, lo = 0, 0
             for j in range(s + 1, U):
-                if (j - 1 > s and j - 1 in cut) or fwd_none[s][j - s - 1] > mf:
-                    break  # no checkpoint spans a break; the no-saving forward only grows with j
-                if fwd_none[s][0] + e > mf:
-                    break
+                k = j - 1
+                if k > s and k in cut:
+                    break  # no checkpoint spans a break
+                run = max(run, ops[s][k - s] + (sufs[lo] if lo < len(sufs) else 0))
+                if run > mf:
+                    break  # the no-saving forward's peak only grows with j
+                lo = bisect_right(dones, clock[j] + EPS_MS, lo)
                 extra = int(pc.inner_extra[j, U])
                 if extra + int(pt.R[s, j]) > mb:
                     continue
                 step = (Q[j] - P[s]) + table.estimate(s, j, mb - extra, float(pt.K[s, j]))
-                states[j].append((h + int(u.x_out[j - 1]), c + int(cum[j] - cum[s]), 0, cost + step, s, idx, j))
+                dk: _Dones
+                sk: _Sufs
+                if k == n - 1:
+                    dk, sk, step = (), (), step + (max(0.0, dones[-1] - clock[j]) if lo < len(dones) else 0.0)
+                else:
+                    dk, sk = dones[lo:], sufs[lo:]
+                states[j].append((h + int(u.x_out[k]), c + int(cum[j] - cum[s]), 0, dk, sk, cost + step,
+                                  s, idx, j))
     last = states[n] = _prune(states[n], limits.CAST_MAX_STATES)
-    ends = [i for i, (h, c, e, _, _, _, _) in enumerate(last)  # the last layer's come back at its own backward
-            if u.fwd_req[n] + e <= avail - h - c and bwd_store[n] <= avail - h]
+    ends = [i for i, st in enumerate(last)  # the queue is empty: waited for
+            if u.fwd_req[n] <= avail - st[0] - st[1] and bwd_store[n] <= avail - st[0]]
     if not ends:
         return None
-    plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][3]), avail)
-    return _fewer_offloads(chain, plan, budget_bytes) if simulate(chain, plan).peak_bytes <= budget_bytes else None
+    plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][5]), avail)
+    fits = simulate_items(chain, plan.items).peak_bytes <= budget_bytes
+    return _fewer_offloads(chain, plan, budget_bytes) if fits else None
 
 
 def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
     """``plan`` with each offloaded layer stored instead, last layer first, wherever that still fits
-    and costs no more time: among plans of equal time, fewer copies and less host memory."""
-    sc = simulate(chain, plan)
+    and costs no more time: among plans of equal time, fewer copies and less host memory. Scored
+    with the release points the replay chooses, which the plan returned carries."""
+    sc = simulate_items(chain, plan.items)
     options = list(plan.options())
     for i in reversed(range(chain.n_layers)):
         if options[i] != OFFLOAD:
             continue
         options[i] = STORE
         trial = plan.with_options(options)
-        t = simulate(chain, trial)
+        t = simulate_items(chain, trial.items)
         if t.peak_bytes <= budget_bytes and t.step_ms <= sc.step_ms:
             plan, sc = trial, t
         else:
             options[i] = OFFLOAD
-    return plan
+    return with_releases(chain, plan)
 
 
 def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]], i: int,
@@ -123,7 +165,7 @@ def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]],
     choose = exact_chooser(u, pc, pt.R, pt.K, table.estimate)
     s = n
     while s > 0:
-        _, _, _, _, prev, idx, step = states[s][i]
+        prev, idx, step = states[s][i][6:]
         if step == OFFLOAD_STEP:
             offloaded[prev] = OFFLOAD
         elif step > 0:
@@ -136,20 +178,38 @@ def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]],
 
 
 def _prune(states: list[_State], max_states: int) -> list[_State]:
-    """Drop states another beats on held bytes, copies, bytes in flight and time at once; keep
-    the ``max_states`` cheapest."""
+    """Drop states another beats on held bytes, copies, bytes coming back, queue and time at
+    once; keep the ``max_states`` cheapest."""
     if len(states) <= 1:
         return states
-    states = sorted(states, key=lambda t: (t[3], t[0], t[1], t[2]))
-    arr = np.array([t[:3] for t in states], dtype=np.int64)
-    keep: list[int] = []
-    for i in range(len(states)):  # sorted by time: only earlier states can dominate
-        if keep and bool(np.any(np.all(arr[keep] <= arr[i], axis=1))):
+    states = sorted(states, key=lambda t: (t[5], t[0], t[1], t[2], t[3][-1] if t[3] else 0.0))
+    keep: list[_State] = []
+    for st in states:  # sorted by time: only earlier states can dominate
+        if any(_beats(k, st) for k in keep):
             continue
-        keep.append(i)
+        keep.append(st)
         if len(keep) >= max_states:
             break
-    return [states[i] for i in keep]
+    return keep
+
+
+def _beats(a: _State, b: _State) -> bool:
+    """``a`` (no more time) is as good as ``b`` whatever comes after (both at the same unit): no
+    more bytes held, copies or coming back, its queue done no later, and no more bytes in flight at
+    any time."""
+    if a[0] > b[0] or a[1] > b[1] or a[2] > b[2]:
+        return False
+    da, sa, db, sb = a[3], a[4], b[3], b[4]
+    if not da:
+        return True
+    if not db or da[-1] > db[-1] + EPS_MS or sa[0] > sb[0]:
+        return False
+    # bytes in flight drop only where a copy is done: compare them just before each of a's
+    for i in range(1, len(da)):
+        k = bisect_left(db, da[i] - EPS_MS)
+        if sa[i] > (sb[k] if k < len(sb) else 0):
+            return False
+    return True
 
 
 def with_offload(chain: Chain, budget_bytes: int, found: DPResult | None,
@@ -168,8 +228,11 @@ def with_offload(chain: Chain, budget_bytes: int, found: DPResult | None,
     if best is not None and sc.step_ms >= best.step_ms:
         return found
     note = (f"{sum(o == OFFLOAD for o in plan.options())} layer(s) offloaded to host memory "
-            f"({sc.transfer_ms:.3g} ms of copies not hidden behind compute)")
-    params = {**(found.plan.params if found is not None else {}), "budget_bytes": budget_bytes, "offload": True}
+            f"({sc.transfer_ms:.3g} ms of copies not hidden behind compute); the copies queue behind the "
+            "forward, and each layer's device memory is freed after the forward of the layer its copy is "
+            "done by (the plan's params.offload_release)")
+    params = {**(found.plan.params if found is not None else {}), **plan.params, "budget_bytes": budget_bytes,
+              "offload": True}
     plan = Plan(plan.strategy, plan.n_layers, plan.items, params)
     if found is None:
         return DPResult(plan, 1, 0, False, chain.n_layers + 1, (note,))
