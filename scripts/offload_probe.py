@@ -1,6 +1,7 @@
 """Where an offloading step's time goes on a GPU: pinned host allocations, step times of no
 checkpointing, a plan offloading every layer but the last, and the offload-all peer, and the
-PyTorch profiler's top host-side calls of one offloading step.
+PyTorch profiler's top host-side calls of one offloading step; on CUDA also the same plan with its
+copies queued behind the forward (release points from the GPU's own profile).
 
     python scripts/offload_probe.py [--spec configs/gpt2-small.yaml] [--batch-size 8] [--steps 5]
 
@@ -16,8 +17,8 @@ import torch
 from ckplan import api
 from ckplan.execute import apply_plan
 from ckplan.peers import offload_all
-from ckplan.planner import chain_from_profile
-from ckplan.planner.plan import OFFLOAD, STORE, Plan, Store
+from ckplan.planner import chain_from_profile, simulate, with_releases
+from ckplan.planner.plan import OFFLOAD, RELEASE, STORE, Plan, Store
 from ckplan.spec import build_model, make_batch, to_loss
 from ckplan.training import forward_loss
 
@@ -73,6 +74,13 @@ def main() -> None:
             forward_loss(model, *batch, to_loss, "fp32", a.device).backward()
             _sync(a.device)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=40))
+    if a.device == "cuda":  # the same plan, its copies queued behind the forward where this GPU's profile says
+        chain = chain_from_profile(api.profile(spec, device=a.device))
+        queued = with_releases(chain, plan)
+        print(f"release points from this GPU's profile: {queued.params.get(RELEASE)}; predicted "
+              f"{simulate(chain, plan).overhead:+.1%} (next-layer releases), {simulate(chain, queued).overhead:+.1%} (queued)")
+        with apply_plan(model, queued):
+            step_times(model, batch, a.steps, "plan offload, copies queued", a.device)
     with offload_all(model):
         step_times(model, batch, a.steps, "offload-all", a.device)
 

@@ -244,14 +244,15 @@ def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads
         assert all(p.uses == 0 and p.back is None for h in hooks.values() for p in h.packed)
 
 
-@pytest.mark.parametrize("releases", [{}, {"0": 2, "1": 3}])
+@pytest.mark.parametrize("releases, ckpt", [({}, False), ({"0": 2, "1": 3}, False), ({"0": 2}, True)])
 def test_offloaded_bytes_stay_on_the_device_until_the_release_point(tiny_gpt_spec, tmp_path, plan_grads,
-                                                                    monkeypatch, releases):
+                                                                    monkeypatch, releases, ckpt):
     """The device bytes of an offloaded layer are held by its hooks until the forward of its
-    release point is over (the plan's, by default the next layer's), then freed; the gradients stay
-    those of no checkpointing (CPU tensors treated as a GPU's)."""
+    release point is over (the plan's, by default the next layer's; with ``ckpt`` a layer inside a
+    checkpoint), then freed; the gradients stay those of no checkpointing (CPU tensors treated as
+    a GPU's)."""
     import ckplan.execute.offload as offload
-    from ckplan.planner.plan import OFFLOAD, RELEASE, Store
+    from ckplan.planner.plan import OFFLOAD, RELEASE, Checkpoint, Store
     monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
     held_after: list[tuple[int, tuple[int, ...]]] = []
     real_done = offload.PlanOffload.forward_done
@@ -264,11 +265,14 @@ def test_offloaded_bytes_stay_on_the_device_until_the_release_point(tiny_gpt_spe
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.0))
     model, batch = build_model(spec), make_batch(spec)
     loss0, g0 = plan_grads(model, batch, None)
-    plan = Plan("custom", 4, (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3)), {RELEASE: releases})
-    loss1, g1 = plan_grads(model, batch, plan)
+    items = ((Store(0, OFFLOAD), Checkpoint(1, 3, (Store(1), Store(2))), Store(3)) if ckpt else
+             (Store(0, OFFLOAD), Store(1, OFFLOAD), Store(2), Store(3)))
+    loss1, g1 = plan_grads(model, batch, Plan("custom", 4, items, {RELEASE: releases}))
     assert loss1 == pytest.approx(loss0, rel=1e-6)
     assert all(torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7) for n in g0)
-    if releases:  # 0 -> after F(2), 1 -> after F(3)
+    if ckpt:  # 0 -> after F(2), the checkpoint's last layer
+        assert held_after == [(0, (0,)), (1, (0,)), (2, ()), (3, ())]
+    elif releases:  # 0 -> after F(2), 1 -> after F(3)
         assert held_after == [(0, (0,)), (1, (0, 1)), (2, (1,)), (3, ())]
     else:  # 0 -> after F(1), 1 -> after F(2)
         assert held_after == [(0, (0,)), (1, (1,)), (2, ()), (3, ())]
