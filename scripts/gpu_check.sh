@@ -4,11 +4,12 @@
 #   scripts/gpu_check.sh OUTDIR [STAGE ...]      (from the repository root)
 #
 # Stages run in the order given; the default is what the open work needs first:
-#   env calibrate bf16 compile-b8 meta-plan gpt2-b8 sac-probe
-# (a device profile with the view and attention fields; meta's bf16 autocast and the options' unkept
-# autocast copies against a bf16 bench; the whole-model compile of bert-large with
-# dp's min-cut candidate; meta's plan for this GPU benched beside its own profile's; what SAC
-# recomputes and costs per layer), and the others: offload tests bert profile gpt2 compile regions seed.
+#   env calibrate offload meta-plan gpt2-b8 bf16 compile-b8 sac-probe
+# (a device profile with the view and attention fields; bert-large's offloading plans, their copies
+# queued behind the forward; meta's plan for this GPU benched beside its own profile's; meta's bf16
+# autocast and the options' unkept autocast copies against a bf16 bench; the whole-model compile of
+# bert-large with dp's min-cut candidate; what SAC recomputes and costs per layer), and the others:
+# tests bert profile gpt2 compile regions seed.
 # Each runs under its own time limit (LIMIT_<stage> in seconds overrides it, '-' as '_': LIMIT_gpt2_b8)
 # and logs to OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed
 # into $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next.
@@ -20,7 +21,7 @@
 set -u
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR [STAGE ...]}
 shift
-STAGES=${*:-env calibrate bf16 compile-b8 meta-plan gpt2-b8 sac-probe}
+STAGES=${*:-env calibrate offload meta-plan gpt2-b8 bf16 compile-b8 sac-probe}
 REP=${REP:-reports/cuda}  # where the reports go (one folder per GPU: reports/cuda/h100)
 mkdir -p "$OUTDIR" "$REP" "$REP/meta-plan" "$REP/offload" "$REP/compiled" "$REP/b8" "$REP/bf16"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=220
