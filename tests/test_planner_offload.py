@@ -273,3 +273,55 @@ def test_bench_gives_a_plan_file_without_release_points_the_queued_ones():
     assert entry.plan.releases() == {0: 2, 1: 4}
     assert entry.predicted_overhead == pytest.approx(0.0)
     assert simulate(chain, plan).transfer_ms == pytest.approx(2.0)  # the plan as written: next-layer waits
+
+
+def _with_choices(items: tuple, layers) -> "list[tuple]":
+    """``items`` with every choice for each top-level store: stored, offloaded, or one of its
+    layer's selective options."""
+    from itertools import product
+    tops = [k for k, it in enumerate(items) if isinstance(it, Store)]
+    choices = [("store", OFFLOAD, *(o.name for o in layers[items[k].layer].options)) for k in tops]
+    out = []
+    for pick in product(*choices):
+        cur = list(items)
+        for k, name in zip(tops, pick):
+            cur[k] = Store(cur[k].layer, name)
+        out.append(tuple(cur))
+    return out
+
+
+def _chain_with_options(rng: random.Random, n: int) -> Chain:
+    from dataclasses import replace
+
+    from ckplan.planner.layer import Option
+    base = _random_chain(rng, n)
+    layers = []
+    for ly in base.layers:
+        opts = []
+        for k in range(rng.randint(0, 2)):
+            keep = rng.randint(ly.x_bytes // 8, ly.xbar_bytes // 8) * 8
+            opts.append(Option(f"sac-{k}", keep, float(rng.randint(0, 3)) / 2, rng.randint(0, 3) * 8,
+                               ly.bwd_tmp_bytes + rng.randint(0, 3) * 8))
+        layers.append(replace(ly, options=tuple(opts)))
+    return replace(base, layers=tuple(layers))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_offload_dp_with_selective_options_matches_brute_force(seed):
+    """Top-level stores may also take a selective option: at every budget the DP's plan fits and
+    adds exactly the least time of any plan whose top-level stores are stored, offloaded or given
+    an option (inner plans without options, as the DP plans them)."""
+    rng = random.Random(300 + seed)
+    for _ in range(3):
+        chain = _chain_with_options(rng, rng.randint(2, 4))
+        n = chain.n_layers
+        scores = [(*peak_of(chain, its), its) for items in all_plans(n, True)
+                  for its in _with_choices(items, chain.layers)]
+        none_peak = simulate(chain, plan_none(n)).peak_bytes
+        for budget in sorted({p for p, _, _ in scores}):
+            want = min(t for p, t, _ in scores if p <= budget)
+            got = plan_offload(chain, budget, none_peak)
+            assert got is not None, budget
+            sc = simulate(chain, got)
+            assert sc.peak_bytes <= budget
+            assert sc.recompute_ms + sc.transfer_ms == pytest.approx(want, abs=1e-9), (budget, got.describe())

@@ -32,7 +32,7 @@ from dataclasses import replace
 from .. import limits
 from ..casts import fwd_ops, top_level_needs
 from ..chain import Chain
-from ..groups import size_gcd
+from ..groups import BIG, make_units, size_gcd
 from ..plan import OFFLOAD, STORE, Plan, items_from_ranges
 from ..simulate import simulate, simulate_items, with_releases
 from ..tables import CostTable, base_bytes, exact_chooser, fixed_peak, reconstruct
@@ -44,7 +44,7 @@ from .common import DPResult, choose_slot, layer_tables
 _Dones = tuple[float, ...]
 _Sufs = tuple[int, ...]
 # a state: (held, copies, coming back, dones, sufs, time added, previous unit, its state index, step)
-# step: -1 store, -2 offload, j > 0 a checkpoint [s, j)
+# step: -1 store, -2 offload, -2 - o the selective option in column o, j > 0 a checkpoint [s, j)
 _State = tuple[int, int, int, _Dones, _Sufs, float, int, int, int]
 STORE_STEP, OFFLOAD_STEP = -1, -2
 
@@ -55,13 +55,35 @@ def _enqueue(dones: _Dones, sufs: _Sufs, clock: float, ms: float, nbytes: int) -
     return dones + (done,), tuple(x + nbytes for x in sufs) + (nbytes,)
 
 
+def _released(dones: _Dones, sufs: _Sufs, lo: int, at: float, last: bool) -> tuple[_Dones, _Sufs, float]:
+    """The queue at a layer's forward end ``at``, copies ``[0, lo)`` done and released, and the
+    time the step waits there: after the last layer's forward, for every copy."""
+    if last:
+        return (), (), max(0.0, dones[-1] - at) if lo < len(dones) else 0.0
+    return dones[lo:], sufs[lo:], 0.0
+
+
+def _copies(chain: Chain) -> tuple[list[float], list[int], list[float], list[float]]:
+    """When each layer's forward ends (the replay's clock, summed the same way), what offloading
+    it moves, its copy out's time and its copy back's time not hidden by the next backward."""
+    L, n = chain.layers, chain.n_layers
+    clock = [0.0]
+    for ly in L:
+        clock.append(clock[-1] + ly.fwd_ms)
+    off = [chain.offload_bytes(i) for i in range(n)]
+    out_ms = [off[i] / chain.d2h_bytes_per_ms for i in range(n)]
+    back_ms = [max(0.0, off[i] / chain.h2d_bytes_per_ms - (L[i + 1].bwd_ms if i + 1 < n else 0.0)) for i in range(n)]
+    return clock, off, out_ms, back_ms
+
+
 def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None:
     """The least-time plan of store, offload and checkpoints (inner plans without offload) whose
     simulated peak fits ``budget_bytes``; None when the chain has no host link, has held layers,
     or the DP finds no plan that fits."""
     if not chain.can_offload or chain.has_holds or budget_bytes < fixed_peak(chain):
         return None
-    plain = chain.conservative().without_options()
+    full = chain.conservative()
+    plain = full.without_options()
     t = layer_tables(plain)
     u, pc, pt = t.units, t.pairs, t.peaks
     U = u.size
@@ -74,15 +96,10 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
     bwd_store, _, cum = top_level_needs(plain, u, pc)
     ops = fwd_ops(plain, cum)
     avail = budget_bytes - base_bytes(plain)
-    L = plain.layers
-    clock = [0.0]  # when each layer's forward ends: the replay's clock, summed the same way
-    for ly in L:
-        clock.append(clock[-1] + ly.fwd_ms)
-    off = [plain.offload_bytes(i) for i in range(n)]
-    out_ms = [off[i] / plain.d2h_bytes_per_ms for i in range(n)]
-    back_ms = [max(0.0, off[i] / plain.h2d_bytes_per_ms - (L[i + 1].bwd_ms if i + 1 < n else 0.0)) for i in range(n)]
+    clock, off, out_ms, back_ms = _copies(plain)
     P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
     cut = set(chain.breaks)
+    stores = _top_stores(full, u, bwd_store)
     states: list[list[_State]] = [[] for _ in range(U)]
     states[0] = [(0, 0, 0, (), (), 0.0, -1, -1, 0)]
     for s in range(n):
@@ -92,20 +109,23 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
         for idx, (h, c, back, dones, sufs, cost, _, _, _) in enumerate(states[s]):
             mb = avail - h
             mf = mb - c
+            inflight = sufs[0] if sufs else 0
+            lo = bisect_right(dones, end + EPS_MS)
+            for col, o_hold, o_fwd, o_bwd, o_cast, o_ms in stores[s]:  # top-level store with an option
+                if o_bwd + back <= mb and o_fwd + o_cast + inflight <= mf:
+                    d1, s1, wait = _released(dones, sufs, lo, end, s == n - 1)
+                    states[s + 1].append((h + o_hold, c + o_cast, 0, d1, s1, cost + o_ms + wait, s, idx, -2 - col))
             if bwd_store[s] + back > mb:
                 continue  # B(s), with the layer before coming back
-            if u.fwd_req[s] + (sufs[0] if sufs else 0) <= mf:
-                lo = bisect_right(dones, end + EPS_MS)
-                d1, s1, wait = dones[lo:], sufs[lo:], 0.0
-                if s == n - 1:  # after the last forward: every copy is waited for
-                    d1, s1, wait = (), (), max(0.0, dones[-1] - end) if lo < len(dones) else 0.0
+            if u.fwd_req[s] + inflight <= mf:
+                d1, s1, wait = _released(dones, sufs, lo, end, s == n - 1)
                 states[s + 1].append((h + hold, c, 0, d1, s1, cost + wait, s, idx, STORE_STEP))
                 d2, s2 = _enqueue(d1, s1, end, out_ms[s], off[s])
                 if s == n - 1:
                     d2, s2, wait = (), (), wait + out_ms[s]
                 states[s + 1].append((h + int(u.x_out[s]), c, off[s], d2, s2, cost + wait + back_ms[s], s, idx,
                                       OFFLOAD_STEP))
-            run, lo = 0, 0
+            run, lo = 0, 0  # from here: copies done by each layer's end
             for j in range(s + 1, U):
                 k = j - 1
                 if k > s and k in cut:
@@ -118,20 +138,15 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
                 if extra + int(pt.R[s, j]) > mb:
                     continue
                 step = (Q[j] - P[s]) + table.estimate(s, j, mb - extra, float(pt.K[s, j]))
-                dk: _Dones
-                sk: _Sufs
-                if k == n - 1:
-                    dk, sk, step = (), (), step + (max(0.0, dones[-1] - clock[j]) if lo < len(dones) else 0.0)
-                else:
-                    dk, sk = dones[lo:], sufs[lo:]
-                states[j].append((h + int(u.x_out[k]), c + int(cum[j] - cum[s]), 0, dk, sk, cost + step,
+                dk, sk, wait = _released(dones, sufs, lo, clock[j], k == n - 1)
+                states[j].append((h + int(u.x_out[k]), c + int(cum[j] - cum[s]), 0, dk, sk, cost + step + wait,
                                   s, idx, j))
     last = states[n] = _prune(states[n], limits.CAST_MAX_STATES)
     ends = [i for i, st in enumerate(last)  # the queue is empty: waited for
             if u.fwd_req[n] <= avail - st[0] - st[1] and bwd_store[n] <= avail - st[0]]
     if not ends:
         return None
-    plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][5]), avail)
+    plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][5]), avail, full)
     fits = simulate_items(chain, plan.items).peak_bytes <= budget_bytes
     return _fewer_offloads(chain, plan, budget_bytes) if fits else None
 
@@ -155,8 +170,25 @@ def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
     return with_releases(chain, plan)
 
 
+def _top_stores(full: Chain, u, bwd_store) -> list[list[tuple[int, int, int, int, int, float]]]:
+    """Per layer, its selective options as top-level stores: ``(option column, bytes held, forward
+    need, backward need, autocast copies it does not keep, recompute ms)``, from the option columns
+    of the chain's single-layer units (``groups.make_units``; column 0, ``store``, is the DP's own)."""
+    if not full.has_options:
+        return [[] for _ in range(u.size - 1)]
+    uo = make_units(full)
+    out: list[list[tuple[int, int, int, int, int, float]]] = []
+    for s in range(u.size - 1):
+        rest = int(bwd_store[s]) - int(u.bwd_req[s])  # what B(s) needs beside its own requirement
+        opts = full.layers[s].options
+        out.append([(col, int(uo.opt_hold[s, col]), int(uo.opt_fwd_req[s, col]), int(uo.opt_bwd_req[s, col]) + rest,
+                     opts[col - 1].cast_bytes, float(uo.opt_ms[s, col]))
+                    for col in range(1, uo.n_options) if uo.opt_hold[s, col] < BIG])
+    return out
+
+
 def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]], i: int,
-          avail: int) -> Plan:
+          avail: int, full: Chain) -> Plan:
     """The plan of state ``i`` at the post: its top-level steps back to the start."""
     U = u.size
     n = U - 1
@@ -168,6 +200,8 @@ def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]],
         prev, idx, step = states[s][i][6:]
         if step == OFFLOAD_STEP:
             offloaded[prev] = OFFLOAD
+        elif step < OFFLOAD_STEP:  # a selective option's column
+            offloaded[prev] = full.layers[prev].options[-3 - step].name
         elif step > 0:
             h0 = states[prev][idx][0]
             ranges.append((prev, step))
