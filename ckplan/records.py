@@ -349,6 +349,7 @@ class BenchRow:
     slowdown_within_noise: bool = False
     slowdown_ratio_min: float | None = None
     slowdown_ratio_max: float | None = None
+    offload_release: str = ""  # offloading plans: each offloaded layer's release point, "0:3 1:5 ..."
 
     @property
     def failed(self) -> bool:

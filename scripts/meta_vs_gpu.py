@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, min_peak, plan_chain, simulate
-from ckplan.planner.plan import Checkpoint, Plan, Store
+from ckplan.planner.plan import RELEASE, Checkpoint, Plan, Store
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"gpt2-small": "configs/gpt2-small.yaml", "bert-large": "configs/bert-large.yaml"}
@@ -32,9 +32,9 @@ calibration = importlib.import_module("ckplan.planner.calibrate")  # the module,
 _TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)(?::([\w-]+))?|S(\d+)(?::([\w-]+))?")
 
 
-def parse_plan(text: str, n_layers: int) -> Plan:
+def parse_plan(text: str, n_layers: int, releases: str = "") -> Plan:
     """The plan a ``Plan.describe()`` string writes (``C[a,b){...}``, ``S7``, ``S7:opt``, ``S3..S9``,
-    ``S3..S9:opt``)."""
+    ``S3..S9:opt``), with a bench row's offload release points (``"0:3 1:5"``; none: the next layer's)."""
     stack: list[tuple[int, int, list]] = [(0, n_layers, [])]
     for m in _TOKEN.finditer(text):
         if m.group(1) is not None:
@@ -46,7 +46,8 @@ def parse_plan(text: str, n_layers: int) -> Plan:
             stack[-1][2].extend(Store(i, m.group(5) or "store") for i in range(int(m.group(3)), int(m.group(4)) + 1))
         else:
             stack[-1][2].append(Store(int(m.group(6)), m.group(7) or "store"))
-    return Plan("measured", n_layers, tuple(stack[0][2]))
+    params = {RELEASE: dict(tuple(map(int, p.split(":"))) for p in releases.split())} if releases else {}
+    return Plan("measured", n_layers, tuple(stack[0][2]), params)
 
 
 def peer_plan(strategy: str, n: int) -> Plan | None:
@@ -77,7 +78,7 @@ def compare(bench_path: Path, target: str) -> tuple[dict, list[dict]]:
         if r.get("status") != "ok" or r.get("step_ms") is None:
             continue
         plan = peer_plan(r["strategy"], chain.n_layers) if r.get("kind") == "peer" else \
-            parse_plan(r["plan"], chain.n_layers)
+            parse_plan(r["plan"], chain.n_layers, r.get("offload_release", ""))
         if plan is None:
             continue
         sim = simulate(chain, plan)
@@ -111,7 +112,7 @@ def plan_agreement(prof, bench: dict, scored) -> dict | None:
     halfway = any("halfway" in n for n in bench.get("notes", []))
     budget = (lo + hi) // 2 if halfway else bench["budget_bytes"]
     meta_plan = plan_chain(chain, "dp", budget).plan
-    gpu_plan = parse_plan(rows["dp"]["plan"], n_layers)
+    gpu_plan = parse_plan(rows["dp"]["plan"], n_layers, rows["dp"].get("offload_release", ""))
     same_as = next((name for name, r in rows.items() if parse_plan(r["plan"], n_layers).describe(runs=True)
                     == meta_plan.describe(runs=True)), None)
     return dict(meta=meta_plan.describe(runs=True), gpu=gpu_plan.describe(runs=True),

@@ -48,7 +48,8 @@ def row_of(e: Entry, none: Entry | None, budget_bytes: int | None = None) -> Ben
         measured_growth_bytes=e.mem.get("growth") if e.status == OK else None,
         measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
         measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,
-        kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi)
+        kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi,
+        offload_release=" ".join(f"{i}:{r}" for i, r in sorted(e.plan.releases().items())) if e.plan else "")
 
 
 def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:
