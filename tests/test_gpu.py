@@ -194,6 +194,26 @@ def test_offload_plan_on_cuda(configs, tmp_path):
     assert by["plan:offload"].measured_peak_bytes < by["none"].measured_peak_bytes
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="offload needs a CUDA device's host link")
+def test_offload_release_points_on_cuda(configs, tmp_path):
+    """The plan offloading layers 0..10, once with every copy released at the next layer's forward
+    and once with its copies queued (release points from the profile): both peaks predicted within
+    PEAK_TOL (the device bytes follow the release points), gradients of no checkpointing, and the
+    queued plan's held-for-backward bytes no higher."""
+    from ckplan.planner.plan import OFFLOAD, RELEASE, STORE, Plan, Store
+    spec = api.load(configs / "gpt2-small.yaml", batch_size=8, seq_len=512)
+    items = tuple(Store(i, OFFLOAD if i < 11 else STORE) for i in range(12))
+    rows = {}
+    for name, params in (("next", {RELEASE: {i: i + 1 for i in range(11)}}), ("queued", {})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(Plan(name, 12, items, params).to_dict()))
+        res = api.bench(spec, strategies=["none"], plan_path=path, steps=3, warmup=1, device=DEVICE)
+        _check(res)
+        rows[name] = next(r for r in res.rows if r.strategy == f"plan:{name}")
+    assert rows["next"].offload_release == " ".join(f"{i}:{i + 1}" for i in range(11))
+    assert rows["queued"].predicted_activation_bytes <= rows["next"].predicted_activation_bytes
+
+
 def test_offload_peers_on_cuda(configs):
     """offload-all (every tensor the chain layers save in pinned host memory) and offload-attn (the
     attention blocks' only) on gpt2-small at 8 x 512: the gradients of no checkpointing (the
