@@ -306,14 +306,22 @@ def _chain_with_options(rng: random.Random, n: int) -> Chain:
     return replace(base, layers=tuple(layers))
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_offload_dp_with_selective_options_matches_brute_force(seed):
+@pytest.mark.parametrize("casts", [False, True])
+@pytest.mark.parametrize("seed", range(5))
+def test_offload_dp_with_selective_options_matches_brute_force(seed, casts):
     """Top-level stores may also take a selective option: at every budget the DP's plan fits and
     adds exactly the least time of any plan whose top-level stores are stored, offloaded or given
-    an option (inner plans without options, as the DP plans them)."""
-    rng = random.Random(300 + seed)
+    an option (inner plans without options, as the DP plans them); with ``casts`` the layers and
+    options also hold autocast copies to the forward's end."""
+    from dataclasses import replace
+    rng = random.Random(300 + seed + 50 * casts)
     for _ in range(3):
         chain = _chain_with_options(rng, rng.randint(2, 4))
+        if casts:
+            chain = replace(chain, layers=tuple(
+                replace(ly, cast_bytes=rng.choice([0, 8, 16]),
+                        options=tuple(replace(o, cast_bytes=rng.choice([0, 8])) for o in ly.options))
+                for ly in chain.layers))
         n = chain.n_layers
         scores = [(*peak_of(chain, its), its) for items in all_plans(n, True)
                   for its in _with_choices(items, chain.layers)]
