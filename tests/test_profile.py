@@ -411,3 +411,27 @@ def test_a_dead_storage_id_reused_by_a_constant_is_not_billed_to_a_layer():
         prof = api.profile_model(model, (x,), {}, name="const", chain="layers", device="cpu",
                                  optimizer="sgd", repeats=1, warmup=0)
         assert [r.saved_bytes for r in prof.chain_layers] == [b * d * 4] * 3
+
+
+def test_a_model_that_cannot_run_in_bf16_gets_the_precision_tip():
+    """A layer whose own code needs fp32 (as yoso's custom backward, or cuFFT for fnet, do on a
+    GPU): under bf16 autocast the profile stops with one message naming the error and the fix."""
+    from ckplan.errors import ModelRunError
+
+    class NeedsFloat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            if y.dtype != torch.float32:
+                raise RuntimeError(f"expected scalar type Float but found {y.dtype}")
+            return y
+
+    model = nn.Sequential(NeedsFloat(), NeedsFloat())
+    with pytest.raises(ModelRunError, match="expected scalar type.*Tip: the model's code does not run in this "
+                                           "precision here: profile with --precision fp32"):
+        api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", precision="bf16",
+                          repeats=1, warmup=0)
+    api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", repeats=1, warmup=0)

@@ -79,8 +79,11 @@ def model_errors(meta: bool):
                 "which fake (meta) tensors cannot provide",
                 tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len if needed)") from e
         # the model's traceback is this error's __cause__ (the CLI shows it with --debug)
-        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: "
-                            f"{first_line(str(e))}") from e
+        text = first_line(str(e))
+        dtype = any(w in text for w in ("BFloat16", "bfloat16", "Half", "float16", "expected scalar type"))
+        raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {text}",
+                            tip=("the model's code does not run in this precision here: profile with "
+                                 "--precision fp32 (or the other 16-bit one)") if dtype else None) from e
 
 
 @contextmanager
