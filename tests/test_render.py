@@ -161,3 +161,18 @@ def test_a_row_over_its_budget_is_red_with_its_overshoot():
     con = Console(record=True, width=200, file=io.StringIO(), color_system="truecolor")
     render.bench_table(BenchResult(**{**bench.__dict__, "rows": (row,)}), console=con)
     assert "over-budget" in con.export_text(clear=False) and "\x1b[31m" in con.export_text(styles=True)
+
+
+def test_offloaded_layers_show_where_their_device_bytes_are_freed():
+    """The plan table's offloaded rows name the forwards after which the layers' device bytes go
+    (the plan's release points): one, or the first and last of a run."""
+    from dataclasses import replace
+
+    from ckplan.planner.plan import OFFLOAD, RELEASE, Plan, Store
+    rep = make_plan_report()
+    n = rep.chosen.plan.n_layers
+    items = tuple(Store(i, OFFLOAD if i < 3 or i == 5 else "store") for i in range(n))
+    plan = Plan("dp", n, items, {RELEASE: {0: 2, 1: 4, 2: 4, 5: 7}})
+    text = _render(render.plan_tables, 120, rep=replace(rep, chosen=replace(rep.chosen, plan=plan)))
+    assert "offloaded, freed after F(2)..F(4)" in text
+    assert "offloaded, freed after F(7)" in text and "F(7)..F" not in text

@@ -42,6 +42,11 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
             runs[-1][2] = d.layer
         else:
             runs.append([key, d.layer, d.layer])
+    released = c.plan.releases()  # offloaded layers: after whose forward their device bytes go
+    for run in runs:
+        if run[0][0] == "offloaded":
+            lo, hi = released[run[1]], released[run[2]]
+            run[0] = (f"offloaded, freed after F({lo})" + (f"..F({hi})" if hi != lo else ""), *run[0][1:])
     names = [r.name for r in prof.chain_layers]
     cols = [Col("layers"), Col("names", 1, left=True, fold=True), Col("first forward", left=True),
             Col("checkpoint depth"), Col("forward runs")]
