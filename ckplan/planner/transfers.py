@@ -13,10 +13,11 @@ from there the layer's backward is a stored layer's. No forward is redone.
 
 The copies are timed on a clock that runs with the replay's ops (each layer's forward and
 backward time, the post's): the step waits ``max(0, copy done - clock)`` at a release point and
-at the backward that needs a copy back (``transfer_ms``). Release points are given, or ``AUTO``:
-each copy is released after the first forward that ends once it is done, and every copy still
-in flight after the last layer's forward (waited for there); the replay's ``releases`` then holds the
-points, which make a plan replay the same way on a device (``simulate.with_releases``).
+at the backward that needs a copy back (``transfer_ms``); copies back queue on the side stream
+too. Release points are given, or ``AUTO``: each copy is released after the first forward that
+ends once it is done, and every copy still in flight when the last layer's forward ends is waited
+for and released there; the replay's ``releases`` then holds the points, which make a plan replay
+the same way on a device (``simulate.with_releases``).
 """
 from __future__ import annotations
 
