@@ -213,10 +213,6 @@ class PlanOffload:
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._hooks: dict[int, OffloadHooks] = {}
 
-    @property
-    def layers(self) -> set[int]:
-        return set(self.releases)
-
     def run(self, i: int, fn, args: tuple, kwargs: dict):
         keep = tuple(tensors_in((args, kwargs)))  # nested ones too (HF's position_embeddings pair)
         hooks = OffloadHooks(self.min_bytes, keep, hold=True)
