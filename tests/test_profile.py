@@ -430,8 +430,8 @@ def test_a_model_that_cannot_run_in_bf16_gets_the_precision_tip():
             return y
 
     model = nn.Sequential(NeedsFloat(), NeedsFloat())
-    with pytest.raises(ModelRunError, match="expected scalar type.*Tip: the model's code does not run in this "
-                                           "precision here: profile with --precision fp32"):
+    with pytest.raises(ModelRunError, match=r"expected scalar type.*Tip: the model's code does not run in this "
+                                           r"precision here: profile with --precision fp32"):
         api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", precision="bf16",
                           repeats=1, warmup=0)
     api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", repeats=1, warmup=0)
