@@ -5,7 +5,8 @@ autocast copies (``casts.py``): a forward DP over single-layer units whose state
 ``(held bytes, autocast copies, bytes coming back, copies out in flight, time added)``. Each
 top-level item is
 
-* ``Store(s)``: holds ``xbar[s]``;
+* ``Store(s)``: holds ``xbar[s]``; ``Store(s, option)``: a selective option's bytes and copies it
+  does not keep, and its recompute time (the option columns of ``groups.make_units``);
 * ``Offload(s)``: its forward and backward are a store's; it then holds ``x[s]`` only, and its
   other saved bytes ``o[s]`` join the queue of copies out (``transfers.py``): they stay on the
   device until the first layer's forward that ends once the copy is done, or until the last
@@ -20,9 +21,10 @@ Every op's live bytes are the prefix's plus the item's own plus the copies out i
 item is checked when it is placed (each forward op against the budget less held bytes, copies
 and the queue's bytes then, backward against the budget less held bytes) and a state that cannot
 go on dies; states another beats on all of them at once (the queue: no later, and no more bytes
-in flight at any time) are dropped, which keeps the optimum. Planned on ``chain.conservative()``
-without selective options; the plan is checked by the simulator on the chain itself, with the
-release points the replay chose written into it (``simulate.with_releases``).
+in flight at any time) are dropped, which keeps the optimum (past ``limits.CAST_MAX_STATES`` states
+a unit keeps the cheapest). Planned on ``chain.conservative()``, checkpoints' inner plans without
+selective options; the plan is checked by the simulator on the chain itself, with the release
+points the replay chose written into it (``simulate.with_releases``).
 """
 from __future__ import annotations
 
