@@ -349,7 +349,7 @@ class BenchRow:
     slowdown_within_noise: bool = False
     slowdown_ratio_min: float | None = None
     slowdown_ratio_max: float | None = None
-    offload_release: str = ""  # offloading plans: each offloaded layer's release point, "0:3 1:5 ..."
+    offload_release: str = ""  # offloading plans: each offloaded layer's release and fetch points, "0:3:1 1:5:2"
 
     @property
     def failed(self) -> bool:

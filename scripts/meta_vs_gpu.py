@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, min_peak, plan_chain, simulate
-from ckplan.planner.plan import RELEASE, Checkpoint, Plan, Store
+from ckplan.planner.plan import FETCH, RELEASE, Checkpoint, Plan, Store
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"gpt2-small": "configs/gpt2-small.yaml", "bert-large": "configs/bert-large.yaml"}
@@ -34,7 +34,8 @@ _TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)(?::([\w-]+))?|S(\d+
 
 def parse_plan(text: str, n_layers: int, releases: str = "") -> Plan:
     """The plan a ``Plan.describe()`` string writes (``C[a,b){...}``, ``S7``, ``S7:opt``, ``S3..S9``,
-    ``S3..S9:opt``), with a bench row's offload release points (``"0:3 1:5"``; none: the next layer's)."""
+    ``S3..S9:opt``), with a bench row's offload release and fetch points (``"0:3:1 1:5:2"``; none:
+    the next layer's)."""
     stack: list[tuple[int, int, list]] = [(0, n_layers, [])]
     for m in _TOKEN.finditer(text):
         if m.group(1) is not None:
@@ -46,7 +47,8 @@ def parse_plan(text: str, n_layers: int, releases: str = "") -> Plan:
             stack[-1][2].extend(Store(i, m.group(5) or "store") for i in range(int(m.group(3)), int(m.group(4)) + 1))
         else:
             stack[-1][2].append(Store(int(m.group(6)), m.group(7) or "store"))
-    params = {RELEASE: dict(tuple(map(int, p.split(":"))) for p in releases.split())} if releases else {}
+    points = [list(map(int, p.split(":"))) for p in releases.split()]
+    params = {RELEASE: {p[0]: p[1] for p in points}, FETCH: {p[0]: p[2] for p in points if len(p) > 2}}
     return Plan("measured", n_layers, tuple(stack[0][2]), params)
 
 

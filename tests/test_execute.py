@@ -278,6 +278,38 @@ def test_offloaded_bytes_stay_on_the_device_until_the_release_point(tiny_gpt_spe
         assert held_after == [(0, (0,)), (1, (1,)), (2, ()), (3, ())]
 
 
+@pytest.mark.parametrize("fetch", [None, 2, 3])
+def test_copies_back_start_at_the_fetch_point(tiny_gpt_spec, tmp_path, plan_grads, monkeypatch, fetch):
+    """Layer 0's copy back starts when the gradient of layer ``fetch``'s output arrives (the start
+    of its backward; by default layer 1's), before that layer's own backward hooks see it; the
+    gradients stay those of no checkpointing (CPU tensors treated as a GPU's)."""
+    import ckplan.execute.offload as offload
+    from ckplan.planner.plan import FETCH, OFFLOAD, Store
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    events: list = []
+    real_prefetch = offload.OffloadHooks.prefetch
+
+    def prefetch(self):
+        events.append("prefetch")
+        real_prefetch(self)
+    monkeypatch.setattr(offload.OffloadHooks, "prefetch", prefetch)
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, dropout=0.0))
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = plan_grads(model, batch, None)
+    def on_output(k):
+        def hook(module, args, out) -> None:  # the start of layer k's backward, seen from its output
+            out.register_hook(lambda g: events.append(k))
+        return hook
+    for k, block in enumerate(model.blocks):
+        block.register_forward_hook(on_output(k))
+    items = (Store(0, OFFLOAD), Store(1), Store(2), Store(3))
+    loss1, g1 = plan_grads(model, batch, Plan("custom", 4, items, {FETCH: {0: fetch}} if fetch else {}))
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    assert all(torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7) for n in g0)
+    assert events.count("prefetch") == 1
+    assert events.index("prefetch") == events.index(fetch or 1) - 1
+
+
 @pytest.mark.parametrize("model", ["hf-llama-gqa", "zoo-gpt"])
 def test_offloaded_bytes_are_what_the_model_offloads(configs, tiny_gpt_spec, tmp_path, monkeypatch, model,
                                                      plan_grads):

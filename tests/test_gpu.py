@@ -210,7 +210,7 @@ def test_offload_release_points_on_cuda(configs, tmp_path):
         res = api.bench(spec, strategies=["none"], plan_path=path, steps=3, warmup=1, device=DEVICE)
         _check(res)
         rows[name] = next(r for r in res.rows if r.strategy == f"plan:{name}")
-    assert rows["next"].offload_release == " ".join(f"{i}:{i + 1}" for i in range(11))
+    assert rows["next"].offload_release == " ".join(f"{i}:{i + 1}:{i + 1}" for i in range(11))
     assert rows["queued"].predicted_activation_bytes <= rows["next"].predicted_activation_bytes
 
 

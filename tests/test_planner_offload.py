@@ -167,7 +167,8 @@ def _random_chain(rng: random.Random, n: int) -> Chain:
 @pytest.mark.parametrize("seed", range(8))
 def test_offload_dp_matches_brute_force(seed):
     """At every budget a brute-force plan reaches: the DP's plan fits and adds exactly the least
-    time (recompute + copies not hidden) of any plan, offloaded or not."""
+    time (recompute + copies not hidden) of any plan, offloaded or not, copies back starting at the
+    next layer's backward (the fetch points ``lookahead`` moves are tested below)."""
     rng = random.Random(seed)
     for _ in range(4):
         chain = _random_chain(rng, rng.randint(2, 5))
@@ -177,7 +178,7 @@ def test_offload_dp_matches_brute_force(seed):
         for budget in sorted({p for p, _, _ in scores} | {min(p for p, _, _ in scores) - 1}):
             fit = [t for p, t, _ in scores if p <= budget]
             want = min(fit) if fit else math.inf
-            got = plan_offload(chain, budget, none_peak)
+            got = plan_offload(chain, budget, none_peak, lookahead=False)
             if want == math.inf:
                 assert got is None
                 continue
@@ -328,8 +329,85 @@ def test_offload_dp_with_selective_options_matches_brute_force(seed, casts):
         none_peak = simulate(chain, plan_none(n)).peak_bytes
         for budget in sorted({p for p, _, _ in scores}):
             want = min(t for p, t, _ in scores if p <= budget)
-            got = plan_offload(chain, budget, none_peak)
+            got = plan_offload(chain, budget, none_peak, lookahead=False)
             assert got is not None, budget
             sc = simulate(chain, got)
             assert sc.peak_bytes <= budget
             assert sc.recompute_ms + sc.transfer_ms == pytest.approx(want, abs=1e-9), (budget, got.describe())
+
+
+def test_a_copy_back_started_earlier_is_hidden_by_more_backward():
+    """Layer 0's copy back takes 3 ms (90 B at 30 B/ms). Started at B(1) (2 ms) the step waits
+    1 ms; started at B(2) (its fetch point 2) it has B(2) and B(1), 4 ms, and the bytes are on the
+    device from B(2) on instead."""
+    from ckplan.planner.plan import FETCH
+    chain = _five(d2h=1e6, h2d=30.0)
+    items = (Store(0, OFFLOAD), Store(1), Store(2), Store(3), Store(4))
+    late, early = Plan("x", 5, items), Plan("x", 5, items, {FETCH: {0: 2}})
+    assert late.fetches() == {0: 1} and early.fetches() == {0: 2}
+    assert simulate(chain, late).transfer_ms == pytest.approx(1.0)
+    assert simulate(chain, early).transfer_ms == pytest.approx(0.0)
+    ops = [(e.op, e.stage) for e in trace(chain, early)]
+    assert ops.index(("fetch", 0)) == ops.index(("B", 2)) - 1
+    assert simulate(chain, early).peak_bytes >= simulate(chain, late).peak_bytes
+    for bad in ({"0": 0}, {"0": 5}, {"0": 2.0}):
+        with pytest.raises(SpecError, match="offload_fetch"):
+            simulate(chain, Plan("x", 5, items, {FETCH: bad}))
+    again = Plan.from_dict(json.loads(json.dumps(early.to_dict())), known_options=(OFFLOAD,))
+    assert again.fetches() == {0: 2}
+
+
+def _fetch_variants(items: tuple, n: int) -> "list[dict[int, int]]":
+    """Every choice of fetch points (up to the lookahead) for the offloaded layers of ``items``."""
+    from itertools import product
+
+    from ckplan.planner import limits
+    offl = [it.layer for it in items if isinstance(it, Store) and it.option == OFFLOAD and it.layer < n - 1]
+    ranges = [range(i + 1, min(i + limits.OFFLOAD_LOOKAHEAD, n - 1) + 1) for i in offl]
+    return [dict(zip(offl, pick)) for pick in product(*ranges)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_earlier_copies_back_fit_and_never_cost_more(seed):
+    """With fetch points moved (``lookahead``): at every budget the plan fits, adds no more time
+    than the best plan fetching at the next layer, and no less than the best of every plan with
+    every choice of fetch points (brute force)."""
+    from ckplan.planner.simulate import simulate_items
+    rng = random.Random(700 + seed)
+    for _ in range(3):
+        chain = _random_chain(rng, rng.randint(3, 5))
+        n = chain.n_layers
+        default, every = [], []
+        for items in all_plans(n, True):
+            for its in _with_offloads(items):
+                p, t = peak_of(chain, its)
+                default.append((p, t))
+                for f in _fetch_variants(its, n):
+                    sc = simulate_items(chain, its, fetches=f)
+                    every.append((sc.peak_bytes, sc.recompute_ms + sc.transfer_ms))
+        none_peak = simulate(chain, plan_none(n)).peak_bytes
+        for budget in sorted({p for p, _ in default}):
+            lo = min(t for p, t in every if p <= budget)
+            hi = min(t for p, t in default if p <= budget)
+            got = plan_offload(chain, budget, none_peak)
+            sc = simulate(chain, got)
+            assert sc.peak_bytes <= budget
+            assert lo - 1e-9 <= sc.recompute_ms + sc.transfer_ms <= hi + 1e-9, (budget, got.describe())
+
+
+def test_dp_moves_a_waiting_copy_back_earlier_where_the_budget_allows():
+    """Offloading layer 0 costs 0.5 ms of waiting (a 2.5 ms copy back beside B(1)'s 2 ms), less
+    than recomputing a layer (1 ms): at a budget with room for its bytes from B(2) on, dp starts
+    the copy there and waits for nothing."""
+    from ckplan.planner.plan import FETCH
+    chain = _five(d2h=1e6, h2d=36.0)
+    none = simulate(chain, plan_none(5))
+    items = (Store(0, OFFLOAD), Store(1), Store(2), Store(3), Store(4))
+    late, early = simulate(chain, Plan("x", 5, items)), simulate(chain, Plan("x", 5, items, {FETCH: {0: 2}}))
+    assert late.transfer_ms == pytest.approx(0.5) and early.transfer_ms == 0
+    assert early.peak_bytes < none.peak_bytes
+    got = plan_offload(chain, early.peak_bytes, none.peak_bytes)
+    sc = simulate(chain, got)
+    assert got.options()[0] == OFFLOAD and got.fetches()[0] >= 2 and sc.transfer_ms == 0
+    assert sc.peak_bytes <= early.peak_bytes
+    assert plan_offload(chain, early.peak_bytes, none.peak_bytes, lookahead=False).fetches() == {0: 1}

@@ -49,7 +49,13 @@ def row_of(e: Entry, none: Entry | None, budget_bytes: int | None = None) -> Ben
         measured_rss_peak_bytes=e.mem.get("rss_peak") if e.status == OK else None,
         measured_rss_growth_bytes=e.mem.get("rss_growth") if e.status == OK else None,
         kind=e.kind, slowdown_within_noise=noisy, slowdown_ratio_min=rlo, slowdown_ratio_max=rhi,
-        offload_release=" ".join(f"{i}:{r}" for i, r in sorted(e.plan.releases().items())) if e.plan else "")
+        offload_release=_offload_points(e.plan) if e.plan else "")
+
+
+def _offload_points(plan) -> str:
+    """An offloading plan's points per layer, ``layer:release:fetch`` (the last layer: no fetch)."""
+    fetches = plan.fetches()
+    return " ".join(f"{i}:{r}" + (f":{fetches[i]}" if i in fetches else "") for i, r in sorted(plan.releases().items()))
 
 
 def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, float | None, float | None]:

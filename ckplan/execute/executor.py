@@ -100,7 +100,7 @@ class PlanExecutor:
         for name in set(self._option) - {STORE, OFFLOAD}:
             check_option(name)  # an unknown option fails here, before any layer is touched
         releases = plan.releases()
-        self._offload = PlanOffload(releases, len(layers)) if releases else None
+        self._offload = PlanOffload(releases, plan.fetches(), len(layers)) if releases else None
         self._init_transient()
         for i, name in enumerate(self._option):
             if name in MINCUT and not _compiled(self._orig[i]):

@@ -208,8 +208,9 @@ class PlanOffload:
     backward (a hook on that layer's output gradient; the last layer: at its own backward, on
     demand), as ``ckplan.planner.transfers`` models it."""
 
-    def __init__(self, releases: dict[int, int], n_layers: int, min_bytes: int | None = None):
-        self.releases, self.n = releases, n_layers
+    def __init__(self, releases: dict[int, int], fetches: dict[int, int], n_layers: int,
+                 min_bytes: int | None = None):
+        self.releases, self.fetches, self.n = releases, fetches, n_layers
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._hooks: dict[int, OffloadHooks] = {}
 
@@ -223,22 +224,23 @@ class PlanOffload:
 
     def forward_done(self, k: int, out) -> None:
         """Layer ``k``'s forward is over: the copies released here are waited for and their
-        device bytes freed, and layer ``k - 1`` comes back when the gradient of this output
-        arrives."""
+        device bytes freed, and the layers whose fetch point is ``k`` (by default ``k - 1``) come
+        back, the next needed first, when the gradient of this output arrives."""
         for i, r in self.releases.items():
             hooks = self._hooks.get(i)
             if r == k and hooks is not None:
                 hooks.release()
-        hooks = self._hooks.get(k - 1)
-        if hooks is not None and hooks.packed:
-            self._on_grad(out, hooks)
-
-    @staticmethod
-    def _on_grad(out, hooks: OffloadHooks) -> None:
+        back = [self._hooks[i] for i in sorted(self.fetches, reverse=True)
+                if self.fetches[i] == k and i in self._hooks and self._hooks[i].packed]
         t = next((t for t in (out if isinstance(out, (tuple, list)) else (out,))
                   if isinstance(t, torch.Tensor) and t.requires_grad), None)
-        if t is not None and hooks.packed:
-            t.register_hook(lambda g: hooks.prefetch())
+        if t is not None and back:
+            t.register_hook(lambda g: _prefetch_all(back))
+
+
+def _prefetch_all(back: list[OffloadHooks]) -> None:
+    for hooks in back:
+        hooks.prefetch()
 
 
 def layers_offloaded(layers: list[nn.Module], min_bytes: int | None = None, *, keep_inputs: bool = False,

@@ -89,3 +89,7 @@ class _Forwarding(types.ModuleType):
 def forward_constants(module_name: str) -> None:
     """Make ``module_name`` (imported) read and set this module's constants as its own."""
     sys.modules[module_name].__class__ = _Forwarding
+# offload: a copy back may start up to this many layers' backward before the default (the next
+# layer's), tried by dp for at most this many replays (solve/offload.py)
+OFFLOAD_LOOKAHEAD = 4
+OFFLOAD_FETCH_TRIALS = 256

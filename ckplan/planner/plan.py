@@ -36,6 +36,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .plan_items import (
+    FETCH,
     OFFLOAD,
     PLAIN,
     RELEASE,
@@ -45,11 +46,13 @@ from .plan_items import (
     Store,
     _validate,
     items_from_ranges,
+    offload_fetches,
     offload_releases,
 )
 
-__all__ = ["MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "RELEASE", "STORE", "Checkpoint", "Item",
-           "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header", "items_from_ranges"]
+__all__ = ["FETCH", "MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "RELEASE", "STORE",
+           "Checkpoint", "Item", "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header",
+           "items_from_ranges"]
 
 PLAN_FORMAT = "ckplan.plan/1"
 # A plan's params key: the activation budget of the whole-model torch.compile it is written for
@@ -140,6 +143,10 @@ class Plan:
     def releases(self) -> dict[int, int]:
         """Each offloaded layer's release point (``plan_items.offload_releases``)."""
         return offload_releases(self.n_layers, self.items, self.params)
+
+    def fetches(self) -> dict[int, int]:
+        """Each offloaded layer's fetch point (``plan_items.offload_fetches``)."""
+        return offload_fetches(self.n_layers, self.items, self.params)
 
     @property
     def uses_options(self) -> bool:

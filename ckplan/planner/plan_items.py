@@ -15,6 +15,9 @@ PLAIN = (STORE, OFFLOAD)  # options whose forward and backward run the layer as 
 # A plan's params key: {offloaded layer: the layer after whose first forward the step waits for
 # its copy to the host and frees its device memory} (planner/transfers.py).
 RELEASE = "offload_release"
+# {offloaded layer: the layer at the start of whose backward its copy back starts} (default the next
+# layer; the last layer has none: it is copied back on demand at its own backward).
+FETCH = "offload_fetch"
 
 
 @dataclass(frozen=True)
@@ -126,18 +129,31 @@ def _validate(items: tuple[Item, ...], n_layers: int) -> None:
 def offload_releases(n_layers: int, items: tuple[Item, ...], params: dict[str, Any]) -> dict[int, int]:
     """Each top-level offloaded layer's release point: ``params[RELEASE]`` where it names one (JSON
     keys may be strings), else the next layer (the last layer: itself)."""
-    given = params.get(RELEASE) or {}
+    return _offload_points(n_layers, items, params, RELEASE)
+
+
+def offload_fetches(n_layers: int, items: tuple[Item, ...], params: dict[str, Any]) -> dict[int, int]:
+    """Each top-level offloaded layer's fetch point but the last layer's: ``params[FETCH]`` where it
+    names one, else the next layer."""
+    return _offload_points(n_layers, items, params, FETCH)
+
+
+def _offload_points(n_layers: int, items: tuple[Item, ...], params: dict[str, Any], key: str) -> dict[int, int]:
+    given = params.get(key) or {}
+    what = "release points" if key == RELEASE else "fetch points"
     if not isinstance(given, dict):
-        raise SpecError(f"plan params {RELEASE!r} must map offloaded layers to release points, got {given!r}")
+        raise SpecError(f"plan params {key!r} must map offloaded layers to {what}, got {given!r}")
     out: dict[int, int] = {}
+    last = n_layers - 1
     for it in items:
-        if not (isinstance(it, Store) and it.option == OFFLOAD):
+        if not (isinstance(it, Store) and it.option == OFFLOAD) or (key == FETCH and it.layer == last):
             continue
-        i, last = it.layer, n_layers - 1
+        i = it.layer
         r = given.get(i, given.get(str(i), min(i + 1, last)))
-        if isinstance(r, bool) or not isinstance(r, int) or not (i < r <= last or r == i == last):
-            raise SpecError(f"plan params {RELEASE!r} gives layer {i} the release point {r!r}: its copy to "
-                            f"the host can be waited for after the forward of a later layer, {i + 1} to {last}",
-                            tip="drop the entry (the next layer is the default) or re-plan")
+        if isinstance(r, bool) or not isinstance(r, int) or not (i < r <= last or (key == RELEASE and r == i == last)):
+            where = ("its copy to the host can be waited for after the forward" if key == RELEASE else
+                     "its copy back can start at the backward")
+            raise SpecError(f"plan params {key!r} gives layer {i} the point {r!r}: {where} of a later layer, "
+                            f"{i + 1} to {last}", tip="drop the entry (the next layer is the default) or re-plan")
         out[i] = r
     return out

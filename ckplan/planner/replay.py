@@ -74,14 +74,14 @@ class _State:
 
 
 class _Replayer(Transfers):
-    """The plan's ops in order, one method per step; the state in ``_State``; offload's steps
-    in ``Transfers``."""
+    """The plan's ops in order, one method per step; the state in ``_State``, offload's in ``Transfers``."""
 
-    def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None, releases: dict[int, int] | str):
+    def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None, releases: dict[int, int] | str,
+                 fetches: dict[int, int] | None):
         self.chain, self.items, self.on_op = chain, items, on_op
         self.L, self.n = chain.layers, chain.n_layers
         self.s = _State(chain.persistent_bytes)
-        self.init_transfers(items, releases)
+        self.init_transfers(items, releases, fetches)
         self.side_free, self.side_held = _side_releases(chain, items)
         self.grad_made, self.grad_gone = chain.side_grads_at()
         self.side_made = _side_made(chain)
@@ -394,7 +394,7 @@ class _Replayer(Transfers):
 
 
 def _replay(chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None = None,
-            releases: dict[int, int] | str = AUTO) -> _State:
-    """Run the plan's ops in order, tracking the largest op peak (and calling ``on_op`` for
-    each op when given, for traces); ``releases``: the offloaded layers' (``transfers.py``)."""
-    return _Replayer(chain, items, on_op, releases).run()
+            releases: dict[int, int] | str = AUTO, fetches: dict[int, int] | None = None) -> _State:
+    """Run the plan's ops in order, tracking the largest op peak (and calling ``on_op`` for each op
+    when given); ``releases``, ``fetches``: the offloaded layers' points (``transfers.py``)."""
+    return _Replayer(chain, items, on_op, releases, fetches).run()

@@ -117,17 +117,19 @@ def simulate(chain: Chain, plan: Plan) -> Score:
         _RECENT.move_to_end(key)
         return hit[2]
     _check(chain, plan)
-    score = simulate_items(chain, plan.items, plan.releases())
+    score = simulate_items(chain, plan.items, plan.releases(), plan.fetches())
     _RECENT[key] = (chain, plan, score)  # holding both: their ids stay theirs
     if len(_RECENT) > RECENT_SCORES:
         _RECENT.popitem(last=False)
     return score
 
 
-def simulate_items(chain: Chain, items: tuple[Item, ...], releases: dict[int, int] | str = AUTO) -> Score:
+def simulate_items(chain: Chain, items: tuple[Item, ...], releases: dict[int, int] | str = AUTO,
+                   fetches: dict[int, int] | None = None) -> Score:
     """``simulate`` for items already known to be a valid plan (brute force uses this); offloaded
-    layers released where ``releases`` says, or where their copies are done (``AUTO``)."""
-    r = _replay(chain, items, releases=releases)
+    layers released where ``releases`` says, or where their copies are done (``AUTO``), and
+    fetched where ``fetches`` says (default: at the next layer's backward)."""
+    r = _replay(chain, items, releases=releases, fetches=fetches)
     base = chain.base_step_ms
     return Score(
         peak_bytes=r.peak_bytes,
@@ -152,7 +154,7 @@ def with_releases(chain: Chain, plan: Plan) -> Plan:
     ``chain`` (``transfers.py``): the points a device runs it with."""
     if not chain.can_offload or OFFLOAD not in plan.options():
         return plan
-    chosen = _replay(chain, plan.items).releases
+    chosen = _replay(chain, plan.items, fetches=plan.fetches()).releases
     return Plan(plan.strategy, plan.n_layers, plan.items, {**plan.params, RELEASE: dict(sorted(chosen.items()))})
 
 
@@ -167,7 +169,7 @@ def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
         events.append(TraceEvent(_label(op, stage, ctx, n), op, stage, again, live, transient,
                                  max(live + transient, after), after))
 
-    _replay(chain, plan.items, on_op, plan.releases())
+    _replay(chain, plan.items, on_op, plan.releases(), plan.fetches())
     return tuple(events)
 
 

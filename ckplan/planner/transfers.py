@@ -7,8 +7,9 @@ stream, queued behind the copies before it, while the forward goes on. Its devic
 at its *release point*: after the forward of a later layer ``r`` (the plan's
 ``params["offload_release"]``, ``plan_items.offload_releases``), where the step first waits for
 the copy when it is not done yet; the last layer's is released after its own forward. In the
-backward its copy back starts with the backward of the next layer and must be done when the
-layer's own backward starts (the last layer's is copied back on demand, at its own backward);
+backward its copy back starts with the backward of the next layer, or of a later one (its *fetch
+point*, ``params["offload_fetch"]``), and must be done when the layer's own backward starts (the
+last layer's is copied back on demand, at its own backward);
 from there the layer's backward is a stored layer's. No forward is redone.
 
 The copies are timed on a clock that runs with the replay's ops (each layer's forward and
@@ -46,8 +47,14 @@ class Transfers:
     chain: Chain
     op: Callable[..., None]
 
-    def init_transfers(self, items: tuple[Item, ...], releases: dict[int, int] | str) -> None:
+    def init_transfers(self, items: tuple[Item, ...], releases: dict[int, int] | str,
+                       fetches: dict[int, int] | None) -> None:
         self.offloaded = offloaded_layers(self.chain, items)
+        last = self.chain.n_layers - 1
+        self.fetch_at: dict[int, list[int]] = {}  # B(k) -> the layers whose copies back start there
+        for i in sorted(self.offloaded, reverse=True):  # the next needed first
+            if i < last:
+                self.fetch_at.setdefault(i + 1 if fetches is None else fetches[i], []).append(i)
         self.auto = releases == AUTO
         self.given: dict[int, int] = {} if isinstance(releases, str) else releases
         self.clock = 0.0  # the compute stream's time, ms
@@ -102,11 +109,12 @@ class Transfers:
         return s.mem
 
     def fetch_before(self, i: int) -> None:
-        """Before ``B(i)``: the layer before starts coming back on the side stream (when it was
-        offloaded), and layer ``i``'s copy back must be done (the last layer's is made now, on
+        """Before ``B(i)``: the copies back that start here join the side stream's queue (by default
+        the layer before's), and layer ``i``'s must be done (the last layer's is made now, on
         demand, on the compute stream)."""
         c, s = self.chain, self.s
-        for layer in (i - 1, i) if i == c.n_layers - 1 else (i - 1,):
+        on_demand = (i,) if i == c.n_layers - 1 else ()
+        for layer in (*self.fetch_at.get(i, ()), *on_demand):
             nbytes = self.offloaded.get(layer)
             if not nbytes:
                 continue

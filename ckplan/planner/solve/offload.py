@@ -35,7 +35,7 @@ from .. import limits
 from ..casts import fwd_ops, top_level_needs
 from ..chain import Chain
 from ..groups import BIG, make_units, size_gcd
-from ..plan import OFFLOAD, STORE, Plan, items_from_ranges
+from ..plan import FETCH, OFFLOAD, STORE, Plan, items_from_ranges
 from ..simulate import simulate, simulate_items, with_releases
 from ..tables import CostTable, base_bytes, exact_chooser, fixed_peak, reconstruct
 from ..transfers import EPS_MS
@@ -78,10 +78,11 @@ def _copies(chain: Chain) -> tuple[list[float], list[int], list[float], list[flo
     return clock, off, out_ms, back_ms
 
 
-def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None:
+def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: bool = True) -> Plan | None:
     """The least-time plan of store, offload and checkpoints (inner plans without offload) whose
-    simulated peak fits ``budget_bytes``; None when the chain has no host link, has held layers,
-    or the DP finds no plan that fits."""
+    simulated peak fits ``budget_bytes``, copies back starting at the next layer's backward, and
+    then (``lookahead``) earlier where that fits and saves time (``_earlier_fetches``); None when
+    the chain has no host link, has held layers, or the DP finds no plan that fits."""
     if not chain.can_offload or chain.has_holds or budget_bytes < fixed_peak(chain):
         return None
     full = chain.conservative()
@@ -149,8 +150,10 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int) -> Plan | None
     if not ends:
         return None
     plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][5]), avail, full)
-    fits = simulate_items(chain, plan.items).peak_bytes <= budget_bytes
-    return _fewer_offloads(chain, plan, budget_bytes) if fits else None
+    if simulate_items(chain, plan.items).peak_bytes > budget_bytes:
+        return None
+    plan = _fewer_offloads(chain, plan, budget_bytes)
+    return _earlier_fetches(chain, plan, budget_bytes) if lookahead else plan
 
 
 def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
@@ -187,6 +190,27 @@ def _top_stores(full: Chain, u, bwd_store) -> list[list[tuple[int, int, int, int
                      opts[col - 1].cast_bytes, float(uo.opt_ms[s, col]))
                     for col in range(1, uo.n_options) if uo.opt_hold[s, col] < BIG])
     return out
+
+
+def _earlier_fetches(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
+    """``plan`` with copies back started earlier, at the backward of a later layer than the next
+    (fetch points, ``params.offload_fetch``), wherever that still fits and saves time: the layers
+    needed first tried first, each up to ``limits.OFFLOAD_LOOKAHEAD`` layers further up."""
+    releases, fetches = plan.releases(), plan.fetches()
+    best = simulate_items(chain, plan.items, releases, fetches)
+    trials = 0
+    for i in sorted(fetches, reverse=True):
+        for k in range(fetches[i] + 1, min(fetches[i] + limits.OFFLOAD_LOOKAHEAD, chain.n_layers - 1) + 1):
+            if best.transfer_ms <= 0 or trials >= limits.OFFLOAD_FETCH_TRIALS:
+                break
+            trial = {**fetches, i: k}
+            t = simulate_items(chain, plan.items, releases, trial)
+            trials += 1
+            if t.peak_bytes <= budget_bytes and t.step_ms < best.step_ms - EPS_MS:
+                fetches, best = trial, t
+    if fetches == plan.fetches():
+        return plan
+    return Plan(plan.strategy, plan.n_layers, plan.items, {**plan.params, FETCH: dict(sorted(fetches.items()))})
 
 
 def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]], i: int,
