@@ -3,7 +3,8 @@
 For each spec in reports/cpu/hf-sweep/specs: a meta profile for ``--target`` (selective options
 measured), then ``dp`` at five budgets from the smallest feasible peak to the peak without
 checkpointing. Each plan must fit its budget, and replayed with the release points it carries it
-must give what the simulator's own choice of release points gives (peak and time). One line per
+must give what the simulator's own choice of release points gives (peak and time, at the plan's
+fetch points). One line per
 spec: the budgets' results, how many layers each plan offloads and its predicted overhead.
 
     python scripts/offload_sweep.py [--target h100] [--precision fp32] [NAME ...]
@@ -40,7 +41,7 @@ def check(path: Path, target: str, precision: str) -> str:
         except CkplanError as e:
             cells.append(f"{share}: {type(e).__name__}")
             continue
-        sc, auto = simulate(chain, res.plan), simulate_items(chain, res.plan.items)
+        sc, auto = simulate(chain, res.plan), simulate_items(chain, res.plan.items, fetches=res.plan.fetches())
         ok = sc.peak_bytes <= budget and sc.peak_bytes == auto.peak_bytes and abs(sc.step_ms - auto.step_ms) < 1e-6
         cells.append(f"{share}: {'ok' if ok else 'BAD'} offloads {res.plan.options().count(OFFLOAD)}, "
                      f"{sc.overhead:+.1%}")
