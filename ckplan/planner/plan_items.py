@@ -142,7 +142,8 @@ def _offload_points(n_layers: int, items: tuple[Item, ...], params: dict[str, An
     given = params.get(key) or {}
     what = "release points" if key == RELEASE else "fetch points"
     if not isinstance(given, dict):
-        raise SpecError(f"plan params {key!r} must map offloaded layers to {what}, got {given!r}")
+        raise SpecError(f"plan params {key!r} must map offloaded layers to {what}, got {given!r}",
+                        tip=f'give an object such as {{"0": 3}} (layer 0 at layer 3), or drop {key!r}')
     out: dict[int, int] = {}
     last = n_layers - 1
     for it in items:
