@@ -171,6 +171,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     info = device_info(dev)
     runtime = cuda_runtime_bytes(dev, [*params, *(p.grad for p in params), *model.buffers(),
                                       *tensor_leaves((args, kwargs))]) if dev.type == "cuda" else 0
+    if dev.type == "meta" and kind == "cuda" and device_model is not None:
+        runtime = device_model.runtime_bytes  # the target's cuBLAS workspaces, which fake tensors do not make
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
     buffer_bytes = sum(b.untyped_storage().nbytes() for b in dict.fromkeys(model.buffers()))
     inputs = batch_bytes(args, kwargs)
@@ -181,7 +183,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
             notes.append(f"meta device: autocast ({precision}) replayed as {kind}'s autocast casts (torch's own "
                          "rules, asked once per function on fake tensors; ckplan.meta_autocast)")
         if kind == "cuda":
-            notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes)))
+            notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes), runtime,
+                                        device_model.name if device_model is not None else "cuda"))
     totals = Totals(
         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
@@ -231,14 +234,22 @@ def meta_time_note(device: DeviceModel | None) -> str:
             f"per saved tensor and call; {device.source}), not measured")
 
 
-def meta_cuda_note(efficient_attention: bool) -> str:
-    """What a meta profile for a CUDA target leaves out, as measured on an H200."""
-    text = ("meta device for a CUDA target: not included are the CUDA runtime's own allocator blocks "
-            "(cuBLAS workspaces, one per thread: 66.8 MiB on an H200 with torch 2.11)")
+def meta_cuda_note(efficient_attention: bool, runtime: int = 0, device: str = "cuda") -> str:
+    """What a meta profile for a CUDA target counts of the CUDA runtime's own memory, and what it
+    leaves out, as measured on an H200."""
+    if runtime:
+        text = (f"meta device for a CUDA target: the CUDA runtime's own allocator blocks (cuBLAS workspaces "
+                f"and cuBLASLt's, for the forward's and the backward's thread) counted as the {device} device model's "
+                f"{runtime / 2**20:.1f} MiB (torch's defaults; CUBLAS_WORKSPACE_CONFIG changes them)")
+    else:
+        text = (f"meta device for a CUDA target: not included are the CUDA runtime's own allocator blocks "
+                f"(cuBLAS workspaces, one per thread: 66.0 MiB on an H200 with torch 2.11; the {device} device "
+                "model has no runtime_bytes: `ckplan calibrate` on the GPU measures them)")
     if efficient_attention:
-        text += (" and the memory-efficient attention backward's workspace (fp32 on an H200: two "
+        text += ("; not included: the memory-efficient attention backward's workspace (fp32 on an H200: two "
                  "query-sized buffers, 24 MiB per layer backward for gpt2-small at 8 x 512)")
-    return text + "; leave that much room in the budget, or profile on the GPU"
+    return text + ("; leave that much room in the budget, or profile on the GPU"
+                   if efficient_attention or not runtime else "")
 
 
 def predicted_peak_none(prof: Profile) -> int:

@@ -6,11 +6,13 @@ kernel's share of the fp32 matrix rate from ``scaled_dot_product_attention`` at 
 the dispatch cost from a chain of tiny ops run forward and backward as a training step runs them
 (each launches one kernel, records its autograd node, and waits for nothing), a view's from a
 chain of views run the same way, what a selective-checkpoint policy adds per op from a chain run
-under one, and on CUDA the host link from pinned copies each way. The rates measured are what
+under one, and on CUDA the host link from pinned copies each way and the runtime's own blocks (the
+cuBLAS workspaces a training step's two threads make, left once every tensor is gone). The rates measured are what
 eager PyTorch reaches, so the matmul and memory efficiencies are 1.
 """
 from __future__ import annotations
 
+import gc
 import platform
 import time
 from collections.abc import Callable
@@ -182,6 +184,20 @@ def host_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float
     return min(down, up)
 
 
+def runtime_bytes(device: torch.device) -> int:
+    """Bytes the CUDA caching allocator holds once no tensor is left, after a matmul forward (this
+    thread) and its backward (autograd's thread): the cuBLAS and cuBLASLt workspaces a training step
+    makes, as ``torch.cuda.max_memory_allocated`` counts them (0 on other devices)."""
+    if device.type != "cuda":
+        return 0
+    w = torch.randn(256, 256, device=device, requires_grad=True)
+    (torch.randn(256, 256, device=device) @ w).sum().backward()
+    del w
+    gc.collect()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.memory_allocated(device))
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -215,9 +231,11 @@ def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,
     progress("checkpoint hooks")
     hook = checkpoint_hook_ms(dev, 50 if quick else 200, repeats)
     host = host_bandwidth(dev, nbytes, repeats)
+    runtime = runtime_bytes(dev)
     return DeviceModel(
         name=device_name(dev), kind="cuda" if cuda else "cpu", matmul_flops=rates,
         vector_flops={"float32": rates["float32"]}, memory_bw=bw, dispatch_ms=disp, matmul_eff=1.0,
         attention_eff=attn, memory_eff=1.0, sac_dispatch_ms=sac, view_ms=views, ckpt_hook_ms=hook, host_bw=host,
+        runtime_bytes=runtime,
         source=f"measured by ckplan calibrate on {device_name(dev)}, torch {torch.__version__}, {date.today()}",
         extra={"matmul_n": n, "copy_bytes": nbytes, "quick": quick})

@@ -56,6 +56,10 @@ class DeviceModel:
     link_bw: float = 0.0  # bytes/s per device to its peers in one node (NVLink); 0: unknown
     network_bw: float = 0.0  # bytes/s per device across nodes (InfiniBand); 0: unknown
     host_bw: float = 0.0  # bytes/s each way between device and pinned host memory; 0: unknown
+    # device memory the runtime holds outside any tensor once a step has run, part of every peak:
+    # on CUDA the cuBLAS and cuBLASLt workspaces of the two threads that run matmuls (the forward's
+    # and autograd's backward thread); a meta profile for this device counts it; 0: none or unknown
+    runtime_bytes: int = 0
     source: str = ""  # where the figures come from
     extra: Mapping[str, Any] = field(default_factory=dict)  # what a calibration measured beside them
 
@@ -142,8 +146,18 @@ HOST_CKPT_HOOK_MS = 0.0035
 ATTENTION_EFF = 0.35
 
 
+# The CUDA runtime's blocks in a training step (DeviceModel.runtime_bytes): a cuBLAS workspace and
+# a cuBLASLt workspace per thread that runs matmuls, two threads. torch's defaults: a 32 MiB cuBLAS
+# workspace on Hopper and later, :4096:2:16:8 (8.1 MiB) before, and 1 MiB for cuBLASLt. A CUDA profile
+# measured 2 x (32 + 1) MiB on an H200 with torch 2.11 (totals.runtime_bytes, reports/cuda/logs);
+# CUBLAS_WORKSPACE_CONFIG and CUBLASLT_WORKSPACE_SIZE change them, `ckplan calibrate` measures them.
+MiB = 2**20
+HOPPER_RUNTIME_BYTES = 2 * (32 * MiB + 1 * MiB)
+AMPERE_RUNTIME_BYTES = 2 * (2 * 4096 * 1024 + 8 * 16 * 1024 + 1 * MiB)
+
+
 def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: float, net: float,
-         host: float, sheet: str) -> DeviceModel:
+         host: float, runtime: int, sheet: str) -> DeviceModel:
     # fp32 matmuls run on CUDA cores unless the user allows TF32 (torch's default does not);
     # elementwise work runs at the fp32 vector rate whatever the dtype (it is bandwidth-bound).
     mm = {"float32": fp32 * T, "tf32": tf32 * T, "bfloat16": bf16 * T, "float16": bf16 * T,
@@ -153,19 +167,23 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
                        vector_flops=vec, memory_bw=bw * GB, dispatch_ms=HOST_DISPATCH_MS,
                        sac_dispatch_ms=HOST_SAC_DISPATCH_MS, view_ms=HOST_VIEW_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS,
                        attention_eff=ATTENTION_EFF, link_bw=link * GB,
-                       network_bw=net * GB, host_bw=host * GB,
+                       network_bw=net * GB, host_bw=host * GB, runtime_bytes=runtime,
                        source=f"vendor data sheet ({sheet}); host costs and attention share fitted to H200 runs "
                               "(reports/cuda)")
 
 
 BUILTIN: Mapping[str, DeviceModel] = MappingProxyType({
     "h100": _gpu("h100", fp32=67, tf32=494.7, bf16=989.4, bw=3350, link=450, net=50, host=55,
+                 runtime=HOPPER_RUNTIME_BYTES,
                  sheet="NVIDIA H100 SXM5: 989 TFLOP/s bf16 dense, 67 fp32, HBM3 3.35 TB/s, NVLink 900 GB/s"),
     "h200": _gpu("h200", fp32=67, tf32=494.7, bf16=989.4, bw=4800, link=450, net=50, host=55,
+                 runtime=HOPPER_RUNTIME_BYTES,
                  sheet="NVIDIA H200 SXM: 989 TFLOP/s bf16 dense, 67 fp32, HBM3e 4.8 TB/s, NVLink 900 GB/s"),
     "a100": _gpu("a100", fp32=19.5, tf32=156, bf16=312, bw=2039, link=300, net=25, host=25,
+                 runtime=AMPERE_RUNTIME_BYTES,
                  sheet="NVIDIA A100 SXM4 80GB: 312 TFLOP/s bf16 dense, 19.5 fp32, HBM2e 2.04 TB/s, NVLink 600 GB/s"),
     "l4": _gpu("l4", fp32=30.3, tf32=60, bf16=121, bw=300, link=0, net=0, host=25,
+               runtime=AMPERE_RUNTIME_BYTES,
                sheet="NVIDIA L4: 121 TFLOP/s bf16 dense, 30.3 fp32, GDDR6 300 GB/s, PCIe Gen4"),
 })
 # The generic kinds a meta profile already knew: `cuda` prices as an H100, `cpu` needs a calibration.
@@ -202,6 +220,10 @@ def device_from_dict(d: Any, *, where: str = "device profile") -> DeviceModel:
                 "view_ms", "ckpt_hook_ms", "link_bw", "network_bw", "host_bw"):
         if key in d and not (_number(d[key]) and d[key] >= 0 and (key != "memory_bw" or d[key] > 0)):
             raise SpecError(f"{where} {key} must be a non-negative number, got {str(d[key])[:40]}")
+    if "runtime_bytes" in d and not (isinstance(d["runtime_bytes"], int) and not isinstance(d["runtime_bytes"], bool)
+                                     and d["runtime_bytes"] >= 0):
+        raise SpecError(f"{where} runtime_bytes must be a non-negative integer (bytes), got "
+                        f"{str(d['runtime_bytes'])[:40]}", tip="write it again with `ckplan calibrate -o device.json`")
     for key in ("matmul_eff", "attention_eff", "memory_eff"):
         if key in d and not 0 < d[key] <= 1:
             raise SpecError(f"{where} {key} must be in (0, 1], got {d[key]}")

@@ -130,8 +130,8 @@ def markdown(target: str, results: list[tuple[dict, list[dict]]]) -> str:
              "profiled on fake tensors at the bench's batch, precision and optimizer, each measured row's "
              "plan scored on that profile's chain. Step error = (predicted - measured) / measured; "
              "slowdown error in points; peaks are the plan's simulated peak on the meta chain against "
-             "`torch.cuda.max_memory_allocated` (which includes the CUDA runtime's cuBLAS workspaces, "
-             "outside meta's reach).", ""]
+             "`torch.cuda.max_memory_allocated`; the meta profile counts the CUDA runtime's cuBLAS "
+             "workspaces as the device model gives them (`runtime_bytes`).", ""]
     for head, rows in results:
         lines += [f"## {head['model']}, batch {head['batch']}, {head['precision']}, {head['optimizer']} "
                   f"(`{head['bench']}`, measured on {head['device']})", "",

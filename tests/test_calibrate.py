@@ -14,6 +14,7 @@ def test_a_cpu_calibration_is_a_device_model_that_round_trips(tmp_path):
     assert d.kind == "cpu" and "measured by ckplan calibrate" in d.source
     assert d.matmul_flops["float32"] > 1e6 and d.memory_bw > 1e6
     assert d.dispatch_ms > 0 and d.sac_dispatch_ms >= 0 and d.host_bw == 0
+    assert d.runtime_bytes == 0  # no CUDA runtime: nothing held outside tensors
     assert d.view_ms >= 0 and 0 < d.attention_eff <= 1
     assert any("matmul" in s for s in seen)
     p = tmp_path / "cpu.json"

@@ -12,7 +12,9 @@ from ckplan import api
 from ckplan.planner import chain_from_profile, plan_chain
 
 ROOT = Path(__file__).resolve().parents[1]
-CUBLAS = 70_018_496  # the H200 runtime's cuBLAS workspaces (66.8 MiB: BERT-large's none, measured - predicted)
+# what the H200 measured above a meta profile's sizes before it counted the CUDA runtime's blocks
+# (BERT-large's none: 66.8 MiB, measured - predicted): the cuBLAS workspaces and 0.8 MiB more
+UNSEEN = 70_018_496
 
 
 def _measured(path: str) -> dict[str, float]:
@@ -69,7 +71,9 @@ def test_meta_slowdowns_hold_on_the_h200(bench):
         assert points <= limit, (r["strategy"], points)
         if r["strategy"] == "none":
             assert abs(r["pred_step_ms"] / r["meas_step_ms"] - 1) <= 0.15
-        # Peaks: the measured one less what a meta profile cannot see, the CUDA runtime's cuBLAS
-        # workspaces and, at most, 2 MiB of the attention backward's workspace.
+        # Peaks: the meta profile counts the h200 model's CUDA runtime blocks (2 x 33 MiB, as a CUDA
+        # profile measured them there); what it cannot see, the attention backward's workspace and
+        # the loss's, leaves the measured peak at most 2 MiB above.
         short = r["meas_peak"] - r["pred_peak"]
-        assert CUBLAS - 2**16 <= short <= CUBLAS + 2 * 2**20, (r["strategy"], short)
+        assert 0 <= short <= 2 * 2**20, (r["strategy"], short)
+        assert short < UNSEEN - 64 * 2**20

@@ -100,6 +100,39 @@ def test_meta_and_cpu_agree_on_sizes(tiny_gpt_spec, tmp_path):
     assert cpu.totals.optimizer_bytes == meta.totals.optimizer_bytes
 
 
+def test_a_meta_profile_for_a_gpu_counts_its_cuda_runtime_blocks(tiny_gpt_spec, tmp_path):
+    """Fake tensors make no cuBLAS workspaces, but the GPU a meta profile stands for will: every
+    peak carries the device model's runtime bytes, and nothing else changes."""
+    from ckplan.device_model import BUILTIN
+    spec = api.load(tiny_gpt_spec(tmp_path))
+    cpu_kind = api.profile(spec, device="meta", meta_target="cpu")
+    for target in ("h200", "a100"):
+        gpu = api.profile(spec, device="meta", meta_target=target)
+        extra = BUILTIN[target].runtime_bytes
+        assert gpu.totals.runtime_bytes == extra > 0 and cpu_kind.totals.runtime_bytes == 0
+        assert gpu.totals.param_bytes == cpu_kind.totals.param_bytes
+        assert any(f"{extra / 2**20:.1f} MiB" in n for n in gpu.notes)
+        # the same sizes as a CUDA-kind profile with no runtime, plus the runtime: the workspaces
+        bare = api.profile(spec, device="meta", meta_target=_without_runtime(BUILTIN[target], tmp_path))
+        assert bare.totals.runtime_bytes == 0
+        assert _none_peak(gpu) - _none_peak(bare) == extra
+        assert gpu.totals.predicted_peak_bytes - bare.totals.predicted_peak_bytes == extra
+
+
+def _none_peak(prof) -> int:
+    from ckplan.planner import chain_from_profile, plan_chain
+    return plan_chain(chain_from_profile(prof), "none").score.peak_bytes
+
+
+def _without_runtime(device, tmp_path):
+    from dataclasses import replace
+
+    from ckplan.device_model import save_device
+    path = tmp_path / f"{device.name}-bare.json"
+    save_device(replace(device, runtime_bytes=0), path)
+    return str(path)
+
+
 def test_unseen_target_model(write_spec, tmp_path, monkeypatch):
     # A model no other test has seen: Conv1d blocks in a ModuleList, found without `chain:`.
     (tmp_path / "unseen_net.py").write_text(textwrap.dedent("""

@@ -24,5 +24,7 @@ def device_table(device: DeviceModel, *, console: Console | None = None) -> None
     t.add_row("checkpoint hook, per saved tensor and call", f"{device.ckpt_hook_ms * 1e3:.3g} us")
     if device.host_bw:
         t.add_row("pinned host link (slower way)", f"{device.host_bw / 1e9:.4g} GB/s")
+    if device.runtime_bytes:
+        t.add_row("runtime blocks outside tensors (cuBLAS workspaces)", f"{device.runtime_bytes:,} B")
     out.print(t)
     out.print(escape(f"source: {device.source}"))
