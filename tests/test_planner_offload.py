@@ -411,3 +411,58 @@ def test_dp_moves_a_waiting_copy_back_earlier_where_the_budget_allows():
     assert got.options()[0] == OFFLOAD and got.fetches()[0] >= 2 and sc.transfer_ms == 0
     assert sc.peak_bytes <= early.peak_bytes
     assert plan_offload(chain, early.peak_bytes, none.peak_bytes, lookahead=False).fetches() == {0: 1}
+
+
+def test_dp_offloads_a_layer_whose_copy_back_only_an_earlier_start_hides():
+    """Layer 0's copy back takes 4 ms: beside B(1) alone (2 ms) it waits 2 ms, more than a
+    checkpoint of one layer costs (1 ms), so the DP with copies back at the next layer checkpoints
+    instead; started at B(2) it is hidden. At a budget with room for that, dp offloads layer 0 and
+    starts its copy back at B(2): no recompute, no wait."""
+    from ckplan.planner import limits
+    from ckplan.planner.plan import FETCH
+    chain = _five(d2h=1e6, h2d=22.5)
+    none = simulate(chain, plan_none(5))
+    items = (Store(0, OFFLOAD), Store(1), Store(2), Store(3), Store(4))
+    late, early = simulate(chain, Plan("x", 5, items)), simulate(chain, Plan("x", 5, items, {FETCH: {0: 2}}))
+    assert late.transfer_ms == pytest.approx(2.0) and early.transfer_ms == 0
+    narrow = plan_offload(chain, early.peak_bytes, none.peak_bytes, lookahead=False)
+    assert OFFLOAD not in narrow.options() and simulate(chain, narrow).recompute_ms == pytest.approx(1.0)
+    got = plan_offload(chain, early.peak_bytes, none.peak_bytes)
+    sc = simulate(chain, got)
+    assert sc.peak_bytes <= early.peak_bytes and sc.recompute_ms + sc.transfer_ms == 0
+    assert OFFLOAD in got.options() and min(got.fetches().values()) >= 2
+    assert chain.n_layers <= limits.OFFLOAD_WIDE_MAX_LAYERS
+
+
+@pytest.fixture(scope="module")
+def gpt2_h100_chain():
+    """gpt2-small at 8 x 512 on fake tensors, priced as an H100 (data sheet), selective options
+    measured: a real chain on which the offload DP keeps many states."""
+    from pathlib import Path
+
+    from ckplan import api
+    from ckplan.planner import chain_from_profile
+    spec = api.load(Path(__file__).resolve().parents[1] / "configs/gpt2-small.yaml", batch_size=8, optimizer="sgd")
+    return chain_from_profile(api.profile(spec, device="meta", meta_target="h100", options=True))
+
+
+def test_offload_dp_keeps_enough_states_to_stay_exact_on_a_real_chain(gpt2_h100_chain, monkeypatch):
+    """The DP keeps at most a few hundred states per unit (limits.OFFLOAD_MAX_STATES); against the
+    same DP with no cap (exact: dominance drops no optimum, brute force above) it finds a plan at
+    every budget and the same least time. With 32 states it found none at three of these budgets."""
+    from ckplan.planner import limits
+    from ckplan.planner.dp import min_peak
+    chain = gpt2_h100_chain
+    none = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    lo = min_peak(chain)
+    budgets = [int(lo + f / 12 * (none - lo)) for f in range(1, 12)]
+    capped = [plan_offload(chain, b, none, lookahead=False) for b in budgets]
+    monkeypatch.setattr(limits, "OFFLOAD_MAX_STATES", 10**6)
+    monkeypatch.setattr(limits, "OFFLOAD_STATE_WORK", 10**12)
+    for b, got in zip(budgets, capped):
+        want = plan_offload(chain, b, none, lookahead=False)
+        assert (got is None) == (want is None), b
+        if want is not None:
+            g, w = simulate(chain, got), simulate(chain, want)
+            assert g.peak_bytes <= b
+            assert g.recompute_ms + g.transfer_ms == pytest.approx(w.recompute_ms + w.transfer_ms, abs=1e-6), b

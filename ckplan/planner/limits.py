@@ -93,3 +93,11 @@ def forward_constants(module_name: str) -> None:
 # layer's), tried by dp for at most this many replays (solve/offload.py)
 OFFLOAD_LOOKAHEAD = 4
 OFFLOAD_FETCH_TRIALS = 256
+# offload DP states kept per unit (cheapest first, after exact dominance): its work is about
+# units^2 x states, held to OFFLOAD_STATE_WORK (400 layers: 32 states, 24 layers: 256). With 32 on
+# every chain, BERT-large's meta chains (8 x 512, H100) planned 0.7-1.3 points slower on average
+# than with no cap over 19 budgets and gpt2-small's found no plan at 3 of them; with 256, 0.00-0.07.
+OFFLOAD_MIN_STATES, OFFLOAD_MAX_STATES, OFFLOAD_STATE_WORK = 32, 256, 5_000_000
+# up to this many layers dp also plans with copies back priced as started up to OFFLOAD_LOOKAHEAD
+# layers early, and keeps the faster plan (solve/offload.py)
+OFFLOAD_WIDE_MAX_LAYERS = 64

@@ -21,10 +21,10 @@ Every op's live bytes are the prefix's plus the item's own plus the copies out i
 item is checked when it is placed (each forward op against the budget less held bytes, copies
 and the queue's bytes then, backward against the budget less held bytes) and a state that cannot
 go on dies; states another beats on all of them at once (the queue: no later, and no more bytes
-in flight at any time) are dropped, which keeps the optimum (past ``limits.CAST_MAX_STATES`` states
-a unit keeps the cheapest). Planned on ``chain.conservative()``, checkpoints' inner plans without
-selective options; the plan is checked by the simulator on the chain itself, with the release
-points the replay chose written into it (``simulate.with_releases``).
+in flight at any time) are dropped, which keeps the optimum (past ``limits.OFFLOAD_MAX_STATES``
+states, fewer on long chains, a unit keeps the cheapest). Planned on ``chain.conservative()``,
+checkpoints' inner plans without selective options; the plan is checked by the simulator on the
+chain itself, with the release points the replay chose written into it (``simulate.with_releases``).
 """
 from __future__ import annotations
 
@@ -65,16 +65,18 @@ def _released(dones: _Dones, sufs: _Sufs, lo: int, at: float, last: bool) -> tup
     return dones[lo:], sufs[lo:], 0.0
 
 
-def _copies(chain: Chain) -> tuple[list[float], list[int], list[float], list[float]]:
+def _copies(chain: Chain, window: int = 1) -> tuple[list[float], list[int], list[float], list[float]]:
     """When each layer's forward ends (the replay's clock, summed the same way), what offloading
-    it moves, its copy out's time and its copy back's time not hidden by the next backward."""
+    it moves, its copy out's time and its copy back's time not hidden by the backward of the
+    ``window`` layers after it (1: the next layer's, where the DP's copies back start)."""
     L, n = chain.layers, chain.n_layers
     clock = [0.0]
     for ly in L:
         clock.append(clock[-1] + ly.fwd_ms)
     off = [chain.offload_bytes(i) for i in range(n)]
     out_ms = [off[i] / chain.d2h_bytes_per_ms for i in range(n)]
-    back_ms = [max(0.0, off[i] / chain.h2d_bytes_per_ms - (L[i + 1].bwd_ms if i + 1 < n else 0.0)) for i in range(n)]
+    back_ms = [max(0.0, off[i] / chain.h2d_bytes_per_ms - sum(ly.bwd_ms for ly in L[i + 1:i + 1 + window]))
+               for i in range(n)]
     return clock, off, out_ms, back_ms
 
 
@@ -82,9 +84,36 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: 
     """The least-time plan of store, offload and checkpoints (inner plans without offload) whose
     simulated peak fits ``budget_bytes``, copies back starting at the next layer's backward, and
     then (``lookahead``) earlier where that fits and saves time (``_earlier_fetches``); None when
-    the chain has no host link, has held layers, or the DP finds no plan that fits."""
+    the chain has no host link, has held layers, or the DP finds no plan that fits.
+
+    With ``lookahead``, where some copy back is not hidden by the next layer's backward but would
+    be by the next ``limits.OFFLOAD_LOOKAHEAD`` layers', the DP also runs with copies back priced
+    as the latter (it then offloads layers whose copies back only an earlier start hides); each
+    plan gets its fetch points and the faster one that fits is returned."""
     if not chain.can_offload or chain.has_holds or budget_bytes < fixed_peak(chain):
         return None
+    plan = _least_time(chain, budget_bytes, none_peak, 1)
+    if not lookahead:
+        return plan
+    best = _earlier_fetches(chain, plan, budget_bytes) if plan is not None else None
+    wide = limits.OFFLOAD_LOOKAHEAD
+    if chain.n_layers > limits.OFFLOAD_WIDE_MAX_LAYERS or \
+            _copies(chain.conservative(), 1)[3] == _copies(chain.conservative(), wide)[3]:
+        return best  # too long to plan twice, or an earlier start hides nothing more
+    other = _least_time(chain, budget_bytes, none_peak, wide)
+    if other is None:
+        return best
+    other = _earlier_fetches(chain, other, budget_bytes)
+    if best is None:
+        return other
+    a, b = simulate(chain, best), simulate(chain, other)
+    return other if b.peak_bytes <= budget_bytes and b.step_ms < a.step_ms - EPS_MS else best
+
+
+def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int) -> Plan | None:
+    """The DP (module doc), copies back priced as hidden by the backward of the ``window`` layers
+    after each (1: exact, where the plan starts them; more: what fetch points can reach), the plan
+    checked by the simulator with copies back at the next layer."""
     full = chain.conservative()
     plain = full.without_options()
     t = layer_tables(plain)
@@ -99,14 +128,15 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: 
     bwd_store, _, cum = top_level_needs(plain, u, pc)
     ops = fwd_ops(plain, cum)
     avail = budget_bytes - base_bytes(plain)
-    clock, off, out_ms, back_ms = _copies(plain)
+    clock, off, out_ms, back_ms = _copies(plain, window)
     P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
     cut = set(chain.breaks)
     stores = _top_stores(full, u, bwd_store)
     states: list[list[_State]] = [[] for _ in range(U)]
     states[0] = [(0, 0, 0, (), (), 0.0, -1, -1, 0)]
+    cap = max(limits.OFFLOAD_MIN_STATES, min(limits.OFFLOAD_MAX_STATES, limits.OFFLOAD_STATE_WORK // (U * U)))
     for s in range(n):
-        states[s] = _prune(states[s], limits.CAST_MAX_STATES)
+        states[s] = _prune(states[s], cap)
         hold = int(u.hold[s])
         end = clock[s + 1]
         for idx, (h, c, back, dones, sufs, cost, _, _, _) in enumerate(states[s]):
@@ -144,7 +174,7 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: 
                 dk, sk, wait = _released(dones, sufs, lo, clock[j], k == n - 1)
                 states[j].append((h + int(u.x_out[k]), c + int(cum[j] - cum[s]), 0, dk, sk, cost + step + wait,
                                   s, idx, j))
-    last = states[n] = _prune(states[n], limits.CAST_MAX_STATES)
+    last = states[n] = _prune(states[n], cap)
     ends = [i for i, st in enumerate(last)  # the queue is empty: waited for
             if u.fwd_req[n] <= avail - st[0] - st[1] and bwd_store[n] <= avail - st[0]]
     if not ends:
@@ -152,8 +182,7 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: 
     plan = _read(plain, u, pc, pt, table, states, min(ends, key=lambda k: last[k][5]), avail, full)
     if simulate_items(chain, plan.items).peak_bytes > budget_bytes:
         return None
-    plan = _fewer_offloads(chain, plan, budget_bytes)
-    return _earlier_fetches(chain, plan, budget_bytes) if lookahead else plan
+    return _fewer_offloads(chain, plan, budget_bytes)
 
 
 def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
