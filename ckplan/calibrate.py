@@ -22,7 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .device_model import DeviceModel
-from .sac import context_fn
+from .sac import SAC_KWARGS, context_fn
 
 GiB = 2**30
 
@@ -162,7 +162,7 @@ def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> flo
         return checkpoint(_tiny_ops, x, n, use_reentrant=False)
 
     def sac():
-        return checkpoint(_tiny_ops, x, n, use_reentrant=False, context_fn=context_fn("sac-compute"))
+        return checkpoint(_tiny_ops, x, n, use_reentrant=False, context_fn=context_fn("sac-compute"), **SAC_KWARGS)
 
     return max(0.0, (_timed(device, sac, repeats) - _timed(device, plain, repeats)) / n * 1e3)
 

@@ -44,7 +44,7 @@ from .errors import UsageError, first_line
 from .execute.offload import layers_offloaded
 from .forwards import forwards_replaced
 from .sac import COMPUTE_OPS as SAC_SAVE_OPS  # noqa: F401  (re-exported)
-from .sac import policy_fn
+from .sac import SAC_KWARGS, policy_fn
 
 PEER_NAMES: tuple[str, ...] = ("hf", "sac-policy", "offload-all", "offload-attn")
 
@@ -63,7 +63,7 @@ class _SacForward:
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.fwd(*args, **kwargs)
-        return checkpoint(self.fwd, *args, use_reentrant=False, context_fn=_sac_context, **kwargs)
+        return checkpoint(self.fwd, *args, use_reentrant=False, context_fn=_sac_context, **SAC_KWARGS, **kwargs)
 
 
 def sac_policy(model: nn.Module, chain: str | None = None):

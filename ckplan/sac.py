@@ -44,6 +44,7 @@ and the planner drops the options another beats on both memory and time.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -143,8 +144,25 @@ def policy_fn(name: str, *, rng_safe: bool = True):
     return KeepLaterRandom(base) if rng_safe else base
 
 
+# torch 2.14 added checkpoint(..., respect_saved_tensors_hooks=): unset, the tensors a SAC policy keeps
+# bypass any saved_tensors_hooks around the layer (with a FutureWarning that a later release will
+# route them through). ckplan's hooks around a layer with an option (the profile's tracker, the
+# executor's offload hooks) are built for the bypass, so it is asked for by name where torch has it.
+SAC_KWARGS = ({"respect_saved_tensors_hooks": False}
+              if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
+
+
 def _contexts(name: str):
     return create_selective_checkpoint_contexts(policy_fn(name))
+
+
+def sac_contexts(name: str):
+    """Option ``name``'s SAC forward and recompute contexts, to enter without ``checkpoint``; the
+    tensors the policy keeps bypass saved-tensor hooks around them, as ``SAC_KWARGS`` asks."""
+    fwd, rec = _contexts(name)
+    if SAC_KWARGS and hasattr(fwd, "respect_saved_tensors_hooks"):
+        fwd.respect_saved_tensors_hooks = False
+    return fwd, rec
 
 
 def context_fn(name: str):
@@ -159,7 +177,7 @@ def warm_up() -> None:
     checkpoint of a process initialises torch's own machinery (on torch 2.6, some 80 ops on
     scratch tensors), which a profile must not bill to the first layer it measures."""
     x = torch.ones(2, requires_grad=True)
-    checkpoint(torch.sin, x, use_reentrant=False, context_fn=context_fn("sac-compute")).sum().backward()
+    checkpoint(torch.sin, x, use_reentrant=False, context_fn=context_fn("sac-compute"), **SAC_KWARGS).sum().backward()
 
 
 def run_with_option(fn, name: str, *args, **kwargs):
@@ -170,4 +188,4 @@ def run_with_option(fn, name: str, *args, **kwargs):
     if compiled is not None:
         return compiled(name)(*args, **kwargs)
     return checkpoint(recompute_keeping_stats(fn), *args, use_reentrant=False, context_fn=context_fn(name),
-                      **kwargs)
+                      **SAC_KWARGS, **kwargs)

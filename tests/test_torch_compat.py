@@ -149,3 +149,32 @@ def test_unknown_frames_run_a_foreign_plan_per_layer_with_one_warning(unknown_fr
     assert loss1 == pytest.approx(loss0, rel=1e-6)
     for n in g0:
         assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
+
+
+def test_a_layer_with_an_option_keeps_its_cache_out_of_outer_saved_tensor_hooks():
+    """ckplan's own saved-tensor hooks around a layer with a selective option (the profile's
+    tracker, the executor's offload hooks) see what they saw before torch 2.14: the tensors the
+    policy keeps stay in SAC's cache, out of those hooks, and torch does not warn that a later
+    release will route them through (``sac.SAC_KWARGS`` asks for that by name where torch has the
+    switch). The gradients are the layer's own."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    from ckplan.sac import run_with_option
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 16)
+
+    def layer(x):
+        return torch.relu(lin(x)) * 2
+
+    x = torch.randn(4, 8, requires_grad=True)
+    want = torch.autograd.grad(layer(x).sum(), (x, lin.weight))
+    packed: list[tuple[int, ...]] = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with saved_tensors_hooks(lambda t: (packed.append(tuple(t.shape)), t)[1], lambda t: t):
+            y = run_with_option(layer, "sac-compute", x)
+        got = torch.autograd.grad(y.sum(), (x, lin.weight))
+    assert not [w for w in seen if "saved_tensors_hooks" in str(w.message)]
+    assert (4, 16) not in packed  # the linear's output, which sac-compute keeps, stayed in SAC's cache
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

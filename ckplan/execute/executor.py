@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from ..chainfind import tensor_leaves
 from ..errors import ModelRunError, SpecError
 from ..planner.plan import OFFLOAD, STORE, Checkpoint, Item, Plan, Store
 from ..recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
-from ..sac import MINCUT, check_option, compiled_only, policy_fn, run_with_option
+from ..sac import MINCUT, check_option, compiled_only, run_with_option, sac_contexts
 from .calls import (
     _Call,
     _compiled,
@@ -271,7 +271,7 @@ class PlanExecutor:
         keeps the saved ops' outputs (and nothing else: autograd's saved tensors are dropped,
         the layer's own frame recomputes them in its backward), then save its input to the
         parent as the first forward did. Saving after the run lets the parent stop early."""
-        fwd_ctx, rec_ctx = create_selective_checkpoint_contexts(policy_fn(option))
+        fwd_ctx, rec_ctx = sac_contexts(option)
         with torch.autograd.graph.saved_tensors_hooks(_drop, _dropped), fwd_ctx:
             out = calls[j].replay(functools.partial(self._call_module, j), inputs)
         calls[j].sac = rec_ctx
@@ -283,7 +283,7 @@ class PlanExecutor:
         call = calls[j]
         rec_ctx, call.sac = call.sac, None
         if rec_ctx is None:  # no cache (a second backward): fill it now, then recompute
-            fwd_ctx, rec_ctx = create_selective_checkpoint_contexts(policy_fn(self._option[j]))
+            fwd_ctx, rec_ctx = sac_contexts(self._option[j])
             with torch.random.fork_rng(devices=call.devices, device_type=call.device_type), \
                     torch.autograd.graph.saved_tensors_hooks(_drop, _dropped), fwd_ctx:
                 call.replay(functools.partial(self._call_module, j), list(inputs))
