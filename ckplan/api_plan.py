@@ -32,6 +32,7 @@ from .planner import sweep as _sweep
 from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
 from .planner.strategies import check_sweep_points
 from .records import Profile
+from .sac import OFFLOAD_OPTIONS
 from .sdpa import default_target
 from .spec import Spec
 
@@ -139,8 +140,8 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
 def _chain_for(prof: Profile, world_size: int, parallel: str):
     """The planner's chain: one process, or one rank of ``parallel`` on ``world_size`` ranks."""
     check_positive("world_size", world_size)
-    if world_size == 1:
-        return chain_from_profile(prof)
+    if world_size == 1:  # an option may also offload what it keeps where this torch can run that
+        return replace(chain_from_profile(prof), offload_options=OFFLOAD_OPTIONS and not prof.compiled)
     if str(parallel) not in KINDS:
         raise UsageError(f"parallel={str(parallel)!r} is not one of {', '.join(KINDS)}")
     return per_rank_chain_from_profile(prof, world_size, str(parallel))

@@ -122,9 +122,10 @@ SAC_POLICIES: dict[str, str] = {
 # Compiled layers only: option name -> torch._functorch.config.activation_memory_budget.
 MINCUT_BUDGETS: dict[str, float] = {"mincut-80": 0.8, "mincut-50": 0.5, "mincut-20": 0.2}
 SELECTIVE_OPTIONS: tuple[str, ...] = (*SAC_POLICIES, *MINCUT_BUDGETS)
-# Every option a plan file may name besides "store": the selective ones, and "offload" (a layer
-# stored at the top level with its saved tensors in pinned host memory; ckplan.planner.plan_items).
-PLAN_OPTIONS: tuple[str, ...] = (*SELECTIVE_OPTIONS, "offload")
+# Every option a plan file may name besides "store": the selective ones, "offload" (a layer
+# stored at the top level with its saved tensors in pinned host memory; ckplan.planner.plan_items),
+# and a SAC policy with what it keeps offloaded ("sac-compute+offload"; eager layers, torch >= 2.14).
+PLAN_OPTIONS: tuple[str, ...] = (*SELECTIVE_OPTIONS, "offload", *(f"{p}+offload" for p in SAC_POLICIES))
 
 # Rows `bench --compare` can run beside ckplan's strategies (ckplan.peers): Hugging Face's per-layer
 # checkpointing, PyTorch's selective activation checkpointing, torch.compile's memory budget.

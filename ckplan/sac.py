@@ -150,6 +150,9 @@ def policy_fn(name: str, *, rng_safe: bool = True):
 # executor's offload hooks) are built for the bypass, so it is asked for by name where torch has it.
 SAC_KWARGS = ({"respect_saved_tensors_hooks": False}
               if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
+# With that switch on, what a policy keeps reaches the hooks around the layer, so a layer stored with
+# an option can also send it to host memory (``sac-compute+offload``, ckplan.execute.offload).
+OFFLOAD_OPTIONS = bool(SAC_KWARGS)
 
 
 def _contexts(name: str):
@@ -180,12 +183,15 @@ def warm_up() -> None:
     checkpoint(torch.sin, x, use_reentrant=False, context_fn=context_fn("sac-compute"), **SAC_KWARGS).sum().backward()
 
 
-def run_with_option(fn, name: str, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` as a layer stored with option ``name`` (``store``: as is)."""
+def run_with_option(fn, name: str, *args, _ckplan_hooks: bool = False, **kwargs):
+    """Run ``fn(*args, **kwargs)`` as a layer stored with option ``name`` (``store``: as is);
+    ``_ckplan_hooks``: what the policy keeps goes through the saved-tensor hooks around it (torch
+    2.14 on: ``OFFLOAD_OPTIONS``)."""
     if name == STORE or not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     compiled = getattr(fn, "with_option", None)  # a compiled layer (ckplan.compiled): SAC compiled in
     if compiled is not None:
         return compiled(name)(*args, **kwargs)
+    how = {"respect_saved_tensors_hooks": True} if _ckplan_hooks else SAC_KWARGS
     return checkpoint(recompute_keeping_stats(fn), *args, use_reentrant=False, context_fn=context_fn(name),
-                      **SAC_KWARGS, **kwargs)
+                      **how, **kwargs)

@@ -29,7 +29,7 @@ from ckplan.planner.plan import FETCH, RELEASE, Checkpoint, Plan, Store
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"gpt2-small": "configs/gpt2-small.yaml", "bert-large": "configs/bert-large.yaml"}
 calibration = importlib.import_module("ckplan.planner.calibrate")  # the module, not its function
-_TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)(?::([\w-]+))?|S(\d+)(?::([\w-]+))?")
+_TOKEN = re.compile(r"C\[(\d+),(\d+)\)\{|\}|S(\d+)\.\.S(\d+)(?::([\w+-]+))?|S(\d+)(?::([\w+-]+))?")
 
 
 def parse_plan(text: str, n_layers: int, releases: str = "") -> Plan:

@@ -29,13 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # name -> (what it shows, pytest node ids)
 TESTS: dict[str, tuple[str, list[str]]] = {
     "gradients": ("executor gradients equal to no checkpointing: multi-layer segments (this torch's "
-                  "checkpoint frames), per-layer keyword models, selective options", [
+                  "checkpoint frames), per-layer keyword models, selective options (offloaded too, "
+                  "from torch 2.14)", [
                       "tests/test_execute.py::test_gradients_equal_with_dropout",
                       "tests/test_execute_models.py::test_target_model_with_per_layer_keywords",
                       "tests/test_execute_models.py::test_multi_layer_segment_keeps_only_input_and_output",
                       "tests/test_execute_models.py::test_hf_alternating_attention_every_plan_same_gradients",
                       "tests/test_execute_options.py::test_zoo_gpt_options_same_gradients",
                       "tests/test_execute_options.py::test_hf_qwen2_options_same_gradients",
+                      "tests/test_execute.py::test_an_option_with_what_it_keeps_offloaded_runs_as_planned",
                       "tests/test_torch_compat.py"]),
     "peaks": ("predicted peak equal to the measured one (a small GPT, every strategy)", [
         "tests/test_bench.py::test_measured_peak_matches_prediction[gpt]"]),

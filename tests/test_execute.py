@@ -220,8 +220,8 @@ def test_offloaded_layers_keep_the_gradients(tiny_gpt_spec, tmp_path, plan_grads
         seen: list = []
         real_run = offload.PlanOffload.run
 
-        def run(self, i, fn, args, kwargs):
-            out = real_run(self, i, fn, args, kwargs)
+        def run(self, i, fn, args, kwargs, *option):
+            out = real_run(self, i, fn, args, kwargs, *option)
             seen.append((i, self._hooks[i]))
             return out
         monkeypatch.setattr(offload.PlanOffload, "run", run)
@@ -324,8 +324,8 @@ def test_offloaded_bytes_are_what_the_model_offloads(configs, tiny_gpt_spec, tmp
     seen: dict = {}
     real_run = offload.PlanOffload.run
 
-    def run(self, i, fn, args, kwargs):
-        out = real_run(self, i, fn, args, kwargs)
+    def run(self, i, fn, args, kwargs, *option):
+        out = real_run(self, i, fn, args, kwargs, *option)
         seen[i] = self._hooks[i]
         return out
     monkeypatch.setattr(offload.PlanOffload, "run", run)
@@ -340,3 +340,55 @@ def test_offloaded_bytes_are_what_the_model_offloads(configs, tiny_gpt_spec, tmp
     plan_grads(model, batch, Plan("custom", n, tuple(Store(i, OFFLOAD) for i in range(n))))
     assert sorted(seen) == list(range(n))
     assert [seen[i].offloaded_bytes for i in range(n)] == [chain.offload_bytes(i) for i in range(n)]
+
+
+def _sac_offload_ok() -> bool:
+    from ckplan.sac import OFFLOAD_OPTIONS
+    return OFFLOAD_OPTIONS
+
+
+@pytest.mark.skipif(not _sac_offload_ok(), reason="torch < 2.14: what SAC keeps bypasses saved-tensor hooks")
+def test_an_option_with_what_it_keeps_offloaded_runs_as_planned(tiny_gpt_spec, tmp_path, monkeypatch, plan_grads):
+    """``sac-compute+offload`` on every layer (CPU tensors treated as a GPU's): the loss and the
+    gradients of no checkpointing; each layer's hooks copy out exactly what the planner says
+    (``Chain.offload_bytes(i, "sac-compute")``: what the policy keeps, the output aside), and every
+    copy came back and was used by the layer's recompute."""
+    import ckplan.execute.offload as offload
+    from ckplan.planner.plan import Store
+    monkeypatch.setattr(offload, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    seen: dict = {}
+    real_run = offload.PlanOffload.run
+
+    def run(self, i, fn, args, kwargs, option="store"):
+        out = real_run(self, i, fn, args, kwargs, option)
+        seen[i] = self._hooks[i]
+        return out
+    monkeypatch.setattr(offload.PlanOffload, "run", run)
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, dropout=0.1))
+    chain = chain_from_profile(api.profile(spec, device="cpu", options=["sac-compute"]), keep=("sac-compute",))
+    n = chain.n_layers
+    model, batch = build_model(spec), make_batch(spec)
+    loss0, g0 = plan_grads(model, batch, None)
+    plan = Plan("custom", n, tuple(Store(i, "sac-compute+offload") for i in range(n)))
+    loss1, g1 = plan_grads(model, batch, plan)
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], rtol=1e-5, atol=1e-7), name
+    assert sorted(seen) == list(range(n))
+    assert [seen[i].offloaded_bytes for i in range(n)] == [chain.offload_bytes(i, "sac-compute") for i in range(n)]
+    assert all(0 < chain.offload_bytes(i, "sac-compute") < chain.offload_bytes(i) for i in range(n))
+    assert all(p.uses == 0 and p.back is None for h in seen.values() for p in h.packed)
+
+
+@pytest.mark.skipif(_sac_offload_ok(), reason="this torch routes what SAC keeps through saved-tensor hooks")
+def test_an_option_with_what_it_keeps_offloaded_is_refused_on_an_older_torch():
+    from ckplan.errors import SpecError
+    from ckplan.planner.plan import Store
+    model = _Stack(lambda: torch.nn.Linear(4, 4), n=2)
+    plan = Plan("custom", 2, (Store(0, "sac-compute+offload"), Store(1)))
+    with pytest.raises(SpecError, match=r"torch 2\.14") as e:
+        with apply_plan(model, plan):
+            pass
+    assert "re-plan" in e.value.tip
+    assert "forward" not in model.layers[0].__dict__

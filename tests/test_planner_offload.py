@@ -276,12 +276,14 @@ def test_bench_gives_a_plan_file_without_release_points_the_queued_ones():
     assert simulate(chain, plan).transfer_ms == pytest.approx(2.0)  # the plan as written: next-layer waits
 
 
-def _with_choices(items: tuple, layers) -> "list[tuple]":
+def _with_choices(items: tuple, layers, moved: bool = False) -> "list[tuple]":
     """``items`` with every choice for each top-level store: stored, offloaded, or one of its
-    layer's selective options."""
+    layer's selective options (``moved``: each also with what it keeps offloaded)."""
     from itertools import product
     tops = [k for k, it in enumerate(items) if isinstance(it, Store)]
-    choices = [("store", OFFLOAD, *(o.name for o in layers[items[k].layer].options)) for k in tops]
+    choices = [("store", OFFLOAD, *(o.name for o in layers[items[k].layer].options),
+                *((f"{o.name}+offload" for o in layers[items[k].layer].options) if moved else ()))
+               for k in tops]
     out = []
     for pick in product(*choices):
         cur = list(items)
@@ -307,17 +309,18 @@ def _chain_with_options(rng: random.Random, n: int) -> Chain:
     return replace(base, layers=tuple(layers))
 
 
-@pytest.mark.parametrize("casts", [False, True])
+@pytest.mark.parametrize("casts, moved", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("seed", range(5))
-def test_offload_dp_with_selective_options_matches_brute_force(seed, casts):
+def test_offload_dp_with_selective_options_matches_brute_force(seed, casts, moved):
     """Top-level stores may also take a selective option: at every budget the DP's plan fits and
     adds exactly the least time of any plan whose top-level stores are stored, offloaded or given
     an option (inner plans without options, as the DP plans them); with ``casts`` the layers and
-    options also hold autocast copies to the forward's end."""
+    options also hold autocast copies to the forward's end; with ``moved`` an option may also send
+    what it keeps to the host (``sac-0+offload``)."""
     from dataclasses import replace
-    rng = random.Random(300 + seed + 50 * casts)
+    rng = random.Random(300 + seed + 50 * casts + 100 * moved)
     for _ in range(3):
-        chain = _chain_with_options(rng, rng.randint(2, 4))
+        chain = replace(_chain_with_options(rng, rng.randint(2, 4)), offload_options=moved)
         if casts:
             chain = replace(chain, layers=tuple(
                 replace(ly, cast_bytes=rng.choice([0, 8, 16]),
@@ -325,7 +328,7 @@ def test_offload_dp_with_selective_options_matches_brute_force(seed, casts):
                 for ly in chain.layers))
         n = chain.n_layers
         scores = [(*peak_of(chain, its), its) for items in all_plans(n, True)
-                  for its in _with_choices(items, chain.layers)]
+                  for its in _with_choices(items, chain.layers, moved)]
         none_peak = simulate(chain, plan_none(n)).peak_bytes
         for budget in sorted({p for p, _, _ in scores}):
             want = min(t for p, t, _ in scores if p <= budget)
@@ -466,3 +469,58 @@ def test_offload_dp_keeps_enough_states_to_stay_exact_on_a_real_chain(gpt2_h100_
             g, w = simulate(chain, got), simulate(chain, want)
             assert g.peak_bytes <= b
             assert g.recompute_ms + g.transfer_ms == pytest.approx(w.recompute_ms + w.transfer_ms, abs=1e-6), b
+
+
+def test_an_option_with_what_it_keeps_offloaded_by_hand():
+    """Layer 0 has a selective option keeping 55 bytes (its 10-byte output included) and redoing
+    0.5 ms. Stored with ``sac-a+offload`` it sends 45 bytes to the host (1 ms at 45 B/ms, hidden by
+    F(1)'s 1 ms) instead of the 90 plain ``offload`` sends (2 ms: the step waits 1 ms at F(1)'s end):
+    the same device bytes after the release, 0.5 ms of recompute instead of 1 ms of waiting. The
+    copy back (45 B at 90 B/ms) starts at B(1) and is done before layer 0's recompute."""
+    from dataclasses import replace
+
+    from ckplan.planner.layer import Option
+    from ckplan.planner.plan_items import is_offloaded, kept_option
+    base = _three()
+    chain = replace(base, layers=(replace(base.layers[0], options=(Option("sac-a", 55, 0.5, 0, 7),)),
+                                  *base.layers[1:]))
+    assert chain.offload_bytes(0) == 90 and chain.offload_bytes(0, "sac-a") == 45
+    at_next = {RELEASE: {0: 1}}
+    plain = simulate(chain, Plan("x", 3, (Store(0, OFFLOAD), Store(1), Store(2)), at_next))
+    moved = simulate(chain, Plan("x", 3, (Store(0, "sac-a+offload"), Store(1), Store(2)), at_next))
+    assert plain.transfer_ms == pytest.approx(1.0) and plain.recompute_ms == 0
+    assert moved.transfer_ms == 0 and moved.recompute_ms == pytest.approx(0.5)
+    assert moved.peak_bytes == plain.peak_bytes == 1242
+    ops = [(e.op, e.stage)
+           for e in trace(chain, Plan("x", 3, (Store(0, "sac-a+offload"), Store(1), Store(2)), at_next))]
+    assert ops.index(("offloaded", 0)) == ops.index(("F", 1)) + 1
+    assert ops.index(("fetch", 0)) == ops.index(("B", 1)) - 1
+    assert is_offloaded("sac-a+offload") and kept_option("sac-a+offload") == "sac-a"
+    assert kept_option(OFFLOAD) == "store" and not is_offloaded("sac-a")
+    # the DP finds it: at that peak it is the least time, and only where the chain allows it
+    none = simulate(chain, plan_none(3)).peak_bytes
+    got = plan_offload(replace(chain, offload_options=True), moved.peak_bytes, none, lookahead=False)
+    assert got.options()[0] == "sac-a+offload"
+    assert "sac-a+offload" not in plan_offload(chain, moved.peak_bytes, none, lookahead=False).options()
+
+
+def test_an_offloaded_option_round_trips_and_is_refused_where_it_cannot_run():
+    """A plan file may name ``sac-compute+offload`` (ckplan's options); inside a checkpoint, on a
+    profile without that option or without a host link, the plan is refused by name."""
+    from ckplan.options import PLAN_OPTIONS
+    from ckplan.planner.layer import Option
+    items = (Store(0, "sac-compute+offload"), Store(1), Store(2))
+    plan = Plan("x", 3, items)
+    back = Plan.from_dict(json.loads(json.dumps(plan.to_dict())), known_options=PLAN_OPTIONS)
+    assert back.options()[0] == "sac-compute+offload" and back.releases() == {0: 1}
+    with pytest.raises(SpecError, match="only a layer stored at the top level"):
+        Plan("x", 3, (Checkpoint(0, 2, (Store(0, "sac-compute+offload"), Store(1))), Store(2)))
+    chain = _three()
+    with pytest.raises(SpecError, match="sac-compute"):
+        simulate(chain, plan)  # no such option measured
+    from dataclasses import replace
+    with_opt = replace(chain, layers=(replace(chain.layers[0], options=(Option("sac-compute", 55, 0.5, 0, 7),)),
+                                      *chain.layers[1:]))
+    assert simulate(with_opt, plan).peak_bytes > 0
+    with pytest.raises(SpecError, match="host link"):
+        simulate(replace(with_opt, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0), plan)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -12,10 +13,11 @@ from ..compiled import CompiledLayers
 from ..execute import remove_plan
 from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
-from ..planner.plan import OFFLOAD, STORE
+from ..planner.plan import STORE
+from ..planner.plan_items import kept_option
 from ..profiling.whole_steps import measure_whole, mincut_search, pair_timer
 from ..records import OK, BenchResult, Profile
-from ..sac import POLICIES
+from ..sac import OFFLOAD_OPTIONS, POLICIES
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
 from .entry import Entry
@@ -42,9 +44,11 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
     extra_plans = extra_plans or {}
     # a given plan (made on meta, say) may store layers with options this profile measured but
     # found dominated: they stay in the chain that scores it
-    used = tuple(sorted({o for p in extra_plans.values() for o in p.options()} - {STORE, OFFLOAD}))
+    used = tuple(sorted({kept_option(o) for p in extra_plans.values() for o in p.options()} - {STORE}))
     whole = scope == "model"
     chain = chain_from_profile(profile, keep=POLICIES if whole else ())
+    if not whole and not profile.compiled:  # an option may also offload what it keeps (torch 2.14 on)
+        chain = replace(chain, offload_options=OFFLOAD_OPTIONS)
     notes = list(profile.notes)
     if whole:
         chain, made, uniform = whole_chain(model, batch, loss_fn, profile, device, chain, tick)

@@ -18,8 +18,9 @@ from torch.utils.checkpoint import checkpoint
 from ..chainfind import tensor_leaves
 from ..errors import ModelRunError, SpecError
 from ..planner.plan import OFFLOAD, STORE, Checkpoint, Item, Plan, Store
+from ..planner.plan_items import is_offloaded, kept_option
 from ..recompute import buffer_changes_noted, recompute_keeping_stats, recompute_state_kept
-from ..sac import MINCUT, check_option, compiled_only, run_with_option, sac_contexts
+from ..sac import MINCUT, OFFLOAD_OPTIONS, check_option, compiled_only, run_with_option, sac_contexts
 from .calls import (
     _Call,
     _compiled,
@@ -98,7 +99,12 @@ class PlanExecutor:
         _enclosing(plan.items, (), self._path)
         self._option = plan.options()
         for name in set(self._option) - {STORE, OFFLOAD}:
-            check_option(name)  # an unknown option fails here, before any layer is touched
+            check_option(kept_option(name))  # an unknown option fails here, before any layer is touched
+            if is_offloaded(name) and not OFFLOAD_OPTIONS:
+                raise SpecError(f"the plan stores a layer with {name!r}: what a selective option keeps "
+                                f"reaches saved-tensor hooks only from torch 2.14 on (this is {torch.__version__})",
+                                tip=f"re-plan with this torch (ckplan then gives such layers "
+                                    f"{kept_option(name)!r} or 'offload'), or upgrade torch")
         releases = plan.releases()
         self._offload = PlanOffload(releases, plan.fetches(), len(layers)) if releases else None
         self._init_transient()
@@ -145,9 +151,9 @@ class PlanExecutor:
         if getattr(self._tls, "replaying", False) or not torch.is_grad_enabled():
             # A compiled layer replayed with its option set by _call_module; otherwise store: as is.
             return run_with_option(orig, getattr(self._tls, "option", STORE), *args, **kwargs)
-        if not path and self._option[i] == OFFLOAD:  # stored at the top level, offloaded
+        if not path and is_offloaded(self._option[i]):  # stored at the top level, offloaded
             assert self._offload is not None
-            return self._offload.run(i, orig, args, kwargs)
+            return self._offload.run(i, orig, args, kwargs, kept_option(self._option[i]))
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not spans_layers():

@@ -28,6 +28,8 @@ from torch import nn
 from ..errors import ModelRunError
 from ..forwards import forwards_replaced
 from ..measure.tracker import tensors_in
+from ..planner.plan import STORE
+from ..sac import run_with_option
 
 MIN_BYTES = 1024  # smaller saved tensors stay (torchtune's default)
 # Device types whose saved tensors are offloaded. A CPU's tensors are already in host memory; the
@@ -214,11 +216,15 @@ class PlanOffload:
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         self._hooks: dict[int, OffloadHooks] = {}
 
-    def run(self, i: int, fn, args: tuple, kwargs: dict):
+    def run(self, i: int, fn, args: tuple, kwargs: dict, option: str = STORE):
+        """Layer ``i``'s forward under its hooks; with a selective ``option`` (``sac-compute+offload``)
+        the layer runs under that SAC policy and what it keeps goes through the hooks (torch 2.14's
+        ``respect_saved_tensors_hooks``), its recompute reading it back."""
         keep = tuple(tensors_in((args, kwargs)))  # nested ones too (HF's position_embeddings pair)
         hooks = OffloadHooks(self.min_bytes, keep, hold=True)
         with hooks:
-            out = fn(*args, **kwargs)
+            out = (fn(*args, **kwargs) if option == STORE else
+                   run_with_option(fn, option, *args, _ckplan_hooks=True, **kwargs))
         self._hooks[i] = hooks
         return out
 

@@ -106,6 +106,10 @@ class Chain:
     # of a pinned copy device -> host and back. 0: no offload (a CPU, or not measured).
     d2h_bytes_per_ms: float = 0.0
     h2d_bytes_per_ms: float = 0.0
+    # Whether a layer with a SAC option may also offload what the option keeps ("sac-compute+offload",
+    # plan_items.OFFLOADED): the torch that runs the plan routes SAC's cache through saved-tensor
+    # hooks (2.14 on); set by ckplan.api_plan.
+    offload_options: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -200,10 +204,10 @@ class Chain:
         """Whether plans may offload layers: a host link both ways."""
         return self.d2h_bytes_per_ms > 0 and self.h2d_bytes_per_ms > 0
 
-    def offload_bytes(self, i: int) -> int:
-        """What offloading layer ``i`` moves to the host: what storing it keeps, less its output
-        when some op keeps that (the next layer reads it from the device)."""
-        ly = self.layers[i]
+    def offload_bytes(self, i: int, option: str = STORE) -> int:
+        """What offloading layer ``i`` stored with ``option`` moves to the host: what storing it
+        keeps, less its output when some op keeps that (the next layer reads it from the device)."""
+        ly = self.layers[i].option(option)
         return ly.xbar_bytes - (ly.x_bytes if ly.x_kept and not ly.in_place else 0)
 
     def offload_ms(self, i: int) -> tuple[float, float]:

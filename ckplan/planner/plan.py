@@ -45,14 +45,16 @@ from .plan_items import (
     Item,
     Store,
     _validate,
+    is_offloaded,
     items_from_ranges,
+    kept_option,
     offload_fetches,
     offload_releases,
 )
 
 __all__ = ["FETCH", "MAX_PLAN_LAYERS", "OFFLOAD", "PLAIN", "PLAN_FORMAT", "PLAN_KEYS", "RELEASE", "STORE",
            "Checkpoint", "Item", "LayerDecision", "Plan", "RecomputedRange", "Store", "check_plan_header",
-           "items_from_ranges"]
+           "is_offloaded", "items_from_ranges", "kept_option"]
 
 PLAN_FORMAT = "ckplan.plan/1"
 # A plan's params key: the activation budget of the whole-model torch.compile it is written for

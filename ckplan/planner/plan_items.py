@@ -12,6 +12,23 @@ STORE = "store"
 # its forward and come back before its backward (ckplan.execute.offload); no recompute.
 OFFLOAD = "offload"
 PLAIN = (STORE, OFFLOAD)  # options whose forward and backward run the layer as it is
+# ``<selective option>+offload`` (e.g. ``sac-compute+offload``): the layer runs with that option and
+# what the option keeps, its output aside, goes to the host as ``offload`` moves a stored layer's
+# (ckplan.execute.offload; torch's SAC cache reaches saved-tensor hooks from torch 2.14 on).
+OFFLOADED = "+" + OFFLOAD
+
+
+def is_offloaded(option: str) -> bool:
+    """Whether a layer stored with ``option`` goes to host memory: ``offload`` or ``X+offload``."""
+    return option == OFFLOAD or option.endswith(OFFLOADED)
+
+
+def kept_option(option: str) -> str:
+    """The option a layer stored with ``option`` runs with: ``store`` for ``store`` and ``offload``,
+    ``X`` for ``X`` and ``X+offload``."""
+    if option == OFFLOAD:
+        return STORE
+    return option[: -len(OFFLOADED)] if option.endswith(OFFLOADED) else option
 # A plan's params key: {offloaded layer: the layer after whose first forward the step waits for
 # its copy to the host and frees its device memory} (planner/transfers.py).
 RELEASE = "offload_release"
@@ -103,7 +120,7 @@ def _validate(items: tuple[Item, ...], n_layers: int) -> None:
         for it in seq:
             if isinstance(it, Store):
                 lo, hi = it.layer, it.layer + 1
-                if it.option == OFFLOAD and owner is not None:
+                if is_offloaded(it.option) and owner is not None:
                     raise SpecError(f"{where} offloads layer {lo}, but only a layer stored at the top "
                                     "level can be offloaded (inside a checkpoint its saved tensors "
                                     "live only during the recompute)",
@@ -147,7 +164,7 @@ def _offload_points(n_layers: int, items: tuple[Item, ...], params: dict[str, An
     out: dict[int, int] = {}
     last = n_layers - 1
     for it in items:
-        if not (isinstance(it, Store) and it.option == OFFLOAD) or (key == FETCH and it.layer == last):
+        if not (isinstance(it, Store) and is_offloaded(it.option)) or (key == FETCH and it.layer == last):
             continue
         i = it.layer
         r = given.get(i, given.get(str(i), min(i + 1, last)))

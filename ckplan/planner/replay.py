@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from .boundaries import _boundary_released, _input_hold, _side_made, _side_releases, _span
 from .chain import Chain
-from .plan import PLAIN, STORE, Checkpoint, Item, Store
+from .plan import PLAIN, STORE, Checkpoint, Item, Store, kept_option
 from .transfers import AUTO, Transfers
 
 PRE, OPT = -1, None
@@ -194,7 +194,7 @@ class _Replayer(Transfers):
         # held: ctx is the checkpoint whose recompute runs (again is True)
         base = self.held_view(it.layer, ctx is not None and it.layer != ctx[1] - 1,
                               ctx[1] if ctx is not None else self.n)
-        ly = base if it.option in PLAIN else base.option(it.option)
+        ly = base if it.option in PLAIN else base.option(kept_option(it.option))
         pf = self.prefetch(it.layer)
         if again and idx == 0 and it.option == STORE and ly.in_place:
             s.copied.add(id(it))  # a copy of the recompute's input: a new output
@@ -313,8 +313,8 @@ class _Replayer(Transfers):
             s.mem -= ly.lead_bytes
         self.fetch_before(i)
         if it.option not in PLAIN:  # a selective option redoes part of its forward first
-            s.recompute_ms += ly.option_ms(it.option)
-            ly = ly.option(it.option)
+            s.recompute_ms += ly.option_ms(kept_option(it.option))
+            ly = ly.option(kept_option(it.option))
         d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
         if id(it) in s.copied:
             ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)

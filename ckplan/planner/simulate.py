@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import SpecError
 from .chain import Chain
-from .plan import OFFLOAD, RELEASE, STORE, Plan
+from .plan import RELEASE, STORE, Plan
+from .plan_items import is_offloaded, kept_option
 from .replay import PRE, Item, _replay
 from .transfers import AUTO
 
@@ -152,7 +153,7 @@ def peak_of(chain: Chain, items: tuple[Item, ...]) -> tuple[int, float]:
 def with_releases(chain: Chain, plan: Plan) -> Plan:
     """``plan`` with its offloaded layers' release points written out as ``AUTO`` places them on
     ``chain`` (``transfers.py``): the points a device runs it with."""
-    if not chain.can_offload or OFFLOAD not in plan.options():
+    if not chain.can_offload or not any(is_offloaded(o) for o in plan.options()):
         return plan
     chosen = _replay(chain, plan.items, fetches=plan.fetches()).releases
     return Plan(plan.strategy, plan.n_layers, plan.items, {**plan.params, RELEASE: dict(sorted(chosen.items()))})
@@ -187,11 +188,12 @@ def _check(chain: Chain, plan: Plan) -> None:
                     "the calls), so no checkpoint can span them",
                     tip=f"re-plan with ckplan (its plans are cut at layers {', '.join(map(str, chain.breaks))})")
     for i, name in enumerate(plan.options()):
-        if name == OFFLOAD and not chain.can_offload:
+        if is_offloaded(name) and not chain.can_offload:
             raise SpecError(f"the plan offloads layer {i} to host memory, but this profile has no "
                             "host link (profiled on a CPU, or on meta without a GPU target)",
                             tip="profile on the GPU that trains (or on meta with --target), or re-plan")
-        if name not in (STORE, OFFLOAD) and all(o.name != name for o in chain.layers[i].options):
+        name = kept_option(name)
+        if name != STORE and all(o.name != name for o in chain.layers[i].options):
             known = ", ".join([STORE, *(o.name for o in chain.layers[i].options)])
             raise SpecError(f"the plan stores layer {i} with option {name!r}, which its profile does "
                             f"not have (it has: {known})",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .chain import Chain
-from .plan_items import OFFLOAD, Item, Store
+from .plan_items import Item, Store, is_offloaded, kept_option
 
 AUTO = "auto"  # release points chosen by the replay (module doc)
 EPS_MS = 1e-9  # a copy done this close to a forward's end counts as done there
@@ -34,8 +34,8 @@ EPS_MS = 1e-9  # a copy done this close to a forward's end counts as done there
 
 def offloaded_layers(chain: Chain, items: tuple[Item, ...]) -> dict[int, int]:
     """{layer: bytes it moves to the host} for the top-level layers stored with ``offload``."""
-    return {it.layer: chain.offload_bytes(it.layer) for it in items
-            if isinstance(it, Store) and it.option == OFFLOAD}
+    return {it.layer: chain.offload_bytes(it.layer, kept_option(it.option)) for it in items
+            if isinstance(it, Store) and is_offloaded(it.option)}
 
 
 class Transfers:

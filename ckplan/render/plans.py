@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from ..planner.plan import OFFLOAD, STORE
+from ..planner.plan_items import is_offloaded, kept_option
 from ..units import format_bytes, format_ms
 from . import consoles
 from .consoles import clean, escape
@@ -36,6 +37,7 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
     runs: list[list] = []  # consecutive layers with the same decision share a row
     for d, option in zip(c.plan.per_layer(), c.plan.options()):
         first = ("recomputed" if not d.stored else "offloaded" if option == OFFLOAD else
+                 f"offloaded ({kept_option(option)})" if is_offloaded(option) else
                  "stored" if option == STORE else f"stored ({option})")
         key = (first, d.depth, d.forwards)
         if runs and runs[-1][0] == key:
@@ -44,9 +46,9 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
             runs.append([key, d.layer, d.layer])
     released = c.plan.releases()  # offloaded layers: after whose forward their device bytes go
     for run in runs:
-        if run[0][0] == "offloaded":
+        if run[0][0].startswith("offloaded"):
             lo, hi = released[run[1]], released[run[2]]
-            run[0] = (f"offloaded, freed after F({lo})" + (f"..F({hi})" if hi != lo else ""), *run[0][1:])
+            run[0] = (f"{run[0][0]}, freed after F({lo})" + (f"..F({hi})" if hi != lo else ""), *run[0][1:])
     names = [r.name for r in prof.chain_layers]
     cols = [Col("layers"), Col("names", 1, left=True, fold=True), Col("first forward", left=True),
             Col("checkpoint depth"), Col("forward runs")]

@@ -7,6 +7,8 @@ top-level item is
 
 * ``Store(s)``: holds ``xbar[s]``; ``Store(s, option)``: a selective option's bytes and copies it
   does not keep, and its recompute time (the option columns of ``groups.make_units``);
+* ``Offload(s, option)`` (``sac-compute+offload``, where ``Chain.offload_options``; a run of its
+  own, ``plan_offload``): the option's store, what it keeps but its output sent to the host as below;
 * ``Offload(s)``: its forward and backward are a store's; it then holds ``x[s]`` only, and its
   other saved bytes ``o[s]`` join the queue of copies out (``transfers.py``): they stay on the
   device until the first layer's forward that ends once the copy is done, or until the last
@@ -35,7 +37,8 @@ from .. import limits
 from ..casts import fwd_ops, top_level_needs
 from ..chain import Chain
 from ..groups import BIG, make_units, size_gcd
-from ..plan import FETCH, OFFLOAD, STORE, Plan, items_from_ranges
+from ..plan import FETCH, OFFLOAD, Plan, items_from_ranges
+from ..plan_items import OFFLOADED, is_offloaded, kept_option
 from ..simulate import simulate, simulate_items, with_releases
 from ..tables import CostTable, base_bytes, exact_chooser, fixed_peak, reconstruct
 from ..transfers import EPS_MS
@@ -46,9 +49,11 @@ from .common import DPResult, choose_slot, layer_tables
 _Dones = tuple[float, ...]
 _Sufs = tuple[int, ...]
 # a state: (held, copies, coming back, dones, sufs, time added, previous unit, its state index, step)
-# step: -1 store, -2 offload, -2 - o the selective option in column o, j > 0 a checkpoint [s, j)
+# step: -1 store, -2 offload, -2 - o the selective option in column o, OFFLOAD_OPTION - o that option
+# with what it keeps offloaded, j > 0 a checkpoint [s, j)
 _State = tuple[int, int, int, _Dones, _Sufs, float, int, int, int]
-STORE_STEP, OFFLOAD_STEP = -1, -2
+STORE_STEP, OFFLOAD_STEP, OFFLOAD_OPTION = -1, -2, -10_000
+SAC = "sac-"  # the options run by a SAC policy, whose cache saved-tensor hooks can reach (ckplan.sac)
 
 
 def _enqueue(dones: _Dones, sufs: _Sufs, clock: float, ms: float, nbytes: int) -> tuple[_Dones, _Sufs]:
@@ -86,40 +91,47 @@ def plan_offload(chain: Chain, budget_bytes: int, none_peak: int, *, lookahead: 
     then (``lookahead``) earlier where that fits and saves time (``_earlier_fetches``); None when
     the chain has no host link, has held layers, or the DP finds no plan that fits.
 
-    With ``lookahead``, where some copy back is not hidden by the next layer's backward but would
-    be by the next ``limits.OFFLOAD_LOOKAHEAD`` layers', the DP also runs with copies back priced
-    as the latter (it then offloads layers whose copies back only an earlier start hides); each
-    plan gets its fetch points and the faster one that fits is returned."""
+    On chains of up to ``limits.OFFLOAD_WIDE_MAX_LAYERS`` layers the DP also runs (a) with
+    ``lookahead``, where some copy back is not hidden by the next layer's backward but would be by the next
+    ``limits.OFFLOAD_LOOKAHEAD`` layers', with copies back priced as the latter (it then offloads
+    layers whose copies back only an earlier start hides), and (b) where the chain allows it
+    (``Chain.offload_options``), with selective options that also send what they keep to the host
+    (``sac-compute+offload``: more choices per layer, which the states' cap can prune the best path
+    of, so they are a plan of their own); each plan gets its fetch points and the fastest that fits
+    is returned."""
     if not chain.can_offload or chain.has_holds or budget_bytes < fixed_peak(chain):
         return None
-    plan = _least_time(chain, budget_bytes, none_peak, 1)
-    if not lookahead:
-        return plan
-    best = _earlier_fetches(chain, plan, budget_bytes) if plan is not None else None
-    wide = limits.OFFLOAD_LOOKAHEAD
-    if chain.n_layers > limits.OFFLOAD_WIDE_MAX_LAYERS or \
-            _copies(chain.conservative(), 1)[3] == _copies(chain.conservative(), wide)[3]:
-        return best  # too long to plan twice, or an earlier start hides nothing more
-    other = _least_time(chain, budget_bytes, none_peak, wide)
-    if other is None:
-        return best
-    other = _earlier_fetches(chain, other, budget_bytes)
-    if best is None:
-        return other
-    a, b = simulate(chain, best), simulate(chain, other)
-    return other if b.peak_bytes <= budget_bytes and b.step_ms < a.step_ms - EPS_MS else best
+    runs = [(1, False)]
+    full = chain.conservative()
+    if chain.n_layers <= limits.OFFLOAD_WIDE_MAX_LAYERS:  # longer chains: planned once
+        if full.offload_options and any(o.name.startswith(SAC) for ly in full.layers for o in ly.options):
+            runs.append((1, True))  # options that send what they keep to the host
+        wide = limits.OFFLOAD_LOOKAHEAD
+        if lookahead and _copies(full, 1)[3] != _copies(full, wide)[3]:
+            runs.append((wide, False))  # an earlier start hides more
+    best, best_ms = None, 0.0
+    for window, moved in runs:
+        plan = _least_time(chain, budget_bytes, none_peak, window, moved)
+        if plan is None:
+            continue
+        if lookahead:
+            plan = _earlier_fetches(chain, plan, budget_bytes)
+        sc = simulate(chain, plan)
+        if sc.peak_bytes <= budget_bytes and (best is None or sc.step_ms < best_ms - EPS_MS):
+            best, best_ms = plan, sc.step_ms
+    return best
 
 
-def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int) -> Plan | None:
+def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int, moved: bool) -> Plan | None:
     """The DP (module doc), copies back priced as hidden by the backward of the ``window`` layers
-    after each (1: exact, where the plan starts them; more: what fetch points can reach), the plan
-    checked by the simulator with copies back at the next layer."""
+    after each (1: exact, where the plan starts them; more: what fetch points can reach), selective
+    options also offloaded where ``moved``, the plan checked by the simulator with copies back at
+    the next layer."""
     full = chain.conservative()
     plain = full.without_options()
     t = layer_tables(plain)
     u, pc, pt = t.units, t.pairs, t.peaks
-    U = u.size
-    n = U - 1
+    U, n = u.size, u.size - 1
     span = max(0, none_peak - base_bytes(plain))
     slots = max(limits.MIN_SLOTS, min(limits.MAX_SLOTS, limits.CELL_BUDGET // (U * U)))
     g = size_gcd(plain)
@@ -129,9 +141,9 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int) ->
     ops = fwd_ops(plain, cum)
     avail = budget_bytes - base_bytes(plain)
     clock, off, out_ms, back_ms = _copies(plain, window)
-    P, Q = pc.fwd_prefix_ms, pc.ckpt_end_ms
-    cut = set(chain.breaks)
+    P, Q, cut = pc.fwd_prefix_ms, pc.ckpt_end_ms, set(chain.breaks)
     stores = _top_stores(full, u, bwd_store)
+    sent = _top_offloads(full, stores, window, moved)
     states: list[list[_State]] = [[] for _ in range(U)]
     states[0] = [(0, 0, 0, (), (), 0.0, -1, -1, 0)]
     cap = max(limits.OFFLOAD_MIN_STATES, min(limits.OFFLOAD_MAX_STATES, limits.OFFLOAD_STATE_WORK // (U * U)))
@@ -148,6 +160,12 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int) ->
                 if o_bwd + back <= mb and o_fwd + o_cast + inflight <= mf:
                     d1, s1, wait = _released(dones, sufs, lo, end, s == n - 1)
                     states[s + 1].append((h + o_hold, c + o_cast, 0, d1, s1, cost + o_ms + wait, s, idx, -2 - col))
+                    if col in sent[s]:  # and what the option keeps offloaded
+                        o_off, o_out, o_back = sent[s][col]
+                        d2, s2 = _enqueue(d1, s1, end, o_out, o_off) if s < n - 1 else ((), ())
+                        w2 = wait + (o_out if s == n - 1 else 0.0)  # the last layer's: waited for at once
+                        states[s + 1].append((h + o_hold - o_off, c + o_cast, o_off, d2, s2,
+                                              cost + o_ms + w2 + o_back, s, idx, OFFLOAD_OPTION - col))
             if bwd_store[s] + back > mb:
                 continue  # B(s), with the layer before coming back
             if u.fwd_req[s] + inflight <= mf:
@@ -192,16 +210,39 @@ def _fewer_offloads(chain: Chain, plan: Plan, budget_bytes: int) -> Plan:
     sc = simulate_items(chain, plan.items)
     options = list(plan.options())
     for i in reversed(range(chain.n_layers)):
-        if options[i] != OFFLOAD:
+        was = options[i]
+        if not is_offloaded(was):
             continue
-        options[i] = STORE
+        options[i] = kept_option(was)
         trial = plan.with_options(options)
         t = simulate_items(chain, trial.items)
         if t.peak_bytes <= budget_bytes and t.step_ms <= sc.step_ms:
             plan, sc = trial, t
         else:
-            options[i] = OFFLOAD
+            options[i] = was
     return with_releases(chain, plan)
+
+
+def _top_offloads(full: Chain, stores, window: int, moved: bool) -> list[dict[int, tuple[int, float, float]]]:
+    """Per layer, {option column: (bytes it moves to the host, its copy out's time, its copy back's
+    time not hidden by the backward of the ``window`` layers after it)} for the selective options
+    whose kept tensors may go to the host as well (``moved`` and ``Chain.offload_options``: SAC
+    policies)."""
+    out: list[dict[int, tuple[int, float, float]]] = [{} for _ in stores]
+    if not (moved and full.offload_options and full.can_offload):
+        return out
+    L = full.layers
+    for s, cols in enumerate(stores):
+        hidden = sum(ly.bwd_ms for ly in L[s + 1:s + 1 + window])
+        for col, *_ in cols:
+            name = L[s].options[col - 1].name
+            if not name.startswith(SAC):
+                continue  # a compiled layer's min-cut option keeps its tensors inside the graph
+            nbytes = full.offload_bytes(s, name)
+            if nbytes > 0:
+                out[s][col] = (nbytes, nbytes / full.d2h_bytes_per_ms,
+                               max(0.0, nbytes / full.h2d_bytes_per_ms - hidden))
+    return out
 
 
 def _top_stores(full: Chain, u, bwd_store) -> list[list[tuple[int, int, int, int, int, float]]]:
@@ -255,6 +296,8 @@ def _read(chain: Chain, u, pc, pt, table: CostTable, states: list[list[_State]],
         prev, idx, step = states[s][i][6:]
         if step == OFFLOAD_STEP:
             offloaded[prev] = OFFLOAD
+        elif step <= OFFLOAD_OPTION:  # a selective option's column, what it keeps offloaded
+            offloaded[prev] = full.layers[prev].options[OFFLOAD_OPTION - step - 1].name + OFFLOADED
         elif step < OFFLOAD_STEP:  # a selective option's column
             offloaded[prev] = full.layers[prev].options[-3 - step].name
         elif step > 0:
@@ -316,7 +359,7 @@ def with_offload(chain: Chain, budget_bytes: int, found: DPResult | None,
     sc = simulate(chain, plan)
     if best is not None and sc.step_ms >= best.step_ms:
         return found
-    note = (f"{sum(o == OFFLOAD for o in plan.options())} layer(s) offloaded to host memory "
+    note = (f"{sum(is_offloaded(o) for o in plan.options())} layer(s) offloaded to host memory "
             f"({sc.transfer_ms:.3g} ms of copies not hidden behind compute); the copies queue behind the "
             "forward, and each layer's device memory is freed after the forward of the layer its copy is "
             "done by (the plan's params.offload_release)")
