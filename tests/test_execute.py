@@ -1,4 +1,6 @@
 """Applying plans never changes the math; the executor restores the model."""
+import gc
+
 import pytest
 import torch
 
@@ -365,6 +367,15 @@ def test_an_option_with_what_it_keeps_offloaded_runs_as_planned(tiny_gpt_spec, t
         seen[i] = self._hooks[i]
         return out
     monkeypatch.setattr(offload.PlanOffload, "run", run)
+    alive: list[tuple[int, int]] = []  # (layer, its copied storages still alive) at its release point
+    real_done = offload.PlanOffload.forward_done
+
+    def forward_done(self, k, out):
+        real_done(self, k, out)
+        gc.collect()
+        alive.extend((i, sum(wr() is not None for wr, _ in h._copied.values()))
+                     for i, h in self._hooks.items() if self.releases.get(i) == k)
+    monkeypatch.setattr(offload.PlanOffload, "forward_done", forward_done)
     spec = api.load(tiny_gpt_spec(tmp_path, n_layer=3, dropout=0.1))
     chain = chain_from_profile(api.profile(spec, device="cpu", options=["sac-compute"]), keep=("sac-compute",))
     n = chain.n_layers
@@ -378,6 +389,8 @@ def test_an_option_with_what_it_keeps_offloaded_runs_as_planned(tiny_gpt_spec, t
     assert sorted(seen) == list(range(n))
     assert [seen[i].offloaded_bytes for i in range(n)] == [chain.offload_bytes(i, "sac-compute") for i in range(n)]
     assert all(0 < chain.offload_bytes(i, "sac-compute") < chain.offload_bytes(i) for i in range(n))
+    # at each release point the device tensors SAC kept are gone: its cache holds only the host copies
+    assert alive == [(i, 0) for i in range(n)]
     assert all(p.uses == 0 and p.back is None for h in seen.values() for p in h.packed)
 
 
