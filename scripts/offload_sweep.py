@@ -20,7 +20,7 @@ from pathlib import Path
 from ckplan import api
 from ckplan.errors import CkplanError
 from ckplan.planner import chain_from_profile, min_peak, plan_chain, plan_none, simulate
-from ckplan.planner.plan import OFFLOAD
+from ckplan.planner.plan import is_offloaded
 from ckplan.planner.simulate import simulate_items
 
 SPECS = Path("reports/cpu/hf-sweep/specs")
@@ -43,7 +43,7 @@ def check(path: Path, target: str, precision: str) -> str:
             continue
         sc, auto = simulate(chain, res.plan), simulate_items(chain, res.plan.items, fetches=res.plan.fetches())
         ok = sc.peak_bytes <= budget and sc.peak_bytes == auto.peak_bytes and abs(sc.step_ms - auto.step_ms) < 1e-6
-        cells.append(f"{share}: {'ok' if ok else 'BAD'} offloads {res.plan.options().count(OFFLOAD)}, "
+        cells.append(f"{share}: {'ok' if ok else 'BAD'} offloads {sum(map(is_offloaded, res.plan.options()))}, "
                      f"{sc.overhead:+.1%}")
     return f"{path.stem} ({n} layers, {time.time() - t0:.1f} s): " + " | ".join(cells)
 
