@@ -140,6 +140,13 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
             if p.back is None and p.host is not None:
                 p.back, p.back_done = _copy_back(p, side=True)
 
+    def drop_unused(self) -> None:
+        """The layer's backward is over: the copies of what it saved but never read back (a SAC
+        policy's cache entries past the op where its recompute stopped) are dropped, on the host and,
+        once prefetched, on the device (else they would stay there to the next step)."""
+        for p in self.packed:
+            p.back = p.back_done = p.host = p.held = None
+
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
@@ -225,6 +232,10 @@ class PlanOffload:
         with hooks:
             out = (fn(*args, **kwargs) if option == STORE else
                    run_with_option(fn, option, *args, _ckplan_hooks=True, **kwargs))
+        # the gradient of its input: the layer's backward is over, what it never read goes
+        t = next((t for t in keep if t.requires_grad), None)
+        if t is not None and torch.is_grad_enabled():
+            t.register_hook(lambda g: hooks.drop_unused())
         self._hooks[i] = hooks
         return out
 
