@@ -19,9 +19,11 @@ As in torch, a float32 leaf that requires grad and is not a view (a parameter) c
 precision is cached until the region ends (the end of the forward and loss): each weight is cast
 once per forward. A checkpoint's recompute runs in a region of its own (``Step.recomputing``).
 
-Known limitations: a region where the model turns autocast off on its own device is not seen (on
-meta, Hugging Face's ``maybe_autocast`` does nothing); a Python function torch sees whole
-(``F.multi_head_attention_forward``) has its arguments cast, not what it computes inside.
+A region where the model turns autocast off on its own device (``torch.autocast(x.device.type,
+enabled=False)``) pauses the replay (``on_meta_device``). Known limitations: transformers 5's
+``maybe_autocast`` does nothing on meta, so its rotary embeddings' fp32 region is not seen; a
+Python function torch sees whole (``F.multi_head_attention_forward``) has its arguments cast, not
+what it computes inside.
 """
 from __future__ import annotations
 
@@ -238,7 +240,7 @@ class AutocastOnMeta(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = _name(func)
-        if name in _PLAIN or (name.endswith("_") and not name.startswith("__")):
+        if getattr(_local, "off", 0) or name in _PLAIN or (name.endswith("_") and not name.startswith("__")):
             return func(*args, **kwargs)
         leaves = tree_flatten((args, kwargs))[0]
         if not any(_eligible(v) for v in leaves):
@@ -320,6 +322,45 @@ def region(precision: str) -> AutocastOnMeta | contextlib.nullcontext:
     if precision == "fp32" or kind is None:
         return contextlib.nullcontext()
     return AutocastOnMeta(kind, precision)
+
+
+def on_meta_device():
+    """``torch.autocast(device_type="meta", ...)`` made to run while a meta step runs (it raises:
+    meta has no autocast dtype). Models pass their inputs' device type (transformers 4's rotary
+    embeddings turn autocast off so, ``with torch.autocast(x.device.type, enabled=False)``); as on
+    the device, ``enabled=False`` pauses the replay of the target's autocast in the block, and
+    ``enabled=True`` changes nothing. Returns the undo."""
+    orig = torch.autocast
+
+    class autocast(orig):  # type: ignore[valid-type,misc]
+        def __init__(self, device_type: str, *args, **kwargs):
+            self._meta = device_type == "meta"
+            if self._meta:
+                self._off = not kwargs.get("enabled", args[1] if len(args) > 1 else True)
+            else:
+                super().__init__(device_type, *args, **kwargs)
+
+        def __enter__(self):
+            if not self._meta:
+                return super().__enter__()
+            _local.off = getattr(_local, "off", 0) + self._off
+            return self
+
+        def __exit__(self, *exc):
+            if not self._meta:
+                return super().__exit__(*exc)
+            _local.off -= self._off
+            return None
+
+    owners = [(torch, "autocast"), (torch.amp, "autocast")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in owners]
+    for owner, name in owners:
+        setattr(owner, name, autocast)
+
+    def undo() -> None:
+        for owner, name, was in saved:
+            setattr(owner, name, was)
+    return undo
 
 
 def _unasked() -> set[str]:

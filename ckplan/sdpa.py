@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
+from . import meta_autocast
+
 TARGETS = ("cpu", "cuda")
 
 _ARG_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -193,11 +195,12 @@ class SdpaOnMeta(TorchFunctionMode):
 
 
 def _unpacked_on_meta():
-    """Hugging Face's masks (transformers 5) read three values that meta tensors do not have:
+    """Hugging Face's masks (transformers 4.5x and 5) read three values that meta tensors do not have:
     whether the position ids pack several sequences into one row (``find_packed_sequence_indices``),
     whether the padding mask is all ones (``fast_all``, which decides whether SDPA can run with
     ``is_causal`` and no mask tensor) and, in encoders, whether the first or last token is the pad
-    token (a warning only). ckplan's batches hold one unpadded sequence per row (position ids
+    token (a warning only); transformers 4's older masks ask the second too
+    (``_older_masks_on_meta``). ckplan's batches hold one unpadded sequence per row (position ids
     0..T-1, no padding, no attention mask), so on meta the answers are what a real device gives
     for them: not packed, all ones, no warning. Returns the undo."""
     undo = []
@@ -213,8 +216,7 @@ def _unpacked_on_meta():
 
     mu = sys.modules.get("transformers.masking_utils")
     if mu is not None:
-        patch(mu, "find_packed_sequence_indices",
-              lambda orig: lambda ids, *a, **k: None if on_meta(ids) else orig(ids, *a, **k))
+        patch(mu, "find_packed_sequence_indices", lambda orig: lambda ids, *a, **k: _packed(orig, ids, *a, **k))
         patch(mu, "fast_all", lambda orig: lambda t: True if on_meta(t) else orig(t))
         # Encoders: whether the padding mask is all ones decides whether SDPA runs without a mask.
         patch(mu, "_ignore_bidirectional_mask_sdpa",
@@ -225,12 +227,66 @@ def _unpacked_on_meta():
         patch(pm, "warn_if_padding_and_no_attention_mask",
               lambda orig: lambda self, ids, mask: None if on_meta(ids) else orig(self, ids, mask))
 
+    undo.extend(_older_masks_on_meta())
     undo.append(_grouped_mm_on_meta())
+    undo.append(meta_autocast.on_meta_device())
 
     def undo_all() -> None:
         for u in reversed(undo):
             u()
     return undo_all
+
+
+def _older_masks_on_meta() -> list:
+    """transformers 4's masks (``modeling_attn_mask_utils``, still used by BERT, BART, DistilBERT,
+    BioGPT, ... in 4.57) ask ``torch.all(mask == 1)`` of the padding mask. On meta the answer is the
+    one a device gives for ckplan's unpadded batches, the mask computed the same way (its bytes):
+    ``_prepare_4d_attention_mask_for_sdpa`` returns no mask, and ``_ignore_causal_mask_sdpa`` is
+    asked with a mask of ones on the CPU. Returns the undos."""
+    mau = sys.modules.get("transformers.modeling_attn_mask_utils")
+    if mau is None:
+        return []
+    undo = []
+    conv = getattr(mau, "AttentionMaskConverter", None)
+    was = conv.__dict__.get("_ignore_causal_mask_sdpa") if conv is not None else None
+    if isinstance(was, staticmethod):
+        ignore = was.__func__
+
+        def ignore_on_meta(attention_mask, *args, **kwargs):
+            if not (isinstance(attention_mask, torch.Tensor) and attention_mask.device.type == "meta"):
+                return ignore(attention_mask, *args, **kwargs)
+            if attention_mask.dim() != 4:
+                torch.all(attention_mask == 1)
+            return ignore(torch.ones(attention_mask.shape, dtype=attention_mask.dtype), *args, **kwargs)
+        conv._ignore_causal_mask_sdpa = staticmethod(ignore_on_meta)
+        undo.append(lambda: setattr(conv, "_ignore_causal_mask_sdpa", was))
+    prepare = getattr(mau, "_prepare_4d_attention_mask_for_sdpa", None)
+    if prepare is not None:
+        def prepare_on_meta(mask, dtype, tgt_len=None):
+            if not (isinstance(mask, torch.Tensor) and mask.device.type == "meta"):
+                return prepare(mask, dtype, tgt_len)
+            torch.all(mask == 1)
+            return None
+        # the models import it by name: replaced wherever it was imported
+        owners = [m for name, m in list(sys.modules.items())
+                  if name.startswith("transformers") and getattr(m, "_prepare_4d_attention_mask_for_sdpa", None)
+                  is prepare]
+        for m in owners:
+            m._prepare_4d_attention_mask_for_sdpa = prepare_on_meta
+        undo.append(lambda: [setattr(m, "_prepare_4d_attention_mask_for_sdpa", prepare) for m in owners])
+    return undo
+
+
+def _packed(orig, ids, *args, **kwargs):
+    """``find_packed_sequence_indices`` on meta position ids as a real device runs it on ckplan's
+    (0..T-1 in every row): transformers 5 reads the result's values and answers None (not packed,
+    so SDPA may skip the mask); transformers 4 returns the sequence indices, a tensor, whose mask
+    every layer then gets. Asked of the version installed on a CPU stand-in; where it answers a
+    tensor it is made on meta, by the same ops."""
+    if not (isinstance(ids, torch.Tensor) and ids.device.type == "meta"):
+        return orig(ids, *args, **kwargs)
+    stand_in = torch.arange(ids.shape[-1], dtype=ids.dtype).expand(ids.shape)
+    return None if orig(stand_in, *args, **kwargs) is None else orig(ids, *args, **kwargs)
 
 
 def _grouped_mm_on_meta():

@@ -209,12 +209,14 @@ class CachingChain(nn.Module):
         return x.pow(2).mean()
 
 
-def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0):
-    """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers."""
+def hf_alternating(model_type: str, n_layers: int = 4, *, dropout: float = 0.0, seed: int = 0, full: bool = False):
+    """A tiny Hugging Face causal LM with alternating full / sliding-window attention layers (``full``:
+    the same weights, every layer full attention)."""
     import transformers
     fields = dict(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  layer_types=["full_attention", "sliding_attention"] * (n_layers // 2),
+                  layer_types=(["full_attention"] * n_layers if full else
+                               ["full_attention", "sliding_attention"] * (n_layers // 2)),
                   sliding_window=4, attention_dropout=dropout, use_cache=False)
     if model_type == "qwen2":
         fields.update(use_sliding_window=True, max_window_layers=0)

@@ -365,3 +365,28 @@ def test_json_bench_that_exits_3_after_its_document_adds_no_error_document(mlp_s
     assert r.exit_code == 3, r.output
     doc = json.loads(r.stdout)  # one document: the bench's own, with its error row
     assert "error" not in doc and {row["strategy"] for row in doc["rows"]} == {"none", "dp"}
+
+
+def test_a_constructor_that_reads_values_on_meta_is_one_clear_error(write_spec, tmp_path, monkeypatch):
+    # A learned activation that reads its scalar when built (transformers 4's xIELU) cannot be made
+    # on fake tensors: exit 1, the reason and the fix, no traceback.
+    (tmp_path / "reads_value_qa.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.beta = nn.Parameter(torch.tensor(0.5))\n"
+        "        self.beta_value = float(self.beta.detach().cpu().item())\n"
+        "        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
+        "    def forward(self, x):\n"
+        "        for ly in self.layers:\n"
+        "            x = ly(x) * self.beta_value\n"
+        "        return x.sum()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, "model: {target: 'reads_value_qa:Net'}\ninput: {batch_size: 2, shape: [4]}\n"
+                                "chain: layers\n")
+    r = run("profile", spec, "--device", "meta")
+    assert r.exit_code == 1, r.output
+    text = one_line(r)
+    assert "constructor reads tensor values" in text and "--device cpu" in text and "Traceback" not in r.output
+    assert run("profile", spec, "--device", "cpu", "--repeats", "1").exit_code == 0

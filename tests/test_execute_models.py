@@ -75,9 +75,9 @@ def test_hf_alternating_attention_every_plan_same_gradients(model_type, n, dropo
     model = ckmodels.hf_alternating(model_type, n, dropout=dropout)
     args, kwargs = _lm_batch()
     loss0 = _assert_same_math(model, args, kwargs, n)
-    # The oracle can fail: with every layer given the full-attention mask the loss changes.
-    model.config.layer_types = ["full_attention"] * n
-    assert abs(_step(model, args, kwargs, None)[0] - loss0) > 1e-4
+    # The oracle can fail: the same weights with every layer on full attention give another loss.
+    twin = ckmodels.hf_alternating(model_type, n, dropout=dropout, full=True)
+    assert abs(_step(twin, args, kwargs, None)[0] - loss0) > 1e-4
 
 
 @pytest.mark.parametrize("dropout,probe", [(0.0, False), (0.3, False), (0.3, True)])

@@ -193,3 +193,45 @@ def test_profiles_saved_before_option_copies_were_measured_still_load(tiny_gpt_s
     assert all(o.cast_bytes == 0 for r in Profile.from_dict(d).chain_layers for o in r.options)
     del d["layers"][1]["options"][0]["saved_bytes"]
     assert "options[0].saved_bytes is missing" in profile_problem(d)
+
+
+class _Fp32Island(nn.Module):
+    """A block that turns autocast off on its input's device for part of its forward (as
+    transformers 4's rotary embeddings do): there the matmul runs, and saves, in fp32."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.a, self.mix, self.b = nn.Linear(d, 4 * d), nn.Linear(4 * d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = self.a(x)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            h = torch.tanh(self.mix(h.float()))
+        return x + self.b(h)
+
+
+def test_a_model_turning_autocast_off_on_meta_profiles_as_on_the_cpu():
+    # torch.autocast("meta") raises on meta; while a meta step runs ckplan lets it through and, as
+    # the device does, stops casting inside an enabled=False block: the block's fp32 matmul saves
+    # fp32 tensors, byte for byte as the CPU measures them (without the pause they would be bf16).
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(_Fp32Island() for _ in range(3))
+
+        def forward(self, x):
+            for blk in self.blocks:
+                x = blk(x)
+            return x.float().pow(2).mean()
+
+    def prof(device):
+        with torch.device(device):
+            model, x = Net(), torch.randn(4, 16, 32)
+        return api.profile_model(model, (x,), {}, name="island", chain="blocks", device=device, optimizer="sgd",
+                                 precision="bf16", repeats=1, warmup=0, meta_target="cpu" if device == "meta" else None)
+    cpu, meta = prof("cpu"), prof("meta")
+    assert [_memory(r, bwd=False) for r in meta.layers] == [_memory(r, bwd=False) for r in cpu.layers]
+    assert meta.chain_layers[0].saved_bytes > 0
+    assert torch.autocast.__name__ == "autocast" and torch.autocast.__module__ == "torch.amp.autocast_mode"

@@ -72,12 +72,14 @@ def test_sampled_options_equal_every_layer_hf_llama_gqa(monkeypatch):
 
 
 def test_alternating_layers_are_measured_one_by_one(monkeypatch):
-    """Qwen2 with sliding-window and full attention layers alternating: the middle layers are not
-    one layer, so every layer is measured (and the profile is the same either way)."""
-    pytest.importorskip("transformers")
+    """Qwen2 with sliding-window and full attention layers alternating: on transformers 5 the full
+    layers get no mask (SDPA's is_causal) and the sliding ones a mask, so the middle layers are not
+    one layer and every layer is measured; on transformers 4 every layer gets a mask of one shape.
+    The profile is the same either way."""
+    transformers = pytest.importorskip("transformers")
     spec = load(ROOT / "configs/hf-qwen2-alt.yaml")
     sampled, used, every = _both(spec, monkeypatch)
-    assert not used
+    assert not used or int(transformers.__version__.split(".")[0]) < 5
     assert sampled.chain_layers == every.chain_layers
 
 

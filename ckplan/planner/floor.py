@@ -86,9 +86,11 @@ def infeasible_error(chain: Chain, budget_bytes: int, lowest: int) -> Infeasible
                      "saved before or after the chain layers, where no plan checkpoints (the embeddings, the "
                      "head and loss, or a second stack: an encoder-decoder's chain is one of its two; "
                      "`ckplan profile` shows them as (pre) and (post), and `chain:` in the spec picks the chain)")
-    fixes.append(f"a budget of at least {fb(lowest)}")
+    close = fb(budget_bytes) == fb(lowest)  # the rounded figures alone would read as equal
+    need, have = (f"{lowest:,} bytes", f"{budget_bytes:,} bytes") if close else (fb(lowest), fb(budget_bytes))
+    fixes.append(f"a budget of at least {need}")
     return InfeasibleBudgetError(
-        f"budget {fb(budget_bytes)} is below the smallest feasible peak {fb(lowest)}, reached in "
+        f"budget {have} is below the smallest feasible peak {need}, reached in "
         f"{where}{made_of}",
         tip=_join(fixes),
         budget_bytes=budget_bytes, min_peak_bytes=lowest, persistent_bytes=chain.persistent_bytes)

@@ -101,3 +101,6 @@ OFFLOAD_MIN_STATES, OFFLOAD_MAX_STATES, OFFLOAD_STATE_WORK = 32, 256, 5_000_000
 # up to this many layers dp also plans with copies back priced as started up to OFFLOAD_LOOKAHEAD
 # layers early, and keeps the faster plan (solve/offload.py)
 OFFLOAD_WIDE_MAX_LAYERS = 64
+# Chains with side inputs up to this many layers are also planned at the budget plus the side
+# inputs' bytes, which the tables count for the whole step (solve/portfolio.py: plan_unheld)
+SIDE_RELAX_MAX_LAYERS = 64

@@ -3,8 +3,10 @@
 A meta profile measures each option with one more fake step of the whole model, every chain layer
 under the option (``option_passes``); on an 80-layer model that step costs as much as the profile
 itself. When the chain's middle layers are the same layer (same class, parameters and buffers, and
-in the plain measured pass the same windows: op for op, byte for byte), the option passes run on
-the model with its chain cut to three layers: the first, one middle layer and the last. Every
+in the plain measured pass the same windows: op for op, byte for byte; and the tensors made before
+the chain for its layers, such as attention masks, given to every middle layer or to none), the
+option passes run on the model with its chain cut to three layers: the first, one middle layer
+and the last. Every
 window of the cut model is checked against the full pass's first, middle and last layers before
 anything is used; where one differs, ``sampled_passes`` returns None and the caller measures
 every layer as before.
@@ -111,6 +113,9 @@ def sampled_passes(layers: list[nn.Module], container: nn.Module, step: Step, pa
         return None
     if any(not _same_layer(full, i, full, 1) for i in range(2, n - 1)):
         return None
+    middle = set(range(1, n - 1))
+    if any(middle & set(s.layers) not in (middle, set()) for s in full.side_inputs):
+        return None  # an argument some middle layers share and others do not (alternating masks)
     keep = [0, 1, n - 1]
     try:
         with _chain_cut(container, keep) as cut_layers:

@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..errors import ModelRunError, SpecError
+from ..errors import CkplanError, ModelRunError, SpecError, first_line
 from ..zoo import ZOO, build_builtin
 from .hf import build_hf
 from .limits import check_builtin_length, check_builtin_vocab, check_position_table
@@ -30,7 +30,8 @@ def build_model(spec: Spec, device: str = "cpu"):
         # run tensor code at import; under the meta device that code fails (torch 2.6: .item()
         # on a meta tensor). Import dynamo first, outside the device.
         importlib.import_module("torch._dynamo")
-    with torch.device(device), (_NoInitOnMeta() if str(device) == "meta" else contextlib.nullcontext()):
+    with torch.device(device), (_NoInitOnMeta() if str(device) == "meta" else contextlib.nullcontext()), \
+            _meta_build_errors(str(device) == "meta"):
         if spec.model.builtin is not None:
             model = _build_builtin(spec.model.builtin, spec.model.args)
         elif spec.model.hf is not None:
@@ -45,6 +46,23 @@ def build_model(spec: Spec, device: str = "cpu"):
                         tip="a target is any importable callable and ckplan has already run it: "
                             "run only specs you trust" if spec.model.target else None)
     return model.train()
+
+
+@contextlib.contextmanager
+def _meta_build_errors(meta: bool):
+    """A constructor that reads a tensor's value (a learned activation's scalar, transformers 4's
+    xIELU) cannot run on fake tensors: said so, with the fix."""
+    try:
+        yield
+    except CkplanError:
+        raise
+    except Exception as e:
+        if not (meta and "meta" in str(e)):
+            raise
+        raise ModelRunError(f"the model's constructor reads tensor values ({first_line(str(e))}), which fake "
+                            "(meta) tensors cannot provide",
+                            tip="profile it on --device cpu or cuda (with a smaller --batch-size / --seq-len "
+                                "or fewer layers if needed)") from e
 
 
 # In-place ops that only write values: on meta there are none to write, and running their meta
@@ -98,4 +116,6 @@ def _build_target(target: str, args: dict):
     except TypeError as e:
         raise SpecError(f"model.target {target!r} rejected args {args}: {e}") from None
     except Exception as e:
+        if "meta" in str(e) and torch.get_default_device().type == "meta":
+            raise  # _meta_build_errors says what it is
         raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}") from e

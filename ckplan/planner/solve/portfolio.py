@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
+from ...errors import InfeasibleBudgetError
 from .. import limits
 from ..baselines import plan_none
 from ..chain import Chain
@@ -72,6 +74,11 @@ def safe_side(chain: Chain, exact: bool, notes: list[str]) -> bool:
         notes.append("some layers' backward holds gradients before the recompute it starts "
                      "(lead bytes): the tables count them through the whole recompute, on the "
                      "safe side, so the plan fits but may recompute more than the optimum")
+    if exact and (chain.side_bytes or chain.side_grad_bytes):
+        exact = False
+        notes.append("the layers' side inputs (masks, position biases made before them) and their gradients are "
+                     "counted as live for the whole step, on the safe side: the plan fits, and where the tables "
+                     "read at the budget plus those bytes give a faster plan that still fits, that one is taken")
     if exact and chain.unsaved_bytes:
         exact = False
         notes.append("some layers keep tensors no saved-tensor hook sees (ctx attributes, caches) "
@@ -122,7 +129,57 @@ def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None
     """``plan_dp`` of a chain that holds no layers: the exact DP in bytes up to
     ``BAND_MIN_LAYERS`` layers, the banded DP up to ``BAND_MAX_LAYERS`` (with options up to
     ``BAND_OPTIONS_MAX_LAYERS``), the grouped tables above, and chains with unkept boundaries
-    planned on a bound that keeps them (``unkept.py``)."""
+    planned on a bound that keeps them (``unkept.py``).
+
+    The tables count side inputs and their gradients as live for the whole step
+    (``tables.base_bytes``), so a plan within those bytes of the budget can be missed, and
+    budgets just above the smallest peak refused: on chains of up to ``SIDE_RELAX_MAX_LAYERS``
+    layers the tables are also read at the budget plus those bytes, and that plan is taken
+    where the simulator says it fits and it recomputes less (``_side_relaxed``)."""
+    kw: dict[str, Any] = dict(max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
+    slack = chain.side_bytes + chain.side_grad_bytes
+    if not slack or chain.n_layers > limits.SIDE_RELAX_MAX_LAYERS:
+        return _plan_unheld(chain, budget_bytes, **kw)
+    try:
+        found: DPResult | None = _plan_unheld(chain, budget_bytes, **kw)
+    except InfeasibleBudgetError as e:
+        found, error = None, e
+    relaxed = _side_relaxed(chain, budget_bytes, slack, found, kw)
+    if relaxed is not None:
+        return relaxed
+    if found is not None:
+        return found
+    if budget_bytes < min_peak_unheld(chain):
+        raise infeasible_error(chain, budget_bytes, min_peak_unheld(chain)) from error
+    # between the smallest peak a plan reaches and the tables' own (the side inputs' bytes)
+    plan = min_peak_plan_kept(chain)
+    plan = Plan("dp", plan.n_layers, plan.items, {**plan.params, "budget_bytes": budget_bytes})
+    return DPResult(plan, 1, 0, False, chain.n_layers + 1,
+                    ("a budget this close to the smallest peak: the plan reaching it",))
+
+
+def _side_relaxed(chain: Chain, budget_bytes: int, slack: int, found: DPResult | None,
+                  kw: dict[str, Any]) -> DPResult | None:
+    """The plan the tables give at ``budget_bytes + slack`` where it fits ``budget_bytes`` and
+    recomputes less than ``found`` (or ``found`` is None); else None."""
+    try:
+        alt = _plan_unheld(chain, budget_bytes + slack, **kw)
+    except InfeasibleBudgetError:
+        return None
+    sc = simulate(chain, alt.plan)
+    if sc.peak_bytes > budget_bytes:
+        return None
+    if found is not None and sc.recompute_ms >= simulate(chain, found.plan).recompute_ms - 1e-9:
+        return None
+    plan = Plan(alt.plan.strategy, alt.plan.n_layers, alt.plan.items, {**alt.plan.params, "budget_bytes": budget_bytes})
+    note = (f"read at the budget plus the side inputs' {slack} bytes (the tables count them for the whole "
+            "step): this plan fits the budget in the simulator")
+    return DPResult(plan, alt.slot_bytes, alt.n_slots, False, alt.n_units, (*alt.notes, note))
+
+
+def _plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mode: str = "auto",
+                 groups: int | None = None, rounding: str = "nearest") -> DPResult:
+    """``plan_unheld`` with the tables read at ``budget_bytes``."""
     notes: list[str] = []
     none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
     fits = none_fits(chain, budget_bytes, none_peak)
@@ -153,7 +210,12 @@ def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None
 @lru_cache(maxsize=16)
 def min_peak_unheld(chain: Chain) -> int:
     """``min_peak`` of a chain that holds no layers."""
-    return min_peak_kept(chain) if chain.all_kept else min_peak_unkept(chain)
+    if not chain.all_kept:
+        return min_peak_unkept(chain)
+    lowest = min_peak_kept(chain)
+    if chain.side_bytes or chain.side_grad_bytes:  # the tables count them for the whole step
+        lowest = min(lowest, simulate(chain, min_peak_plan_kept(chain)).peak_bytes)
+    return lowest
 
 
 def min_peak_plan_unheld(chain: Chain, budget_bytes: int | None = None) -> Plan:
