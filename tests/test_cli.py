@@ -1,5 +1,6 @@
 """The command line: JSON envelopes (key sets pinned), exit codes, one-line errors."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,16 @@ runner = CliRunner()
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
+
+
+def test_progress_lines_in_a_log_are_never_broken(tiny_gpt_spec, tmp_path):
+    # stderr in a log or pipe (not a terminal): each step is one line, however long (it was
+    # wrapped at 80 columns, leaving "selective options" alone on the next line)
+    r = subprocess.run([sys.executable, "-m", "ckplan", "profile", str(tiny_gpt_spec(tmp_path)), "--device", "meta",
+                        "-f", "json"], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "60"})
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("profiling one training step"))
+    assert line.endswith("selective options") and len(line) > 60
 
 
 def test_profile_json_envelope(tiny_gpt_spec, tmp_path):

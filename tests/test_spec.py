@@ -50,6 +50,26 @@ def test_hf_unknown_model_type_is_one_line():
     assert "\n" not in text and len(text) < 300 and "'gpt2'" in text
 
 
+def test_hf_attn_implementation_is_passed_to_the_model_and_checked():
+    # A config field transformers takes beside the config (from_config's), not one of its fields.
+    gpt2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 50, "use_cache": False}
+    assert build_model(hf({**gpt2, "attn_implementation": "eager"}), "meta").config._attn_implementation == "eager"
+    assert build_model(hf(gpt2), "meta").config._attn_implementation == "sdpa"
+    with pytest.raises(SpecError) as e:
+        build_model(hf({**gpt2, "attn_implementation": "fastest"}), "meta")
+    assert e.value.exit_code == 2 and "model.hf.attn_implementation 'fastest'" in str(e.value)
+
+
+def test_hf_task_the_model_type_lacks_names_the_tasks_it_has():
+    # Whisper has no AutoModelForSeq2SeqLM class (it is speech-to-text): one line, exit 2, the tasks it has.
+    spec = validate({"model": {"hf": {"model_type": "whisper", "d_model": 32, "encoder_layers": 1,
+                                      "decoder_layers": 1}, "task": "seq2seq-lm"}, "input": INPUT})
+    with pytest.raises(SpecError) as e:
+        build_model(spec, "meta")
+    assert e.value.exit_code == 2 and "model.task 'seq2seq-lm'" in str(e.value) and "'whisper'" in str(e.value)
+    assert "causal-lm" in (e.value.tip or "") and "seq2seq-lm" not in (e.value.tip or "")
+
+
 def test_hf_nonsense_model_type_is_one_line():
     with pytest.raises(SpecError) as e:
         build_model(hf({"model_type": "zzqqxx"}), "meta")
@@ -224,3 +244,16 @@ def test_a_meta_build_is_the_cpu_build_without_values(tmp_path):
     w = torch.empty(4, 4)
     torch.nn.init.normal_(w)  # outside a meta build, initialisation runs as ever
     assert w.std() > 0
+
+
+def test_float_input_to_a_model_that_embeds_token_ids_is_a_spec_error():
+    # Before: torch's "Expected tensor for argument #1 'indices'" from inside the embedding, exit 1.
+    gpt = {"builtin": "gpt", "args": {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "block_size": 16}}
+    spec = validate({"model": gpt, "input": {"batch_size": 1, "shape": [8], "dtype": "float32"}})
+    with pytest.raises(SpecError) as e:
+        build_model(spec, "meta")
+    assert e.value.exit_code == 2 and "input.dtype 'float32'" in str(e.value) and "int64" in (e.value.tip or "")
+    hfspec = validate({"model": {"hf": {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2}},
+                       "input": {"batch_size": 1, "shape": [8], "dtype": "bfloat16", "name": "input_ids"}})
+    with pytest.raises(SpecError, match="must be integers"):
+        build_model(hfspec, "meta")

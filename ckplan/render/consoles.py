@@ -38,7 +38,8 @@ def escape(text: str) -> str:
 
 
 def info(msg: str) -> None:
-    stderr.print(escape(msg), highlight=False)
+    """One progress line on stderr, never broken (a log keeps it whole; a terminal wraps it)."""
+    stderr.print(escape(msg), highlight=False, soft_wrap=True)
 
 
 def error(msg: str) -> None:

@@ -2,7 +2,7 @@
 
 A spec names the model in exactly one of three ways (``builtin`` from ckplan's zoo, ``hf`` a
 Hugging Face config built offline with random weights, ``target`` the user's own factory), the
-inputs, the chain of checkpointable layers and the training settings. See README "Spec format".
+inputs, the chain of checkpointable layers and the training settings. See README "Specs" and docs/spec.md.
 
 A spec is code. ``target: "package.module:callable"`` imports that module (running whatever it
 runs on import) and calls the callable with ``args:``, before ckplan can look at the result:

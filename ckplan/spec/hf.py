@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 import inspect
 
-from ..errors import DependencyError, SpecError
+from ..errors import DependencyError, SpecError, first_line
 from .limits import check_token_range
 from .schema import InputSpec
 
@@ -34,6 +34,7 @@ def build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
                               tip="pip install 'ckplan[hf]'") from None
     fields = dict(fields)
     model_type = fields.pop("model_type")
+    attn = fields.pop("attn_implementation", None)  # from_config's, not the config's: eager, sdpa, ...
     config_cls = _hf_config_class(transformers, model_type)
     _check_hf_fields(config_cls, model_type, fields)
     try:
@@ -51,6 +52,14 @@ def build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
         pad = getattr(config, "pad_token_id", None)
         config.decoder_start_token_id = pad if pad is not None else 0
     auto = getattr(transformers, _HF_TASKS[task])
+    _check_task(transformers, auto, config, model_type, task)
+    if attn is not None:
+        try:
+            return auto.from_config(config, attn_implementation=attn)
+        except (ValueError, ImportError) as e:
+            raise SpecError(f"model.hf.attn_implementation {attn!r} for model_type {model_type!r}: "
+                            f"{first_line(str(e))}", tip="eager or sdpa (the default: sdpa where the model has it)"
+                            ) from None
     try:  # a task with several classes (DeiT: with and without the teacher head) takes the first
         classes = auto._model_mapping[type(config)]
         if isinstance(classes, (tuple, list)) and not getattr(config, "architectures", None):
@@ -70,6 +79,21 @@ def build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
         raise
 
 
+def _check_task(transformers, auto, config, model_type: str, task: str) -> None:
+    """A task the model type has no class for, said with the tasks it has."""
+    try:
+        if type(config) in auto._model_mapping:
+            return
+    except AttributeError:  # a transformers without the mapping: from_config says it
+        return
+    have = [t for t, name in _HF_TASKS.items()
+            if type(config) in getattr(getattr(transformers, name, None), "_model_mapping", {})]
+    raise SpecError(f"model.task {task!r}: transformers {transformers.__version__} has no {auto.__name__} "
+                    f"class for model_type {model_type!r}",
+                    tip=f"set model.task to one of {', '.join(have)}" if have else
+                    "this model type has no task ckplan builds: give model.target (a function returning the model)")
+
+
 def _padding_id_error(config, model_type: str, fields: dict) -> None:
     """The embedding's padding row outside the vocabulary: a config's default ``pad_token_id``
     (Phi-3: 32000) with a smaller ``vocab_size`` fails inside the model's constructor."""
@@ -87,7 +111,7 @@ def _hf_config_class(transformers, model_type):
     try:
         return mapping[model_type]
     except KeyError:
-        close = difflib.get_close_matches(str(model_type), list(mapping.keys()), n=3)
+        close = difflib.get_close_matches(str(model_type), list(mapping.keys()), n=3, cutoff=0.7)
         hint = f"did you mean {' or '.join(map(repr, close))}?" if close else \
             "use a model_type transformers knows, e.g. gpt2, bert, llama"
         raise SpecError(f"model.hf.model_type {model_type!r} is not a model type transformers "

@@ -13,7 +13,12 @@ from .schema import InputSpec, Spec
 
 def check_token_range(inp: InputSpec, vocab_size: Any, where: str) -> None:
     """Token ids are drawn from [0, input.high): ``high`` above the model's vocabulary would index
-    past its embedding table, an IndexError only at run time (and never on the meta device)."""
+    past its embedding table, an IndexError only at run time (and never on the meta device); a
+    float input is no token ids at all."""
+    if not inp.dtype.startswith(("int", "uint")):
+        raise SpecError(f"input.dtype {inp.dtype!r}: the model embeds token ids ({where.split(',')[0]}), which "
+                        "must be integers", tip=f"set input.dtype: int64 and input.high: {vocab_size}"
+                        if isinstance(vocab_size, int) else "set input.dtype: int64")
     if (inp.dtype.startswith("int") and inp.high is not None and isinstance(vocab_size, int)
             and not isinstance(vocab_size, bool) and inp.high > vocab_size):
         raise SpecError(f"input.high {inp.high} is above the model's vocabulary size {vocab_size} ({where}): "

@@ -229,7 +229,7 @@ def check_optimizer(optimizer) -> str:
 def validate(data: Any, *, source: str = "spec") -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with `model:` and `input:`, got {type(data).__name__}",
-                        tip="see README, section 'Spec format'")
+                        tip="see README, section 'Specs', and docs/spec.md")
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
