@@ -104,3 +104,4 @@ OFFLOAD_WIDE_MAX_LAYERS = 64
 # Chains with side inputs up to this many layers are also planned at the budget plus the side
 # inputs' bytes, which the tables count for the whole step (solve/portfolio.py: plan_unheld)
 SIDE_RELAX_MAX_LAYERS = 64
+SIDE_RELAX_READS = 4  # reads of those tables, each lower by the last plan's overshoot

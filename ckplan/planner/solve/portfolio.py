@@ -134,8 +134,9 @@ def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None
     The tables count side inputs and their gradients as live for the whole step
     (``tables.base_bytes``), so a plan within those bytes of the budget can be missed, and
     budgets just above the smallest peak refused: on chains of up to ``SIDE_RELAX_MAX_LAYERS``
-    layers the tables are also read at the budget plus those bytes, and that plan is taken
-    where the simulator says it fits and it recomputes less (``_side_relaxed``)."""
+    layers the tables are also read at the budget plus those bytes (lower by the overshoot
+    where that plan does not fit), and that plan is taken where the simulator says it fits and
+    it recomputes less (``_side_relaxed``)."""
     kw: dict[str, Any] = dict(max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
     slack = chain.side_bytes + chain.side_grad_bytes
     if not slack or chain.n_layers > limits.SIDE_RELAX_MAX_LAYERS:
@@ -161,19 +162,27 @@ def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None
 def _side_relaxed(chain: Chain, budget_bytes: int, slack: int, found: DPResult | None,
                   kw: dict[str, Any]) -> DPResult | None:
     """The plan the tables give at ``budget_bytes + slack`` where it fits ``budget_bytes`` and
-    recomputes less than ``found`` (or ``found`` is None); else None."""
-    try:
-        alt = _plan_unheld(chain, budget_bytes + slack, **kw)
-    except InfeasibleBudgetError:
-        return None
-    sc = simulate(chain, alt.plan)
-    if sc.peak_bytes > budget_bytes:
+    recomputes less than ``found`` (or ``found`` is None); where it does not fit, read again
+    lower by its overshoot (up to ``limits.SIDE_RELAX_READS`` reads); else None."""
+    read = budget_bytes + slack
+    for _ in range(limits.SIDE_RELAX_READS):
+        try:
+            alt = _plan_unheld(chain, read, **kw)
+        except InfeasibleBudgetError:
+            return None
+        sc = simulate(chain, alt.plan)
+        if sc.peak_bytes <= budget_bytes:
+            break
+        read -= sc.peak_bytes - budget_bytes
+        if read <= budget_bytes:
+            return None
+    else:
         return None
     if found is not None and sc.recompute_ms >= simulate(chain, found.plan).recompute_ms - 1e-9:
         return None
     plan = Plan(alt.plan.strategy, alt.plan.n_layers, alt.plan.items, {**alt.plan.params, "budget_bytes": budget_bytes})
-    note = (f"read at the budget plus the side inputs' {slack} bytes (the tables count them for the whole "
-            "step): this plan fits the budget in the simulator")
+    note = (f"read at the budget plus {read - budget_bytes} of the side inputs' {slack} bytes (the tables count "
+            "them for the whole step): this plan fits the budget in the simulator")
     return DPResult(plan, alt.slot_bytes, alt.n_slots, False, alt.n_units, (*alt.notes, note))
 
 
