@@ -114,6 +114,7 @@ def test_ddp_per_rank_model_and_gradients(spec, prof):
 
 
 def test_failing_rank_is_a_row_not_a_hang(spec, prof):
+    _needs_fsdp_on_cpu()
     t0 = time.monotonic()
     res = bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none"], steps=0, warmup=1,
                             timeout_s=30, profile=prof, check_grads=False, fail_rank=1)
@@ -164,6 +165,7 @@ def _started(monkeypatch) -> list[int]:
 
 
 def test_each_rank_reports_its_own_wrong_gradients(spec, prof, monkeypatch):
+    _needs_fsdp_on_cpu()
     monkeypatch.setenv("CKPLAN_TEST_FAULT", "grads:1")  # rank 1 adds 1 to its first gradient shard
     res = bench_distributed(spec, nproc=2, kind="fsdp", strategies=["none"], steps=0, warmup=1, timeout_s=60,
                             profile=prof)
@@ -308,6 +310,7 @@ def test_a_row_predicted_to_fit_and_measured_above_the_budget_is_over_budget():
 
 
 def test_distributed_default_budget_note_in_units(tiny_gpt_spec, tmp_path, monkeypatch):
+    _needs_fsdp_on_cpu()
     from ckplan import distributed
     spec = load(tiny_gpt_spec(tmp_path, n_layer=2))
     prof = profile(spec, device="meta")

@@ -116,6 +116,6 @@ def _build_target(target: str, args: dict):
     except TypeError as e:
         raise SpecError(f"model.target {target!r} rejected args {args}: {e}") from None
     except Exception as e:
-        if "meta" in str(e) and torch.get_default_device().type == "meta":
+        if "meta" in str(e) and torch.empty(()).device.type == "meta":  # built under the meta device
             raise  # _meta_build_errors says what it is
         raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}") from e
