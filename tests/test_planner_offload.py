@@ -524,3 +524,28 @@ def test_an_offloaded_option_round_trips_and_is_refused_where_it_cannot_run():
     assert simulate(with_opt, plan).peak_bytes > 0
     with pytest.raises(SpecError, match="host link"):
         simulate(replace(with_opt, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0), plan)
+
+
+def test_dp_chooses_each_copy_backs_start_against_brute_force():
+    """The DP prices each offloaded layer's copy back started 1 to ``OFFLOAD_LOOKAHEAD`` layers on,
+    with its bytes on the device from there: on this chain, at these budgets, it reaches the best of
+    every plan with every choice of fetch points (brute force), which a DP fetching at the next
+    layer and moving fetch points afterwards missed (4 ms added where 2 ms is the optimum)."""
+    from ckplan.planner.simulate import simulate_items
+    rng = random.Random(716)
+    for _ in range(3):
+        chain = _random_chain(rng, rng.randint(3, 5))
+    n = chain.n_layers
+    every = []
+    for items in all_plans(n, True):
+        for its in _with_offloads(items):
+            for f in _fetch_variants(its, n):
+                sc = simulate_items(chain, its, fetches=f)
+                every.append((sc.peak_bytes, sc.recompute_ms + sc.transfer_ms))
+    none_peak = simulate(chain, plan_none(n)).peak_bytes
+    for budget in (396, 404):
+        best = min(t for p, t in every if p <= budget)
+        got = plan_offload(chain, budget, none_peak)
+        sc = simulate(chain, got)
+        assert sc.peak_bytes <= budget and sc.recompute_ms + sc.transfer_ms == pytest.approx(best) == 2.0
+        assert any(k > i + 1 for i, k in got.fetches().items())
