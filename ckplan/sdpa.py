@@ -38,6 +38,7 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from . import meta_autocast
+from .meta_fromdata import NOT_DONE, made_on_meta
 
 TARGETS = ("cpu", "cuda")
 
@@ -137,7 +138,8 @@ def _fused_dropout(func, args, kwargs):
 class SdpaOnMeta(TorchFunctionMode):
     """On meta, run ``F.scaled_dot_product_attention`` with the kernel ``target`` would choose.
 
-    ``paths`` counts the kernels chosen ({"flash": 12}, ...), for the profile's notes.
+    ``paths`` counts the kernels chosen ({"flash": 12}, ...), for the profile's notes. Tensors
+    made from Python data are made where the trackers see them (ckplan.meta_fromdata).
     """
 
     def __init__(self, target: str):
@@ -161,6 +163,9 @@ class SdpaOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        made = made_on_meta(func, args, kwargs)
+        if made is not NOT_DONE:
+            return made
         if func in _DROPOUTS and self.target == "cuda":
             return _fused_dropout(func, args, kwargs)
         if func is not F.scaled_dot_product_attention:
