@@ -58,6 +58,11 @@ class ModelRunError(CkplanError):
     exit_code = 1
 
 
+class PlanRunError(ModelRunError):
+    """A plan that cannot run on this model as planned (a checkpoint starting at a layer that
+    changes its input in place): ``bench`` marks the row ``error`` and goes on."""
+
+
 class WriteError(CkplanError):
     """A result file could not be written (a full disk, a folder gone read-only during the run);
     the message names the file. Nothing half-written is left (ckplan.report.write_files)."""

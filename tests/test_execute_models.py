@@ -157,6 +157,71 @@ def test_changed_hidden_state_in_place_is_refused():
             m(torch.randn(2, 4))
 
 
+class _ChangesInput(torch.nn.Module):
+    """A layer that changes its own argument in place before using it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x.mul_(0.5)
+        return x + torch.tanh(self.fc(x))
+
+
+class _ChangesInputNet(torch.nn.Module):
+    def __init__(self, n: int = 4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_ChangesInput() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.pow(2).sum()
+
+
+@pytest.mark.parametrize("ranges", [[(0, 1)], [(1, 3)], [(0, 4), (2, 3)]])
+def test_a_checkpoint_starting_at_a_layer_that_changes_its_input_is_refused(ranges):
+    """Its recompute would start from the changed input: silently wrong gradients where the
+    input needs none (layer 0, the batch), PyTorch's version error in the backward elsewhere.
+    The first forward stops with the reason instead."""
+    from ckplan.errors import PlanRunError
+    torch.manual_seed(0)
+    m = _ChangesInputNet()
+    with apply_plan(m, Plan("custom", 4, items_from_ranges(4, ranges))):
+        with pytest.raises(PlanRunError, match="changes its input in place"):
+            m(torch.randn(3, 8))
+    # the model runs as before once the plan is gone, and a plan can be applied again
+    assert torch.isfinite(m(torch.randn(3, 8)))
+
+
+def test_layers_that_change_their_input_inside_a_checkpoint_keep_the_gradients():
+    """Inside a checkpoint (not at its start) such a layer's input is made by the checkpoint and
+    made again by its recompute: gradients equal the plain model's."""
+    torch.manual_seed(0)
+    m, x = _ChangesInputNet(), torch.randn(3, 8, requires_grad=True)
+    m.layers[0] = torch.nn.Linear(8, 8)  # the checkpoints start here; layers 1-3 change their input
+    plain = torch.autograd.grad(m(x), list(m.parameters()))
+    for ranges in ([(0, 4)], [(0, 4), (0, 2)], [(0, 2)]):
+        with apply_plan(m, Plan("custom", 4, items_from_ranges(4, ranges))):
+            got = torch.autograd.grad(m(x), list(m.parameters()))
+        for a, b in zip(plain, got):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_profile_names_the_layers_that_change_their_input():
+    m = _ChangesInputNet(3)
+    prof = api.profile_model(m, (torch.randn(2, 8),), {}, name="t", chain="layers", device="cpu",
+                             optimizer="sgd", repeats=1, warmup=0, loss_fn=lambda out: out)
+    note = next(n for n in prof.notes if n.startswith("layers that change their input in place"))
+    assert note.endswith("layers 0, 1, 2")
+    plain = _ChangesInputNet(3)
+    plain.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    prof = api.profile_model(plain, (torch.randn(2, 8),), {}, name="t", chain="layers", device="cpu",
+                             optimizer="sgd", repeats=1, warmup=0, loss_fn=lambda out: out)
+    assert not any("change their input" in n for n in prof.notes)
+
+
 def test_thread_local_segments():
     """Two threads running the same planned model at once each get the right gradients."""
     import threading

@@ -8,13 +8,13 @@ import time
 
 import torch
 
-from ..errors import ModelRunError
+from ..errors import ModelRunError, PlanRunError
 from ..measure import TrackerLimitExceeded
 from ..peers import UNAVAILABLE
 from ..planner import plan_none
 from ..records import ERROR, NON_FINITE, WRONG_GRADIENTS
 from .entry import Entry
-from .status import one_line, row_error
+from .status import one_line, plan_error, row_error
 from .steps import Run, Stepper, applied, model_of
 
 # (rtol, atol) of the gradient check per precision; the package docstring (ckplan.bench) says why.
@@ -48,6 +48,10 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
         else:
             try:
                 e.loss, grads = loss_and_grads(run, e, init)
+            except PlanRunError as err:  # this plan cannot run on this model: the row says why
+                e.status, e.message = ERROR, plan_error(err)
+                run.model.zero_grad(set_to_none=True)
+                continue
             except (torch.cuda.OutOfMemoryError, TrackerLimitExceeded, ModelRunError):
                 raise
             except RuntimeError as err:  # the row fails, the bench goes on (e.g. in-place inputs)

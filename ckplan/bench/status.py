@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from ..errors import ModelRunError, first_line
+from ..errors import ModelRunError, PlanRunError, first_line
 from ..measure import TrackerLimitExceeded
 from ..records import ERROR, OK, OOM
 from .entry import Entry
@@ -24,6 +24,9 @@ def guarded(run: Run, e: Entry, fn, *args) -> None:
         gc.collect()
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
+    except PlanRunError as err:
+        e.status, e.message = ERROR, plan_error(err)
+        run.opt.zero_grad(set_to_none=True)
     except ModelRunError:
         raise
     except RuntimeError as err:
@@ -35,6 +38,11 @@ INPLACE_TIP = ("a checkpoint starts at a layer that changes its input in place (
                "and the like: PyTorch's checkpoint saves that input and cannot recompute from it); "
                "build those layers with inplace=False, or bench a plan (--plan) whose checkpoints "
                "start elsewhere")
+
+
+def plan_error(err: PlanRunError) -> str:
+    """One line for a row whose plan cannot run on this model: the reason and its fix."""
+    return str(err)
 
 
 def row_error(err: RuntimeError) -> str:

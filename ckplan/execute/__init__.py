@@ -75,9 +75,10 @@ apply     apply_plan(), remove_plan(), load_plan()
 offload   saved activations to pinned host memory on a side stream (CUDA; the offload-all peer)
 """
 from .apply import apply_plan, load_plan, remove_plan
+from .calls import in_place_layer
 from .executor import PlanExecutor, _PlannedForward, spans_layers
 
 # Pickled models with a plan name these classes by this path (and load with it).
 PlanExecutor.__module__ = _PlannedForward.__module__ = __name__
 
-__all__ = ["PlanExecutor", "apply_plan", "load_plan", "remove_plan", "spans_layers"]
+__all__ = ["PlanExecutor", "apply_plan", "in_place_layer", "load_plan", "remove_plan", "spans_layers"]

@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import ModelRunError
+from ..chainfind import tensor_leaves
+from ..errors import ModelRunError, PlanRunError
 from ..planner.plan import Checkpoint
 from .frames import _get_autocast_kwargs, _get_device_module, _infer_device_type, _tc
 
@@ -144,9 +145,27 @@ def _entry_links(args: tuple, kwargs: dict) -> tuple[list[tuple[int, int]], list
     return [], []
 
 
-def _in_place(layer: nn.Module) -> bool:
+def in_place_layer(layer: nn.Module) -> bool:
     """A layer built to change its input in place (``nn.ReLU(inplace=True)`` and the like)."""
     return getattr(layer, "inplace", False) is True
+
+
+def input_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
+    """The tensor arguments of a call and their versions, for :func:`refuse_changed_input`."""
+    return [(t, t._version) for t in tensor_leaves((args, kwargs))]
+
+
+def refuse_changed_input(i: int, before: list[tuple[torch.Tensor, int]]) -> None:
+    """A checkpoint starting at layer ``i`` saves its input and recomputes from it: a layer whose
+    forward changed that input in place would be recomputed from the changed tensor (wrong
+    gradients when it needs none, PyTorch's refusal in the backward when it does)."""
+    if any(t._version != v for t, v in before):
+        raise PlanRunError(
+            f"chain layer {i} changes its input in place (an in-place op on an argument: x.mul_(...), "
+            "x += ...), and a checkpoint starts at it: the checkpoint saves that input and would "
+            "recompute from the changed tensor",
+            tip="make that op out of place (x = x * 0.5), or use a plan whose checkpoints start at other "
+                "layers (the profile's notes list the layers that change their input)")
 
 
 def _with_copies(args: tuple, kwargs: dict, links: list[tuple[int, int]]) -> tuple[tuple, dict]:

@@ -28,10 +28,12 @@ from .calls import (
     _dropped,
     _entry_links,
     _Frame,
-    _in_place,
     _refuse_kv_cache,
     _Segment,
     _with_copies,
+    in_place_layer,
+    input_versions,
+    refuse_changed_input,
 )
 from .frames import _CAN_SPAN, _checkpoint_hook, _early_stop, _metadata_fn, _new_frame, _save_inputs
 from .offload import PlanOffload
@@ -157,15 +159,19 @@ class PlanExecutor:
         if not path:  # stored at the top level, with its option
             return run_with_option(orig, self._option[i], *args, **kwargs)
         if not spans_layers():
-            return checkpoint(recompute_keeping_stats(orig), *args, use_reentrant=False, preserve_rng_state=True,
-                              **kwargs)
+            before = input_versions(args, kwargs)
+            out = checkpoint(recompute_keeping_stats(orig), *args, use_reentrant=False, preserve_rng_state=True,
+                             **kwargs)
+            refuse_changed_input(i, before)
+            return out
         _refuse_kv_cache(i, args, kwargs)
         tls = self._tls
         seg, (links, inputs) = self._segment_at(i, path, args, kwargs)
         starting = self._open_frames(seg, i, path, inputs)
         seg.calls[i] = _Call(args, kwargs, links)
-        if starting and _in_place(self.layers[i]):
+        if starting and in_place_layer(self.layers[i]):
             args, kwargs = _with_copies(args, kwargs, links)
+        before = input_versions(args, kwargs) if starting and not in_place_layer(self.layers[i]) else []
         hook, own = seg.open[-1].hook, None
         if self._option[i] != STORE and not _compiled(orig):
             # Stored with a selective option inside a checkpoint: its own frame, as a nested
@@ -189,6 +195,12 @@ class PlanExecutor:
         finally:
             if own is not None:
                 own.forward_completed = True
+        try:
+            refuse_changed_input(i, before)
+        except ModelRunError:
+            tls.seg = None
+            seg.close()
+            raise
         seg.last = i
         while seg.open and seg.open[-1].item.stop == i + 1:
             seg.open.pop().frame.forward_completed = True
@@ -263,7 +275,7 @@ class PlanExecutor:
             elif isinstance(item, Store) and item.option != STORE:
                 out = self._option_fill(calls, j, item.option, inputs)
             elif isinstance(item, Store):
-                if at_start and _in_place(self.layers[j]):  # the recompute's saved input
+                if at_start and in_place_layer(self.layers[j]):  # the recompute's saved input
                     inputs = [t.clone() for t in inputs]
                 out = calls[j].replay(functools.partial(self._call_module, j), inputs)
             else:

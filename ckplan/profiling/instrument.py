@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..chainfind import first_tensor, tensor_leaves
+from ..execute import in_place_layer
 from ..measure import Clock, storages_of, unique_storage_bytes
 from ..records import SideInput
 from ..training import forward_loss
@@ -71,6 +72,10 @@ class Instrument:
     casts_unkept: dict[int, int] = field(default_factory=dict)
     live_after_bwd: dict[int, int] = field(default_factory=dict)
     aliased: set[int] = field(default_factory=set)  # layers returning their input's storage
+    # layers whose forward changes a tensor argument in place (``x.mul_(0.5)``), and the
+    # arguments' versions at the call of the layer running now
+    changes_input: set[int] = field(default_factory=set)
+    in_versions: list = field(default_factory=list)
     # Early stop (StageRecord.early_*), in the measured pass: the chain layer whose forward is
     # running (between its hooks), the window's peak at its last pack, and per saved storage the
     # layers whose own ops saved it.
@@ -200,6 +205,8 @@ class Instrument:
                     self._chain_break(i, args, kwargs)
             if i == 0:
                 self._chain_input(args, kwargs)
+            if self.track_saved and not self.paused:
+                self.in_versions = [(t, t._version) for t in tensor_leaves((args, kwargs))]
             self.mark("F", i)
             self.inside = i
         return hook
@@ -236,6 +243,9 @@ class Instrument:
                 for st in storages_of(out):
                     self.first_seen(st, ("F", i))
             if self.track_saved and not self.paused:
+                if any(t._version != v for t, v in self.in_versions) and not in_place_layer(module):
+                    self.changes_input.add(i)
+                self.in_versions = []
                 self.side.returned(i, out)
                 self.returned[i] = [weakref.ref(t) for t in tensor_leaves(out)]
             y = first_tensor(out)
@@ -289,6 +299,7 @@ class Instrument:
         self.breaks.clear()
         self.out_storage.clear()
         self.aliased.clear()
+        self.changes_input.clear()
         self.early_peak.clear()
         self.early_op.clear()
         self.packs.clear()

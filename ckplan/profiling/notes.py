@@ -31,6 +31,10 @@ UNKEPT_NOTE = ("outputs no op saves (freed once the next stage has run; a checkp
                "keeps them)")
 LOOSE_NOTE = ("tensors a checkpoint cannot drop (kept with nothing saved: a custom autograd "
               "Function's ctx attributes, or a cache)")
+CHANGES_INPUT_NOTE = ("layers that change their input in place (an in-place op on an argument: "
+                      "x.mul_(...), x += ...): a checkpoint starting at one saves that input and would "
+                      "recompute from the changed tensor, so a plan that starts one there stops with an "
+                      "error; make the op out of place, or plan checkpoints that start elsewhere; layers")
 OWN_NOTE = ("outputs saved only by their own layer's ops (nothing after them saves them, so a "
             "checkpoint ending there frees them once the next stage has run)")
 
@@ -73,6 +77,10 @@ def step_notes(rows: tuple[StageRecord, ...], measured: MeasuredPass, *, sdpa_no
     if own:
         names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
         notes.append(f"{OWN_NOTE}: {names} (README: memory model)")
+    if measured.changes_input:
+        ordered = sorted(measured.changes_input)
+        notes.append(f"{CHANGES_INPUT_NOTE} " + ", ".join(str(i) for i in ordered[:8])
+                     + (f" and {len(ordered) - 8} more" if len(ordered) > 8 else ""))
     if kept_memory:
         notes.append(KEPT_MEMORY_NOTE)
     if not eager:
