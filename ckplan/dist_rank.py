@@ -355,7 +355,7 @@ def _grad_diff(model, ref: dict[str, torch.Tensor] | None, device: torch.device)
 
     scale = torch.zeros((), dtype=torch.float32, device=device)
     if ref is not None:
-        scale.fill_(max(float(g.abs().max()) for g in ref.values()))
+        scale.fill_(max((float(g.abs().max()) for g in ref.values() if g.numel()), default=0.0))
     dist.broadcast(scale, 0)
     worst = 0.0
     for name, p in model.named_parameters():

@@ -375,3 +375,37 @@ def test_a_plan_with_a_partitioner_budget_is_checked_before_anything_runs(tiny_g
                                  str(tmp_path / "out")])
     assert r.exit_code == 2 and says in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_with_an_empty_parameter_is_benched(write_spec, tmp_path, monkeypatch):
+    """DINOv3 with no register tokens holds a 0-element parameter: its gradient is empty, and the
+    gradient check compares the others."""
+    (tmp_path / "empty_param_net.py").write_text(textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self, d=16, n=4):
+                super().__init__()
+                self.registers = nn.Parameter(torch.zeros(1, 0, d))
+                self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.Tanh()) for _ in range(n))
+            def forward(self, x):
+                x = torch.cat([self.registers.expand(x.shape[0], -1, -1), x], dim=1)
+                for layer in self.layers:
+                    x = layer(x)
+                return x.pow(2).mean()
+
+        def make():
+            return Net()
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, """
+model: {target: "empty_param_net:make"}
+input: {batch_size: 4, shape: [8, 16], dtype: float32}
+""")
+    r = CliRunner().invoke(app, ["bench", str(spec), "--compare", "none,every-k", "--steps", "1", "--warmup", "0",
+                                 "--no-options", "--out-dir", str(tmp_path / "out"), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["status"] for row in rows] == ["ok", "ok"]

@@ -468,3 +468,21 @@ def test_a_model_that_cannot_run_in_bf16_gets_the_precision_tip():
         api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", precision="bf16",
                           repeats=1, warmup=0)
     api.profile_model(model, (torch.randn(4, 8),), {}, name="m", chain=None, device="cpu", repeats=1, warmup=0)
+
+
+def test_layers_called_out_of_order_are_named_in_the_order_seen():
+    from ckplan.errors import ModelRunError
+
+    class Reversed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+        def forward(self, x):
+            for layer in reversed(self.layers):
+                x = layer(x)
+            return x.sum()
+
+    with pytest.raises(ModelRunError, match=r"saw layer calls \[3, 2, 1, 0\] for 4 layers"):
+        api.profile_model(Reversed(), (torch.randn(2, 4),), {}, name="r", chain="layers", device="cpu",
+                          repeats=1, warmup=0, loss_fn=lambda out: out)

@@ -93,6 +93,13 @@ def test_target_errors(tmp_path, monkeypatch):
         build_model(spec("factories:nope"), "meta")
     with pytest.raises(SpecError, match="must look like"):
         spec("factories.nope")
+    (tmp_path / "broken_factory.py").write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(SpecError, match="'broken_factory:make': importing module 'broken_factory' raised "
+                                        "RuntimeError: boom at import") as e:
+        build_model(spec("broken_factory:make"), "meta")
+    assert "import broken_factory" in e.value.tip
+    with pytest.raises(SpecError, match="cannot import module 'no_such_module_here'"):
+        build_model(spec("no_such_module_here:make"), "meta")
 
 
 def test_spec_module_says_a_spec_is_code():

@@ -65,7 +65,8 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
             ref, ref_loss = grads, e.loss
             if run.layers is not None:
                 run.ref_grads = grads
-            ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None), default=0.0)
+            ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None and g.numel()),
+                            default=0.0)
             e.grad_diff, e.grad_tol = 0.0, rtol * ref_scale + atol
         elif ref is not None:
             _judge(e, grads, ref, ref_loss, ref_scale, rtol, atol)
@@ -147,7 +148,7 @@ def _judge(e: Entry, grads: dict, ref: dict, ref_loss: float, ref_scale: float, 
     missing = sorted(n for n in ref.keys() | grads.keys()
                      if (ref.get(n) is None) != (grads.get(n) is None))
     diffs = {n: (g - ref[n]).abs().max().item() for n, g in grads.items()
-             if g is not None and ref.get(n) is not None}
+             if g is not None and ref.get(n) is not None and g.numel()}
     e.grad_diff = max(diffs.values(), default=0.0)
     loss_tol = rtol * abs(ref_loss) + atol
     if missing:

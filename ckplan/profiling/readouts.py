@@ -39,7 +39,7 @@ def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
     order = [(m.phase, m.stage) for m in marks if m.phase == "F"]
     expected = [("F", s) for s in range(-1, n + 1)]
     if order != expected:
-        got = [s for _, s in order[1:-1] if s < n]  # (F(n) is marked after the last layer)
+        got = [s for _, s in order if 0 <= s < n]  # (F(-1) and F(n) are the stages around them)
         if not got:  # no layer's hooks fired: called as layer.forward(...), not layer(...)
             raise ModelRunError(
                 f"the model never called the {n} chain layers as modules: no forward hook of "
@@ -51,7 +51,8 @@ def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
         raise ModelRunError(
             f"the chain's layers were not called once each, in order: saw layer calls {got[:12]}"
             f"{'...' if len(got) > 12 else ''} for {n} layers",
-            tip="set `chain:` to a container whose entries the model calls exactly once per step")
+            tip="set `chain:` to a container whose entries the model calls exactly once per step, in "
+                "order (one module object at two places in it is seen as both at each call)")
     out = {}
     for a, b in zip(marks, marks[1:]):
         out[(a.phase, a.stage)] = dict(ms=b.t_ms - a.t_ms, live_start=a.live, live_end=b.live,

@@ -106,6 +106,10 @@ def _build_target(target: str, args: dict):
     except ImportError as e:
         raise SpecError(f"model.target: cannot import module {mod_name!r}: {e}",
                         tip="run ckplan from the directory that holds it, or add it to PYTHONPATH") from None
+    except Exception as e:  # the module's own code failed while it was imported
+        raise SpecError(f"model.target {target!r}: importing module {mod_name!r} raised {type(e).__name__}: "
+                        f"{first_line(str(e))}",
+                        tip=f"fix the module (python -c 'import {mod_name}' shows the traceback)") from e
     fn = mod
     for part in fn_name.split("."):
         fn = getattr(fn, part, None)
