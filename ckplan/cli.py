@@ -303,7 +303,7 @@ def _write_bench(out_dir: Path, res, started: float) -> int:
             render.info(replaced)
     except report.ReportsInterrupted as e:
         render.error(str(e))
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + e.signum) from None
     except (CkplanError, OSError) as e:
         why = str(e) if isinstance(e, CkplanError) else f"{e.strerror} ({e.filename or out_dir})"
         render.error(f"the results above were not written to {out_dir}: {why}")

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import inspect
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -23,7 +24,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from . import render
-from .errors import CkplanError, UsageError, first_line
+from .errors import CkplanError, Terminated, UsageError, first_line
 from .launch import MAX_RANKS_PER_CPU
 from .options import Device, Fmt, Optimizer, Precision, Strategy
 from .records import SCHEMA_VERSION
@@ -120,16 +121,18 @@ def guarded(fn):
 
         _Stdout.written = False
         try:
-            return fn(*args, **kwargs)
+            with _sigterm_raises():
+                return fn(*args, **kwargs)
         except CkplanError as e:
             if debug:
                 raise
             # an error raised from another (the model's own) has a traceback worth seeing
             failed(type(e).__name__, e.message, e.tip, e.exit_code,
                    str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""))
-        except KeyboardInterrupt:
-            failed("Interrupted", "interrupted; no partial report was written", None, 130,
-                   "interrupted; no partial report was written")
+        except KeyboardInterrupt as e:
+            what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            failed("Interrupted", f"{what}; no partial report was written", None, interrupt_code(e),
+                   f"{what}; no partial report was written")
         except typer.Exit:
             raise
         except Exception as e:  # a bug in ckplan or the model: one line, traceback with --debug
@@ -139,6 +142,28 @@ def guarded(fn):
             failed(type(e).__name__, line, "run with --debug for the traceback", 1,
                    f"{line} (run with --debug for the traceback)")
     return wrapper
+
+
+def interrupt_code(e: BaseException) -> int:
+    """128 + the signal that stopped the command: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 128 + getattr(e, "signum", 2)
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`Terminated` in the main thread while a command runs (Python's default
+    ends the process at once: no message, no clean-up)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated()
+    old = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager

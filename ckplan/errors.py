@@ -58,6 +58,13 @@ class ModelRunError(CkplanError):
     exit_code = 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a command's process (the CLI turns it into this, as Python turns SIGINT into
+    KeyboardInterrupt), so that what a Ctrl-C cleans up is cleaned up too; it exits 143."""
+
+    signum = 15
+
+
 class PlanRunError(ModelRunError):
     """A plan that cannot run on this model as planned (a checkpoint starting at a layer that
     changes its input in place): ``bench`` marks the row ``error`` and goes on."""

@@ -390,3 +390,29 @@ def test_a_constructor_that_reads_values_on_meta_is_one_clear_error(write_spec, 
     text = one_line(r)
     assert "constructor reads tensor values" in text and "--device cpu" in text and "Traceback" not in r.output
     assert run("profile", spec, "--device", "cpu", "--repeats", "1").exit_code == 0
+
+
+def test_sigterm_ends_a_bench_with_143_and_one_line(tiny_gpt_spec, tmp_path):
+    """As Ctrl-C does (130): a message, exit 128 + 15, no report written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "ckplan", "bench", str(tiny_gpt_spec(tmp_path)), "--steps", "1",
+                          "--out-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path, env=env)
+    seen = []
+    for line in p.stderr:  # the bench has started its work
+        seen.append(line)
+        if "profiling" in line:
+            p.send_signal(signal.SIGTERM)
+            break
+    err = "".join(seen) + p.stderr.read()
+    assert p.wait(timeout=120) == 143, err
+    assert "Error: terminated (SIGTERM); no partial report was written" in err
+    assert not out.exists() or not any(out.iterdir())

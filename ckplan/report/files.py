@@ -25,7 +25,8 @@ from ..errors import UsageError, WriteError
 class ReportsInterrupted(KeyboardInterrupt):
     """Ctrl-C while a set of reports was written; ``kept`` says which whole set is on disk."""
 
-    def __init__(self, kept: str, paths: list[Path]):
+    def __init__(self, kept: str, paths: list[Path], signum: int = 2):
+        self.signum = signum  # what stopped it: 2 SIGINT, 15 SIGTERM
         self.kept = kept  # "previous": nothing new was written; "new": every new file is in place
         self.paths = paths
         names = ", ".join(str(p) for p in paths)
@@ -174,9 +175,9 @@ def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "-
             temps.append(Path(tmp))
             write(Path(tmp))
             os.chmod(tmp, _new_mode(p))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as k:
         _unlink_all(temps)
-        raise ReportsInterrupted("previous", paths) from None
+        raise ReportsInterrupted("previous", paths, getattr(k, "signum", 2)) from None
     except OSError as e:  # a full disk, a folder gone read-only: said with the file's name
         _unlink_all(temps)
         raise _write_error(e, current, paths, what) from None
@@ -186,12 +187,12 @@ def write_files(items: list[tuple[Path, Callable[[Path], None]]], what: str = "-
     try:
         with _sigint_deferred() as interrupted:
             _rename_all(temps, paths, what)
-    except KeyboardInterrupt:  # in the instant before or after the deferral: look at what is on disk
+    except KeyboardInterrupt as k:  # in the instant before or after the deferral: look at what is on disk
         renamed = not any(t.exists() for t in temps)
         _unlink_all(temps)
-        raise ReportsInterrupted("new" if renamed else "previous", paths) from None
+        raise ReportsInterrupted("new" if renamed else "previous", paths, getattr(k, "signum", 2)) from None
     if interrupted():
-        raise ReportsInterrupted("new", paths)
+        raise ReportsInterrupted("new", paths, interrupted())
     return paths
 
 
@@ -244,16 +245,19 @@ def _rename_all(temps: list[Path], paths: list[Path], what: str) -> None:
 
 @contextlib.contextmanager
 def _sigint_deferred():
-    """Hold Ctrl-C until the block ends (main thread only; elsewhere signals cannot be handled)."""
+    """Hold Ctrl-C and SIGTERM until the block ends (main thread only; elsewhere signals cannot be
+    handled); yields what says the first signal held (0: none)."""
     got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
+        yield lambda: 0
         return
-    old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    old = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield lambda: bool(got)
+        yield lambda: got[0] if got else 0
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def write_text(path: str | Path, text: str) -> Path:
