@@ -50,6 +50,9 @@ class OneLineErrors(TyperGroup):
         except _cx.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "ckplan"
             message = e.format_message().replace("Value error, ", "").rstrip(".")
+            if _asks_json(sys.argv[1:] if args is None else list(args)):  # one document on stdout, as always
+                sys.stdout.write(to_json(error_document("UsageError", message, f"see `{where} --help`",
+                                                        e.exit_code)))
             error_line(f"{message}. Tip: see `{where} --help`")
             sys.exit(e.exit_code)
         except _cx.ClickException as e:
@@ -59,6 +62,14 @@ class OneLineErrors(TyperGroup):
             error_line("aborted")
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _asks_json(args: list[str]) -> bool:
+    """Whether a command line asks for ``--format json`` (read before click could parse it)."""
+    for a, b in zip(args, [*args[1:], ""]):
+        if (a in ("--format", "-f") and b == "json") or a in ("--format=json", "-fjson"):
+            return True
+    return False
 
 
 def exit_now(code: object) -> NoReturn:

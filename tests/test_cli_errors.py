@@ -416,3 +416,23 @@ def test_sigterm_ends_a_bench_with_143_and_one_line(tiny_gpt_spec, tmp_path):
     assert p.wait(timeout=120) == 143, err
     assert "Error: terminated (SIGTERM); no partial report was written" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--format", "json", "SPEC", "--strategy", "foo"],
+    ["plan", "SPEC", "--bogus", "-f", "json"],
+    ["bench", "--format=json", "SPEC", "--steps", "0"],
+])
+def test_an_option_click_refuses_is_a_json_document_too(argv, tmp_path, capfd):
+    """Refused while the command line is parsed, before any command runs: still one document on
+    stdout with the usage error's exit code, and the Error line on stderr."""
+    import typer.main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: {builtin: mlp}\ninput: {batch_size: 2, shape: [4]}\n")
+    with pytest.raises(SystemExit) as e:
+        typer.main.get_command(app).main([str(spec) if a == "SPEC" else a for a in argv], prog_name="ckplan")
+    out, err = capfd.readouterr()
+    doc = json.loads(out)
+    assert e.value.code == 2 and doc["error"]["exit_code"] == 2 and doc["error"]["kind"] == "UsageError"
+    assert doc["schema_version"] == 1 and err.startswith("Error: ")
