@@ -31,7 +31,7 @@ from .planner import (
 from .planner import sweep as _sweep
 from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
 from .planner.strategies import check_sweep_points
-from .profiling.notes import CHANGES_INPUT_NOTE
+from .profiling.notes import CHANGES_INPUT_NOTE, CONTAINER_NOTE
 from .records import Profile
 from .sac import OFFLOAD_OPTIONS
 from .sdpa import default_target
@@ -112,9 +112,9 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     none = plan_chain(chain, "none")
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
-    changes_input = next((n for n in prof.notes if n.startswith(CHANGES_INPUT_NOTE)), None)
+    layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE)))
     notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision), no_gain_reason(chain), compiled,
-                              no_link, changes_input) if n)
+                              no_link, *layer_notes) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,

@@ -5,7 +5,9 @@ previous layer's output went in the next call (found by identity).
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
+from collections.abc import MutableMapping, MutableSequence
 from typing import Any
 
 import torch
@@ -45,7 +47,11 @@ class _Call:
         flat, self.spec = _flat(args, kwargs)
         for slot, _ in links:
             flat[slot] = None
-        self.flat = flat
+        # A container the layers write into (Gemma 4's shared_kv_states): the record keeps what it
+        # held at this call, and each recompute writes into a copy of that, so the model's own
+        # container (with what later layers put in it) and a recompute's tensors, graph and all,
+        # are not kept alive by the record until the checkpoint's backward is over.
+        self.flat = [_snapshot(v) for v in flat]
         self.slots = tuple(s for s, _ in links)
         self.leaves = tuple(li for _, li in links)
         # RNG and autocast as torch.utils.checkpoint stashes them, but per layer call.
@@ -59,7 +65,7 @@ class _Call:
         self.sac = None  # a selective option's recompute context, filled by its parent's recompute
 
     def replay(self, forward, inputs: list[torch.Tensor]):
-        flat = list(self.flat)
+        flat = [_snapshot(v) for v in self.flat]
         for slot, value in zip(self.slots, inputs):
             flat[slot] = value
         a, k = _rebuild(flat, self.spec)
@@ -71,6 +77,14 @@ class _Call:
                    if dev_kw is not None else contextlib.nullcontext())
         with dev_ctx, torch.amp.autocast("cpu", **cpu_kw):
             return forward(*a, **k)
+
+
+def _snapshot(value):
+    """A shallow copy of a mutable container that is not a pytree node (a UserDict, a list
+    subclass), or the value itself."""
+    if isinstance(value, (MutableMapping, MutableSequence)) and not isinstance(value, torch.Tensor):
+        return copy.copy(value)
+    return value
 
 
 class _Frame:

@@ -16,10 +16,12 @@ What the records say per stage is read out by :mod:`ckplan.profiling.readouts`.
 from __future__ import annotations
 
 import weakref
+from collections.abc import MutableMapping, MutableSequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_flatten
 
 from ..chainfind import first_tensor, tensor_leaves
 from ..execute import in_place_layer
@@ -76,6 +78,10 @@ class Instrument:
     # arguments' versions at the call of the layer running now
     changes_input: set[int] = field(default_factory=set)
     in_versions: list = field(default_factory=list)
+    # layers that put tensors into a container argument (Gemma 4's shared_kv_states), and the
+    # containers of the call running now with their contents (ids of the tensors in them)
+    writes_container: set[int] = field(default_factory=set)
+    containers: list = field(default_factory=list)
     # Early stop (StageRecord.early_*), in the measured pass: the chain layer whose forward is
     # running (between its hooks), the window's peak at its last pack, and per saved storage the
     # layers whose own ops saved it.
@@ -207,6 +213,7 @@ class Instrument:
                 self._chain_input(args, kwargs)
             if self.track_saved and not self.paused:
                 self.in_versions = [(t, t._version) for t in tensor_leaves((args, kwargs))]
+                self.containers = [(c, _contents(c)) for c in _containers((args, kwargs))]
             self.mark("F", i)
             self.inside = i
         return hook
@@ -246,6 +253,9 @@ class Instrument:
                 if any(t._version != v for t, v in self.in_versions) and not in_place_layer(module):
                     self.changes_input.add(i)
                 self.in_versions = []
+                if any(_contents(c) != before for c, before in self.containers):
+                    self.writes_container.add(i)
+                self.containers = []
                 self.side.returned(i, out)
                 self.returned[i] = [weakref.ref(t) for t in tensor_leaves(out)]
             y = first_tensor(out)
@@ -300,6 +310,7 @@ class Instrument:
         self.out_storage.clear()
         self.aliased.clear()
         self.changes_input.clear()
+        self.writes_container.clear()
         self.early_peak.clear()
         self.early_op.clear()
         self.packs.clear()
@@ -330,3 +341,15 @@ class Instrument:
         self.early_kept_at_end = readouts.early_kept_by_stage(self.saved, self.alloc_window, self.packed_by)
         self.outside_saved_at_end = readouts.outside_saved_by_stage(
             self.saved, self.alloc_window, self.packed_by, self.out_storage, self.n)
+
+
+def _containers(obj) -> list:
+    """The mutable containers among a call's arguments that pytree keeps whole (a UserDict)."""
+    return [v for v in tree_flatten(obj)[0]
+            if isinstance(v, (MutableMapping, MutableSequence)) and not isinstance(v, torch.Tensor)]
+
+
+def _contents(container) -> list[int]:
+    """Ids of the tensors a container holds now."""
+    values = container.values() if isinstance(container, MutableMapping) else container
+    return [id(t) for t in tensor_leaves(list(values))]

@@ -35,6 +35,10 @@ CHANGES_INPUT_NOTE = ("layers that change their input in place (an in-place op o
                       "x.mul_(...), x += ...): a checkpoint starting at one saves that input and would "
                       "recompute from the changed tensor, so a plan that starts one there stops with an "
                       "error; make the op out of place, or plan checkpoints that start elsewhere; layers")
+CONTAINER_NOTE = ("layers that write tensors into a container argument (Gemma 4's shared_kv_states): a "
+                  "checkpointed call keeps what the container held at the call (later layers' recompute "
+                  "reads it) until the checkpoint's backward, which the memory model does not count: "
+                  "checkpointed plans may peak up to those tensors' bytes above the prediction; layers")
 OWN_NOTE = ("outputs saved only by their own layer's ops (nothing after them saves them, so a "
             "checkpoint ending there frees them once the next stage has run)")
 
@@ -77,10 +81,11 @@ def step_notes(rows: tuple[StageRecord, ...], measured: MeasuredPass, *, sdpa_no
     if own:
         names = ", ".join(f"layer {i}" for i in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
         notes.append(f"{OWN_NOTE}: {names} (README: memory model)")
-    if measured.changes_input:
-        ordered = sorted(measured.changes_input)
-        notes.append(f"{CHANGES_INPUT_NOTE} " + ", ".join(str(i) for i in ordered[:8])
-                     + (f" and {len(ordered) - 8} more" if len(ordered) > 8 else ""))
+    for text, layers in ((CHANGES_INPUT_NOTE, measured.changes_input), (CONTAINER_NOTE, measured.writes_container)):
+        if layers:
+            ordered = sorted(layers)
+            notes.append(f"{text} " + ", ".join(str(i) for i in ordered[:8])
+                         + (f" and {len(ordered) - 8} more" if len(ordered) > 8 else ""))
     if kept_memory:
         notes.append(KEPT_MEMORY_NOTE)
     if not eager:

@@ -49,6 +49,7 @@ class MeasuredPass:
     saved_after: dict[int, bool] = field(default_factory=dict)  # StageRecord.output_saved_after
     in_place: frozenset[int] = frozenset()  # StageRecord.output_in_place
     changes_input: frozenset[int] = frozenset()  # Instrument.changes_input
+    writes_container: frozenset[int] = frozenset()  # Instrument.writes_container
     early_peak: dict[int, int] = field(default_factory=dict)  # StageRecord.early_peak_bytes
     early_op: dict[int, int] = field(default_factory=dict)  # Instrument.early_op: the recompute's last op
     packs: dict[int, int] = field(default_factory=dict)  # Instrument.packs
@@ -111,6 +112,7 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         saved_after=dict(inst.saved_after_at_end),
         in_place=frozenset(i for i in inst.aliased if inst.kept_at_end.get(i)),
         changes_input=frozenset(inst.changes_input),
+        writes_container=frozenset(inst.writes_container),
         early_peak=dict(inst.early_peak), early_op=dict(inst.early_op), packs=dict(inst.packs),
         early_kept=dict(inst.early_kept_at_end),
         early=True,
