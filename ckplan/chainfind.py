@@ -29,6 +29,11 @@ def _containers(model: nn.Module):
             yield name, mod
 
 
+def _callable(module: nn.Module) -> bool:
+    """Whether a module has a forward of its own (a ModuleList has none: it is not called)."""
+    return type(module).forward is not nn.Module.forward
+
+
 def resolve_chain(model: nn.Module, path: str | None) -> tuple[str, nn.Module, bool]:
     """Return (dotted path, container, detected). ``path`` None means: detect it.
 
@@ -51,6 +56,8 @@ def resolve_chain(model: nn.Module, path: str | None) -> tuple[str, nn.Module, b
         return path, mod, False
     best = None
     for name, mod in _containers(model):
+        if not all(_callable(m) for m in mod):  # a list of lists (Funnel's blocks): its entries are not layers
+            continue
         repeats = Counter(type(m).__name__ for m in mod).most_common(1)[0][1]
         key = (repeats, len(mod), -name.count("."))
         if best is None or key > best[0]:
