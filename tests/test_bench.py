@@ -59,6 +59,10 @@ def test_oom_row_and_the_run_goes_on(tiny_gpt_spec, tmp_path):
                     memory_limit=int(none_peak * 0.97))
     rows = {r.strategy: r for r in res.rows}
     assert rows["none"].status == "OOM" and rows["none"].measured_peak_bytes is None
+    limit = int(none_peak * 0.97)
+    assert "over --memory-limit" in rows["none"].message and f"({limit} bytes)" in rows["none"].message
+    reached = int(rows["none"].message.split("(")[1].split(" bytes")[0])
+    assert reached > limit  # the step's bytes, resident included, in the limit's own terms
     assert rows["every-k"].status == "ok" and rows["every-k"].measured_peak_bytes < none_peak * 0.97
 
 

@@ -38,6 +38,6 @@ def test_a_list_of_lists_is_not_a_chain():
 
 
 def test_a_named_chain_is_checked():
-    with pytest.raises(SpecError, match="no submodule 'blocks.9'"):
+    with pytest.raises(SpecError, match=r"no submodule 'blocks\.9'"):
         resolve_chain(_Funnel(), "blocks.9")
     assert resolve_chain(_Funnel(), "head")[1] is not None

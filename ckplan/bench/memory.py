@@ -17,6 +17,7 @@ from ..measure import (
     cuda_reset,
     nvml_used_bytes,
 )
+from ..units import format_bytes
 from .entry import Entry
 from .steps import Run, resident_bytes, runs_compiled_layers
 
@@ -51,9 +52,12 @@ def memory_step(run: Run, e: Entry) -> None:
     if e.compiled is not None or (run.layers is not None and runs_compiled_layers(e)):
         _profiled_memory_step(run, e, resident, limit)
         return
-    with ResidentPeak() as rss, LiveTensorTracker(limit_bytes=limit) as tr:
-        run.step(e, after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
-                 after_forward=lambda: fb.setdefault("act", tr.live))
+    try:
+        with ResidentPeak() as rss, LiveTensorTracker(limit_bytes=limit) as tr:
+            run.step(e, after_backward=lambda: fb.setdefault("peak", resident + tr.peak),
+                     after_forward=lambda: fb.setdefault("act", tr.live))
+    except TrackerLimitExceeded:
+        raise _over_limit(run, resident, tr.live) from None
     e.mem = dict(measured=resident + tr.peak, fwd_bwd=fb["peak"], act=fb["act"], growth=tr.peak)
     if rss.peak_bytes is not None:
         e.mem.update(rss_peak=rss.peak_bytes, rss_growth=rss.growth_bytes)
@@ -66,8 +70,7 @@ def _profiled_memory_step(run: Run, e: Entry, resident: int, limit: int | None) 
     with ResidentPeak() as rss:
         m = profiled_step_memory(lambda fwd, bwd: run.step(e, after_forward=fwd, after_backward=bwd))
     if limit is not None and m.peak > limit:
-        raise TrackerLimitExceeded(f"live tensors reached {m.peak} bytes (PyTorch profiler), over the limit "
-                                   f"of {limit}")
+        raise _over_limit(run, resident, m.peak)
     e.mem = dict(measured=resident + m.peak, fwd_bwd=resident + m.fwd_bwd_peak, act=m.after_forward,
                  growth=m.peak)
     e.mem_source = "profiler"
@@ -99,3 +102,12 @@ def profiled_step_memory(step: Callable[[Callable[[], None], Callable[[], None]]
         return ProfiledMemory(peak=peak, after_forward=at[0][0] if at else 0, fwd_bwd_peak=peak)
     (after_forward, fwd_peak), (_, bwd_peak) = at[0], at[1]
     return ProfiledMemory(peak=peak, after_forward=after_forward, fwd_bwd_peak=max(fwd_peak, bwd_peak))
+
+
+def _over_limit(run: Run, resident: int, made: int) -> TrackerLimitExceeded:
+    """The CPU 'out of memory' of ``--memory-limit``, in the limit's own terms."""
+    total = run.memory_limit_bytes or 0
+    return TrackerLimitExceeded(
+        f"the step reached {format_bytes(resident + made)} ({resident + made} bytes), over --memory-limit "
+        f"{format_bytes(total)} ({total} bytes): {resident} bytes resident before the step (parameters, "
+        f"gradients, optimizer state, the batch) and {made} made by it")

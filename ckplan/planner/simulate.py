@@ -196,5 +196,6 @@ def _check(chain: Chain, plan: Plan) -> None:
         if name != STORE and all(o.name != name for o in chain.layers[i].options):
             known = ", ".join([STORE, *(o.name for o in chain.layers[i].options)])
             raise SpecError(f"the plan stores layer {i} with option {name!r}, which its profile does "
-                            f"not have (it has: {known})",
-                            tip="profile with options (`ckplan profile --options`) or re-plan")
+                            f"not have for that layer (it has: {known}; the profile's notes say why an "
+                            "option is missing: one that cannot run on the layer, or none profiled)",
+                            tip="use an option the profile has for the layer, or re-plan")

@@ -43,11 +43,11 @@ def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
         if not got:  # no layer's hooks fired: called as layer.forward(...), not layer(...)
             raise ModelRunError(
                 f"the model never called the {n} chain layers as modules: no forward hook of "
-                "theirs fired, so it calls them some other way (`layer.forward(x)` skips PyTorch's "
-                "module hooks, as SqueezeBERT's encoder does), and ckplan can neither measure nor "
-                "checkpoint them there",
-                tip="set `chain:` to a container the model calls as `layer(x)`, or change the "
-                    "model's loop to call `layer(...)` instead of `layer.forward(...)`")
+                "theirs fired, so its forward does not use them, or calls them some other way "
+                "(`layer.forward(x)` skips PyTorch's module hooks, as SqueezeBERT's encoder does), and "
+                "ckplan can neither measure nor checkpoint them there",
+                tip="set `chain:` to a container the model calls as `layer(x)`, or change the model's "
+                    "loop to call `layer(...)` instead of `layer.forward(...)`")
         raise ModelRunError(
             f"the chain's layers were not called once each, in order: saw layer calls {got[:12]}"
             f"{'...' if len(got) > 12 else ''} for {n} layers",
