@@ -178,7 +178,14 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     inputs = batch_bytes(args, kwargs)
     notes = list(m.notes)
     if dev.type == "meta":
-        notes.append(meta_time_note(device_model))
+        rnns = sorted({type(mod).__name__ for mod in model.modules() if isinstance(mod, torch.nn.RNNBase)})
+        notes.append(meta_time_note(device_model) if not rnns else meta_time_note(device_model).replace(
+            "sizes and FLOPs are exact", f"sizes and FLOPs are exact but for the {', '.join(rnns)} layers"))
+        if rnns:
+            notes.append(f"meta device: {', '.join(rnns)} sizes are a lower bound: the device's fused kernel "
+                         "(oneDNN's LSTM on a CPU, cuDNN's recurrent kernels on CUDA) keeps a workspace for its "
+                         "backward that fake tensors cannot size (an LSTM on a CPU saves about twice the meta "
+                         "bytes); profile this model on the device")
         if precision != "fp32":
             notes.append(f"meta device: autocast ({precision}) replayed as {kind}'s autocast casts (torch's own "
                          "rules, asked once per function on fake tensors; ckplan.meta_autocast)")

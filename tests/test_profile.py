@@ -486,3 +486,34 @@ def test_layers_called_out_of_order_are_named_in_the_order_seen():
     with pytest.raises(ModelRunError, match=r"saw layer calls \[3, 2, 1, 0\] for 4 layers"):
         api.profile_model(Reversed(), (torch.randn(2, 4),), {}, name="r", chain="layers", device="cpu",
                           repeats=1, warmup=0, loss_fn=lambda out: out)
+
+
+def test_recurrent_layers_on_meta_are_a_lower_bound_and_said_so():
+    """oneDNN's LSTM keeps a backward workspace fake tensors cannot size: the meta bytes stay at or
+    below the CPU's measured ones, and the profile says which layers are not exact."""
+    class Rec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(16, 16, batch_first=True)
+
+        def forward(self, x):
+            return x + self.rnn(x)[0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Rec() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x.pow(2).mean()
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 12, 16)
+    kw = dict(name="rnn", chain="layers", loss_fn=lambda out: out)
+    cpu = api.profile_model(model, (x,), {}, device="cpu", repeats=1, warmup=0, **kw)
+    meta = api.profile_model(model.to("meta"), (x.to("meta"),), {}, device="meta", **kw)
+    assert all(m.saved_bytes <= c.saved_bytes for c, m in zip(cpu.chain_layers, meta.chain_layers))
+    assert any("exact but for the LSTM layers" in n for n in meta.notes)
+    assert any(n.startswith("meta device: LSTM sizes are a lower bound") for n in meta.notes)
