@@ -17,13 +17,11 @@ class OptionRecord:
     """A chain layer measured with one selective option (ckplan.sac): every chain layer of the
     step ran under that option's policy, so peaks are those of the step with all layers so.
 
-    ``saved_bytes`` are the storages the layer's forward window allocated that are still alive
-    when the forward ends (the SAC cache of kept op outputs, and the layer's output); the
-    checkpoint's own saved-tensor hooks hide them from ``saved_tensors_hooks``, so they are
-    counted as live bytes, not as packed tensors. ``recompute_ms`` is the time of the forward
-    that the option redoes in the layer's backward (the policy's unsaved ops), measured by
-    clock (on meta: ``recompute_flops`` at the assumed rate).
-    """
+    ``saved_bytes`` are the storages the layer's forward window allocated that are alive when
+    the forward ends (the SAC cache of kept op outputs, and the output; the checkpoint's own hooks
+    hide them from ``saved_tensors_hooks``, so they are counted as live bytes). ``recompute_ms``
+    is the forward the option redoes in the layer's backward (the policy's unsaved ops), measured
+    by clock (on meta: priced from ``recompute_flops``)."""
 
     name: str  # the policy: sac-compute | sac-linear | sac-attn
     saved_bytes: int  # kept for backward with the option, the output included
@@ -116,12 +114,14 @@ class StageRecord:
     # The stage returned its input's storage changed in place (ReLU(inplace=True)): its output
     # is counted where that storage was made, and a checkpoint starting at it gets a copy.
     output_in_place: bool = False
+    # A chain layer whose forward changes an argument in place (``x.mul_(0.5)``): a checkpoint
+    # starting at it gives it a copy too (``Plan.params["copy_inputs"]``).
+    changes_input: bool = False
     # For a chain layer whose output is kept (``output_kept``) and is its own: whether an op after
-    # the layer (the next stage, or the model's code before it) saved it too. False: only the
-    # layer's own ops did (a block ending with a ReLU, read next by a pooling that saves nothing),
-    # so a checkpoint ending at the layer, which saves nothing inside, lets PyTorch free it once
-    # the next stage has read it. None: not measured (older profiles, compiled passes) or not
-    # kept: taken as saved after.
+    # the layer (the next stage, or the model's code before it) saved it too. False: only its own
+    # ops did (a block ending with a ReLU, read next by a pooling that saves nothing), so a
+    # checkpoint ending at it, which saves nothing inside, lets PyTorch free it once the next stage
+    # has read it. None: not measured (older profiles, compiled passes) or not kept: saved after.
     output_saved_after: bool | None = None
     # PyTorch's non-reentrant checkpoint stops a recompute once the last tensor its first forward
     # saved is back (early stop), so the last layer of a recompute runs only up to its last saved

@@ -211,6 +211,36 @@ def test_layers_that_change_their_input_inside_a_checkpoint_keep_the_gradients()
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", ["every-k", "sqrtn", "dp"])
+def test_plans_from_a_profile_give_those_layers_a_copy(strategy):
+    """A plan made from the profile names them (``params["copy_inputs"]``): where a checkpoint
+    starts at one, ``apply_plan`` gives it a copy of the hidden state, the gradients equal the
+    plain model's, and the simulator counts the copy (the measured peak at or just below it)."""
+    torch.manual_seed(0)
+    m = _ChangesInputNet(6)
+    x = torch.randn(16, 8)
+    prof = api.profile_model(m, (x.clone(),), {}, name="t", chain="layers", device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0, loss_fn=lambda out: out)
+    chain = chain_from_profile(prof)
+    assert all(ly.copies_input and not ly.in_place for ly in chain.layers)
+    none = plan_chain(chain, "none").plan
+    plan = plan_chain(chain, strategy, simulate(chain, none).peak_bytes - 1, k=2).plan
+    assert plan.params["copy_inputs"] == list(range(6)) and plan.n_checkpoints
+
+    def run(p):
+        with apply_plan(m, p), LiveTensorTracker() as tr:
+            m(x.clone()).backward()
+        grads = [q.grad.clone() for q in m.parameters()]
+        m.zero_grad(set_to_none=True)
+        return tr.peak, grads
+
+    (peak0, grads0), (peak, grads) = run(none), run(plan)
+    for a, b in zip(grads0, grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    predicted = simulate(chain, plan).peak_bytes - simulate(chain, none).peak_bytes
+    assert predicted - 16 * 8 * 4 <= peak - peak0 <= predicted, plan.describe()
+
+
 def test_the_profile_names_the_layers_that_change_their_input():
     m = _ChangesInputNet(3)
     prof = api.profile_model(m, (torch.randn(2, 8),), {}, name="t", chain="layers", device="cpu",

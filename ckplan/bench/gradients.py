@@ -7,6 +7,7 @@ import math
 import time
 
 import torch
+from torch.utils._pytree import tree_map
 
 from ..errors import ModelRunError, PlanRunError
 from ..measure import TrackerLimitExceeded
@@ -123,7 +124,10 @@ def loss_and_grads(run: Run, e: Entry, init: dict) -> tuple[float, dict[str, tor
     run.model.load_state_dict(init)
     torch.manual_seed(0)
     with applied(run, e), _deterministic_kernels(run.device):
-        st = Stepper(model_of(run, e), None, run.batch, run.loss_fn, run.profile.precision, run.profile.accum,
+        # a copy of the batch: a model that changes its input in place must not change the next row's
+        batch = tree_map(lambda v: v.detach().clone().requires_grad_(v.requires_grad)
+                         if isinstance(v, torch.Tensor) else v, run.batch)
+        st = Stepper(model_of(run, e), None, batch, run.loss_fn, run.profile.precision, run.profile.accum,
                       run.device)
         st.scaler = None  # gradients compared unscaled
         loss = st.backward()

@@ -178,8 +178,8 @@ def refuse_changed_input(i: int, before: list[tuple[torch.Tensor, int]]) -> None
             f"chain layer {i} changes its input in place (an in-place op on an argument: x.mul_(...), "
             "x += ...), and a checkpoint starts at it: the checkpoint saves that input and would "
             "recompute from the changed tensor",
-            tip="make that op out of place (x = x * 0.5), or use a plan whose checkpoints start at other "
-                "layers (the profile's notes list the layers that change their input)")
+            tip="plan from a profile of this model (its plans give such layers a copy of the hidden state: "
+                "params copy_inputs), or make that op out of place (x = x * 0.5)")
 
 
 def _with_copies(args: tuple, kwargs: dict, links: list[tuple[int, int]]) -> tuple[tuple, dict]:

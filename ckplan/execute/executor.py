@@ -100,6 +100,8 @@ class PlanExecutor:
         self._path: dict[int, tuple[Checkpoint, ...]] = {}  # checkpoints enclosing each layer
         _enclosing(plan.items, (), self._path)
         self._option = plan.options()
+        # layers that change their input in place: a copy of it where a checkpoint starts at them
+        self._copy = frozenset(int(i) for i in plan.params.get("copy_inputs", ()))
         for name in set(self._option) - {STORE, OFFLOAD}:
             check_option(kept_option(name))  # an unknown option fails here, before any layer is touched
             if is_offloaded(name) and not OFFLOAD_OPTIONS:
@@ -169,9 +171,9 @@ class PlanExecutor:
         seg, (links, inputs) = self._segment_at(i, path, args, kwargs)
         starting = self._open_frames(seg, i, path, inputs)
         seg.calls[i] = _Call(args, kwargs, links)
-        if starting and in_place_layer(self.layers[i]):
+        before = input_versions(args, kwargs) if starting else []  # the originals: the copies may change
+        if starting and self._copies(i):
             args, kwargs = _with_copies(args, kwargs, links)
-        before = input_versions(args, kwargs) if starting and not in_place_layer(self.layers[i]) else []
         hook, own = seg.open[-1].hook, None
         if self._option[i] != STORE and not _compiled(orig):
             # Stored with a selective option inside a checkpoint: its own frame, as a nested
@@ -275,13 +277,18 @@ class PlanExecutor:
             elif isinstance(item, Store) and item.option != STORE:
                 out = self._option_fill(calls, j, item.option, inputs)
             elif isinstance(item, Store):
-                if at_start and in_place_layer(self.layers[j]):  # the recompute's saved input
+                if at_start and self._copies(j):  # the recompute's saved input
                     inputs = [t.clone() for t in inputs]
                 out = calls[j].replay(functools.partial(self._call_module, j), inputs)
             else:
                 out = checkpoint(functools.partial(self._recompute, calls, item.inner), *inputs,
                                  use_reentrant=False, preserve_rng_state=False)
         return out
+
+    def _copies(self, i: int) -> bool:
+        """Whether a checkpoint starting at layer ``i`` gives it a copy of its input: a layer built
+        to change it in place (``inplace=True``), or one the plan names (``params["copy_inputs"]``)."""
+        return i in self._copy or in_place_layer(self.layers[i])
 
     def _option_fill(self, calls: dict[int, _Call], j: int, option: str,
                      inputs: list[torch.Tensor]):

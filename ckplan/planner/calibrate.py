@@ -51,6 +51,7 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
     layers = tuple(Layer(r.name, fwd, bwd, r.output_bytes, _kept_bytes(r), 0, 0, grad(r),
                          r.fwd_flops, r.bwd_flops, r.cast_bytes, tail_ms=tail,
                          x_kept=r.output_kept is not False, in_place=r.output_in_place,
+                         copies_input=r.changes_input,
                          x_kept_next=r.output_saved_after is not False,
                          unsaved_kept_bytes=r.unsaved_kept_bytes or 0,
                          kept_after_bytes=r.kept_after_backward_bytes or 0,

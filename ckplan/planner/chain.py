@@ -255,7 +255,12 @@ class Chain:
         """Whether every boundary tensor (the chain input and each layer's output) is kept by the
         plain forward: the DP tables' model (rotor's: a stored layer keeps its output)."""
         return self.pre.x_kept and all(ly.x_kept and ly.x_kept_next and not ly.in_place
-                                       for ly in self.layers)
+                                       and not ly.copies_input for ly in self.layers)
+
+    def copy_bytes(self, k: int) -> int:
+        """The copy of layer ``k``'s input a checkpoint starting at it gives it (ckplan.execute)."""
+        ly = self.layers[k]
+        return ly.x_bytes if ly.in_place else self.layers[k - 1].x_bytes if k > 0 else self.x_in_bytes
 
     def input_hold(self, s: int) -> int:
         """Bytes a checkpoint starting at layer ``s`` keeps beyond the plain forward when the item
@@ -273,12 +278,16 @@ class Chain:
             return self
         pre = self.pre if self.pre.x_kept else replace(
             self.pre, retained_bytes=self.pre.retained_bytes + self.x_in_bytes, x_kept=True)
-        return replace(self, pre=pre, layers=tuple(
+        layers = tuple(
             ly if ly.x_kept and ly.x_kept_next and not ly.in_place else
             replace(ly, x_kept_next=True) if ly.x_kept and not ly.in_place else
             replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes, x_kept=True, in_place=False,
                     x_kept_next=True)
-            for ly in self.layers))
+            for ly in self.layers)
+        # a layer given a copy of its input where a checkpoint starts at it: the copy counted
+        # wherever it runs, through its forward and kept with what it saves
+        return replace(self, pre=pre, layers=tuple(_copy_counted(ly, self.copy_bytes(k)) if ly.copies_input else ly
+                                                   for k, ly in enumerate(layers)))
 
     def without_options(self) -> Chain:
         """The same chain with only ``store`` and ``full`` for every layer."""
@@ -292,3 +301,9 @@ class Chain:
         step time without checkpointing (per micro-batch)."""
         return (self.pre.fwd_ms + self.pre.bwd_ms + self.post.fwd_ms + self.post.bwd_ms
                 + sum(ly.fwd_ms + ly.bwd_ms for ly in self.layers) + self.opt_ms)
+
+
+def _copy_counted(ly: Layer, copy: int) -> Layer:
+    """``ly`` (``copies_input``) with its input's copy counted wherever it runs (``Chain.conservative``)."""
+    return replace(ly, copies_input=False, xbar_bytes=ly.xbar_bytes + copy, fwd_tmp_bytes=ly.fwd_tmp_bytes + copy,
+                   nosave_peak_bytes=None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + copy)

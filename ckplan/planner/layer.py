@@ -67,6 +67,10 @@ class Layer:
     # not count the output (its maker's does). A checkpoint starting at it gives it a copy
     # (ckplan.execute), which the recompute keeps as the layer's saved output: ``x`` more there.
     in_place: bool = False
+    # The layer changes an argument in place without returning it (``x.mul_(0.5)``): a checkpoint
+    # starting at it gives it a copy of its input (ckplan.execute, ``Plan.params["copy_inputs"]``),
+    # live through its first forward and kept by its recompute: the input's bytes more in both.
+    copies_input: bool = False
     # The last layer of a recompute that ends with it stored (PyTorch's early stop: the recompute
     # stops once the last tensor saved in the first forward is back) runs only up to its last
     # saved tensor: it then holds ``early_xbar_bytes`` (what its own ops saved; not its output

@@ -202,6 +202,13 @@ class Plan:
         return " ".join(out).replace("{ ", "{").replace(" }", "}")
 
     # ---- JSON --------------------------------------------------------------------------
+    def copying_inputs(self, layers: list[int]) -> Plan:
+        """This plan with ``params["copy_inputs"]``: the layers that change their input in place
+        (``Layer.copies_input``), to which ``apply_plan`` gives a copy where a checkpoint starts."""
+        if not layers or self.params.get("copy_inputs") == layers:
+            return self
+        return Plan(self.strategy, self.n_layers, self.items, {**self.params, "copy_inputs": list(layers)})
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "format": PLAN_FORMAT,

@@ -61,7 +61,7 @@ class _State:
     handed_over: dict[int, int] = field(default_factory=dict)
     # a released boundary the next stage's forward still reads: (bytes, layer, span, again)
     pending: tuple[int, int, tuple[int, int], bool] | None = None
-    copied: set[int] = field(default_factory=set)  # in-place layers first in a recompute (Layer.in_place)
+    copied: dict[int, int] = field(default_factory=dict)  # a recompute's first layer given a copy: its bytes
     # layers whose backward has begun and holds its lead (Layer.lead_bytes) beside a recompute
     leading: set[int] = field(default_factory=set)
     # held layers (Layer.held_bytes) of the top-level checkpoint whose backward runs, its first
@@ -196,9 +196,9 @@ class _Replayer(Transfers):
                               ctx[1] if ctx is not None else self.n)
         ly = base if it.option in PLAIN else base.option(kept_option(it.option))
         pf = self.prefetch(it.layer)
-        if again and idx == 0 and it.option == STORE and ly.in_place:
-            s.copied.add(id(it))  # a copy of the recompute's input: a new output
-            ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
+        if again and idx == 0 and it.option == STORE and (ly.in_place or ly.copies_input):
+            s.copied[id(it)] = self.chain.copy_bytes(it.layer)  # its new output, or what it changes and saves
+            ly = replace(ly, xbar_bytes=ly.xbar_bytes + s.copied[id(it)])
         # first in an inner plan, its input is the checkpoint's, counted in mem: when
         # no op keeps it, the measured transient (xbar leaves it out) holds it too
         dup = chain.input_hold(it.layer) if again and idx == 0 and it.option == STORE else 0
@@ -241,6 +241,7 @@ class _Replayer(Transfers):
             # holds them (xbar leaves them out), and here live counts them already
             own = 0 if ly.x_kept or ly.in_place else ly.x_bytes
             tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)))
+            tmp += chain.copy_bytes(k) if k == it.start and ly.copies_input and not ly.in_place else 0  # its copy
             op("Fn", k, ctx, again, live, tmp, after)
             mem = after
             if self.pending:
@@ -316,8 +317,7 @@ class _Replayer(Transfers):
             s.recompute_ms += ly.option_ms(kept_option(it.option))
             ly = ly.option(kept_option(it.option))
         d = L[i - 1].x_bytes if i > 0 else chain.delta_in_bytes
-        if id(it) in s.copied:
-            ly = replace(ly, xbar_bytes=ly.xbar_bytes + ly.x_bytes)
+        ly = replace(ly, xbar_bytes=ly.xbar_bytes + s.copied[id(it)]) if id(it) in s.copied else ly
         after = (s.mem + d + ly.grad_bytes - ly.xbar_bytes - ly.x_bytes
                  + self.grad_made.get(i, 0) - self.grad_gone.get(i, 0))
         if ctx is None and L[i].kept_after_bytes:  # a first forward's: kept with the graph

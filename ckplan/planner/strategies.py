@@ -136,6 +136,7 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     else:
         raise UsageError(f"unknown strategy {strategy!r}",
                          tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
+    plan = plan.copying_inputs([i for i, ly in enumerate(chain.layers) if ly.copies_input])
     score = simulate(chain, plan)
     fits = None if budget_bytes is None else score.peak_bytes <= budget_bytes
     if chain.breaks and strategy not in ("none", "selective"):

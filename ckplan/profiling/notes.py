@@ -32,9 +32,9 @@ UNKEPT_NOTE = ("outputs no op saves (freed once the next stage has run; a checkp
 LOOSE_NOTE = ("tensors a checkpoint cannot drop (kept with nothing saved: a custom autograd "
               "Function's ctx attributes, or a cache)")
 CHANGES_INPUT_NOTE = ("layers that change their input in place (an in-place op on an argument: "
-                      "x.mul_(...), x += ...): a checkpoint starting at one saves that input and would "
-                      "recompute from the changed tensor, so a plan that starts one there stops with an "
-                      "error; make the op out of place, or plan checkpoints that start elsewhere; layers")
+                      "x.mul_(...), x += ...): a checkpoint starting at one gives it a copy of the hidden "
+                      "state (ckplan's plans name them, params copy_inputs, and count the copy); a plan "
+                      "made without that stops with an error there; layers")
 CONTAINER_NOTE = ("layers that write tensors into a container argument (Gemma 4's shared_kv_states): a "
                   "checkpointed call keeps what the container held at the call (later layers' recompute "
                   "reads it) until the checkpoint's backward, which the memory model does not count: "

@@ -52,6 +52,7 @@ def stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Paramet
             recompute_ms=recompute.get(s),
             output_kept=measured.kept.get(s) if role != POST else None,
             output_in_place=s in measured.in_place,
+            changes_input=s in measured.changes_input,
             # (with several tensors handed on, the flag is the first's: taken as saved after,
             # so a checkpoint ending there frees none of them early, on the safe side)
             output_saved_after=measured.saved_after.get(s) if chain and not measured.carried.get(s) else None,
