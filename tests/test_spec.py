@@ -28,6 +28,20 @@ def test_hf_field_typo_is_refused_with_did_you_mean():
     assert len(m.transformer.h) == 2
 
 
+def test_hf_keywords_a_config_reads_from_its_kwargs_are_fields():
+    """A config whose ``__post_init__`` pops a keyword out of ``**kwargs`` by name takes it."""
+    from ckplan.spec.hf import hf_config_fields
+
+    class Config:
+        def __init__(self, width=4, **kwargs):
+            self.width = width
+            self.depth = kwargs.pop("depth", 2)
+            self.heads = kwargs.get('heads')
+
+    assert {"width", "depth", "heads"} <= hf_config_fields(Config)
+    assert "kwargs" not in hf_config_fields(Config)
+
+
 def test_hf_default_padding_id_outside_a_small_vocabulary_names_the_field():
     # Phi-3's config defaults pad_token_id to 32000; with vocab_size 512 the model's embedding
     # asserts inside transformers. ckplan names the field, the value, the limit and the fix.

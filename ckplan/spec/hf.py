@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import re
 
 from ..errors import DependencyError, SpecError, first_line
 from .limits import check_token_range
@@ -131,6 +132,7 @@ def hf_config_fields(config_cls) -> set[str]:
               if isinstance(v, property) and v.fset is not None and not n.startswith("_")}
     if dataclasses.is_dataclass(config_cls):
         known |= {f.name for f in dataclasses.fields(config_cls)}
+    known |= _read_from_kwargs(config_cls)
     try:
         default = config_cls()
         known |= set(default.to_dict())
@@ -138,6 +140,21 @@ def hf_config_fields(config_cls) -> set[str]:
     except Exception:  # a config that needs arguments: the signature above is what we have
         pass
     return known
+
+
+def _read_from_kwargs(config_cls) -> set[str]:
+    """Keywords a config's own ``__init__``/``__post_init__`` takes out of ``**kwargs`` by name
+    (Gemma 4's ``global_head_dim``): ``kwargs.pop("name"`` or ``kwargs.get("name"`` in its source."""
+    names: set[str] = set()
+    for cls in config_cls.__mro__:
+        for method in ("__init__", "__post_init__"):
+            fn = cls.__dict__.get(method)
+            try:
+                src = inspect.getsource(fn) if fn is not None else ""
+            except (OSError, TypeError):
+                continue
+            names |= set(re.findall(r"kwargs\.(?:pop|get)\(\s*[\"'](\w+)[\"']", src))
+    return names
 
 
 # Read by the models from any config though no config class declares them (transformers 5).
