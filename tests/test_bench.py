@@ -413,3 +413,16 @@ input: {batch_size: 4, shape: [8, 16], dtype: float32}
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
     assert [row["status"] for row in rows] == ["ok", "ok"]
+
+
+def test_rows_measured_above_an_explicit_budget_are_named(tiny_gpt_spec, tmp_path):
+    """none is not planned to the budget: it stays ok, and a note says it does not fit."""
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4, n_embd=64), batch_size=8, seq_len=32)
+    none_peak = api.profile(spec, device="cpu", repeats=1, warmup=0).totals.predicted_peak_bytes
+    budget = int(none_peak * 0.95)
+    res = api.bench(spec, strategies=["none", "every-k"], k=1, device="cpu", steps=1, warmup=0, budget=budget,
+                    options=False)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["none"].status == "ok" and rows["none"].measured_peak_bytes > budget
+    note = next(n for n in res.notes if n.startswith("measured above --budget"))
+    assert "none (" in note and "every-k" not in note

@@ -9,6 +9,7 @@ from ..planner import sweep
 from ..planner.regions import scored_frontier
 from ..planner.whole import WHOLE_OPTIONS
 from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
+from ..units import format_bytes
 from .entry import Entry
 
 
@@ -133,6 +134,12 @@ def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str]
     few = few_steps_note(steps, rows)
     if few:
         notes.append(few)
+    above = [r for r in rows if explicit_budget is not None and r.status == OK and r.measured_peak_bytes is not None
+             and r.measured_peak_bytes > explicit_budget]
+    if above:  # rows not planned to the budget (none, every-k, sqrtn, peers): said, not failed
+        notes.append(f"measured above --budget {format_bytes(explicit_budget)}: " + ", ".join(
+            f"{r.strategy} ({format_bytes(r.measured_peak_bytes)}, +{r.measured_peak_bytes / explicit_budget - 1:.1%})"
+            for r in above) + "; they do not fit it")
     return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
