@@ -317,3 +317,15 @@ def test_selective_options_are_not_exact_and_say_so():
         assert not e.exact and not e.closest_plan.uses_options
         assert "0: sac-compute" in e.message and "3: sac-linear" in e.message
         assert "S0:sac-compute" in e.text.splitlines()[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_checkpoint_starting_at_a_layer_given_a_copy_is_not_exact_anywhere_else(target):
+    """apply_plan copies the input of a layer that changes it in place where a checkpoint starts
+    (params copy_inputs); no framework's checkpointing does, so the snippet says so."""
+    plan = Plan("dp", 4, items_from_ranges(4, [(0, 2)])).copying_inputs([0, 1, 2, 3])
+    out = export_plan(plan, target, chain_path="layers", layer_class="Block")
+    assert not out.exact and "layers 0 change their input in place" in out.message
+    assert "# Not exact: layers 0 change their input in place" in out.text
+    later = Plan("dp", 4, items_from_ranges(4, [(2, 4)])).copying_inputs([1])  # no checkpoint starts at 1
+    assert "in place" not in export_plan(later, target, chain_path="layers", layer_class="Block").message

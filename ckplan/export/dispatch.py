@@ -27,6 +27,10 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
         raise UsageError("export needs the chain path (the dotted path of the layer container), "
                          f"got {chain_path!r}", tip="take it from the profile: Profile.chain, e.g. 'transformer.h'")
     ctx = Ctx(chain_path, layer_class, model_name)
+    return _copies_said(plan, _export(plan, key, ctx))
+
+
+def _export(plan: Plan, key: str, ctx: Ctx) -> Export:
     if not plan.uses_options:
         return EXPORTERS[key](plan, ctx)
     # Options: none of the targets' one-line settings carries a per-layer SAC policy or offload,
@@ -44,3 +48,20 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     text = plain.text.split("\n")
     text[0:1] = [*header(plan, ctx), line]
     return Export(plain.target, "\n".join(text), False, plain.closest_plan, msg)
+
+
+
+def _copies_said(plan: Plan, out: Export) -> Export:
+    """Where a checkpoint starts at a layer that changes its input in place (``copy_inputs``),
+    ``apply_plan`` gives it a copy and a framework's checkpointing does not: said in the snippet
+    and the message."""
+    starts = {r.start for r in plan.recomputed_ranges()} & {int(i) for i in plan.params.get("copy_inputs", ())}
+    if not starts:
+        return out
+    layers = ", ".join(str(i) for i in sorted(starts))
+    why = (f"layers {layers} change their input in place and a checkpoint starts at them: ckplan.apply_plan gives "
+           f"them a copy, {out.target} does not (its checkpoint would recompute from the changed input); use "
+           "ckplan.apply_plan, or make those ops out of place")
+    lines = out.text.split("\n")
+    lines.insert(1, f"# Not exact: {why}.")
+    return Export(out.target, "\n".join(lines), False, out.closest_plan, f"{why}. {out.message}")
