@@ -47,7 +47,14 @@ Known limits:
 * A layer built to change its input in place (``inplace=True``: torchvision's ``ReLU``) gets a
   copy of its hidden-state input when a checkpoint starts at it (its first forward and the start
   of its recompute): changing the tensor a checkpoint saved would make PyTorch refuse the
-  backward. Elsewhere it runs in place, as measured (``Layer.in_place`` in the planner).
+  backward. Elsewhere it runs in place, as measured (``Layer.in_place`` in the planner). So does a
+  layer the plan names in ``params["copy_inputs"]`` (its forward changes an argument in place:
+  ``Layer.copies_input``); a checkpoint starting at any other layer whose forward changes its
+  arguments stops there with PlanRunError, before a wrong recompute.
+* A container the layers write into (a ``UserDict`` or list pytree keeps whole: Gemma 4's
+  ``shared_kv_states``) is recorded as a shallow copy of what the call found, and each recompute
+  writes into a fresh copy of that: the model's own container and a recompute's tensors are not
+  kept alive by the record.
 * Each recorded call holds a copy of the CPU RNG state (5 KB of host memory, plus the device
   RNG states when a GPU is in use) until the segment's backward.
 * A recompute leaves every buffer the layer's forward changes (BatchNorm's and InstanceNorm's
