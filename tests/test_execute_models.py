@@ -510,3 +510,37 @@ def test_a_container_the_layers_write_into_keeps_gradients_and_the_predicted_pea
     assert predicted <= peak - peak0 <= predicted + kept, plan.describe()
     assert any(n.startswith("layers that write tensors into a container") and n.endswith("layers 1, 3")
                for n in prof.notes), prof.notes
+
+
+def test_gemma4_checkpointed_peak_moves_as_predicted(write_spec, tmp_path):
+    """Gemma 4's layers write keys and values into ``shared_kv_states``: with the record holding the
+    model's container, every-k measured 35% above its prediction; with a copy it is exact."""
+    pytest.importorskip("transformers")
+    spec = api.load(write_spec(tmp_path, """
+model:
+  hf: {model_type: gemma4_text, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 4,
+       num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 512, max_position_embeddings: 128,
+       use_cache: false, head_dim: 16, per_layer_config: {"3": {head_dim: 32}}, sliding_window: 32,
+       vocab_size_per_layer_input: 512, hidden_size_per_layer_input: 16,
+       layer_types: [sliding_attention, sliding_attention, sliding_attention, full_attention]}
+  task: causal-lm
+input: {batch_size: 2, shape: [64], dtype: int64, high: 512, name: input_ids, labels: copy}
+train: {optimizer: sgd, precision: fp32}
+"""))
+    from ckplan.spec import build_model, make_batch
+    torch.manual_seed(0)
+    model = build_model(spec, "cpu")
+    args, kwargs = make_batch(spec, "cpu")
+    prof = api.profile_model(model, args, kwargs, name="g4", chain=spec.chain, device="cpu", optimizer="sgd",
+                             repeats=1, warmup=0, options=())
+    assert any(n.startswith("layers that write tensors into a container") for n in prof.notes)
+    chain = chain_from_profile(prof)
+
+    def peak(plan):
+        with apply_plan(model, plan, chain=prof.chain), LiveTensorTracker() as tr:
+            model(*args, **kwargs).loss.backward()
+        model.zero_grad(set_to_none=True)
+        return tr.peak
+
+    none, plan = plan_chain(chain, "none").plan, plan_chain(chain, "every-k", k=2).plan
+    assert peak(plan) - peak(none) == simulate(chain, plan).peak_bytes - simulate(chain, none).peak_bytes
