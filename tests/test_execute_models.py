@@ -448,14 +448,16 @@ class _SharedKV(UserDict):
 
 
 class _KVBlock(torch.nn.Module):
-    """Stores its key in ``shared`` ("store"), reads an earlier layer's ("reuse"), or neither."""
+    """Stores its key in ``shared`` ("store"), reads an earlier layer's ("reuse"), or neither. The
+    key comes through a wider hidden layer, so a key kept with its graph keeps 4x its size more."""
 
-    def __init__(self, mode: str | None, d: int = 16):
+    def __init__(self, mode: str | None, d: int = 16, w: int = 64):
         super().__init__()
-        self.mode, self.q, self.k = mode, torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+        self.mode, self.q = mode, torch.nn.Linear(d, d)
+        self.k1, self.k2 = torch.nn.Linear(d, w), torch.nn.Linear(w, d)
 
     def forward(self, x, shared):
-        k = shared["k"] if self.mode == "reuse" else self.k(x)
+        k = shared["k"] if self.mode == "reuse" else self.k2(torch.tanh(self.k1(x)))
         if self.mode == "store":
             shared["k"] = k
         return x + torch.tanh(self.q(x) * k)
@@ -481,7 +483,9 @@ def test_a_container_the_layers_write_into_keeps_gradients_and_the_predicted_pea
     """The record of a checkpointed call keeps the container's contents at the call, and each
     recompute writes into a copy: gradients equal the plain model's (reuse layers recompute from
     what they read the first time), and the step's peak moves as the simulator says it does (the
-    recompute's keys, graph and all, are not kept by the model's container to the end)."""
+    recompute's keys, graph and all, are not kept by the model's container to the end). With the
+    record holding the model's container, three of these plans measured 15-29 KB above the
+    prediction, past the bound."""
     torch.manual_seed(0)
     model, x = _KVNet(_KV_MODES), torch.randn(32, 16)
     prof = api.profile_model(model, (x,), {}, name="kv", chain="layers", device="cpu", optimizer="sgd",
@@ -515,7 +519,9 @@ def test_a_container_the_layers_write_into_keeps_gradients_and_the_predicted_pea
 def test_gemma4_checkpointed_peak_moves_as_predicted(write_spec, tmp_path):
     """Gemma 4's layers write keys and values into ``shared_kv_states``: with the record holding the
     model's container, every-k measured 35% above its prediction; with a copy it is exact."""
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
+    if "gemma4_text" not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4")
     spec = api.load(write_spec(tmp_path, """
 model:
   hf: {model_type: gemma4_text, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 4,
