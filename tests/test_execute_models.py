@@ -550,3 +550,31 @@ train: {optimizer: sgd, precision: fp32}
 
     none, plan = plan_chain(chain, "none").plan, plan_chain(chain, "every-k", k=2).plan
     assert peak(plan) - peak(none) == simulate(chain, plan).peak_bytes - simulate(chain, none).peak_bytes
+
+
+@pytest.mark.parametrize("chain", [None, "model.decoder.layers"])
+def test_hf_whisper_speech_seq2seq_is_predicted_to_the_byte(write_spec, tmp_path, chain):
+    """Whisper (``task: speech-seq2seq``): float features in, the labels shifted into the decoder's
+    inputs; the encoder's layers are the detected chain and the decoder's can be named. Every plan's
+    measured peak is its prediction, and its gradients are none's."""
+    pytest.importorskip("transformers")
+    spec = api.load(write_spec(tmp_path, f"""
+model:
+  hf: {{model_type: whisper, d_model: 64, encoder_layers: 4, decoder_layers: 4, encoder_attention_heads: 4,
+       decoder_attention_heads: 4, encoder_ffn_dim: 128, decoder_ffn_dim: 128, num_mel_bins: 16,
+       max_source_positions: 25, max_target_positions: 64, vocab_size: 512, decoder_start_token_id: 1,
+       pad_token_id: 0, eos_token_id: 2, bos_token_id: 1, use_cache: false}}
+  task: speech-seq2seq
+input: {{batch_size: 2, shape: [16, 50], dtype: float32, name: input_features,
+        labels: {{shape: [48], dtype: int64, high: 512}}}}
+{'' if chain is None else f'chain: {chain}'}
+train: {{optimizer: sgd, precision: fp32}}
+"""))
+    assert api.profile(spec, device="meta").chain == (chain or "model.encoder.layers")
+    res = api.bench(spec, strategies=["none", "every-k", "dp"], k=2, device="cpu", steps=1, warmup=0)
+    rows = {r.strategy: r for r in res.rows}
+    for name, row in rows.items():
+        assert row.status == "ok", row.message
+        assert row.measured_peak_bytes == row.predicted_peak_bytes, name
+        assert row.max_grad_diff == 0.0, name
+    assert rows["every-k"].measured_peak_bytes < rows["none"].measured_peak_bytes

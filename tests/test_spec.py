@@ -278,3 +278,23 @@ def test_float_input_to_a_model_that_embeds_token_ids_is_a_spec_error():
                        "input": {"batch_size": 1, "shape": [8], "dtype": "bfloat16", "name": "input_ids"}})
     with pytest.raises(SpecError, match="must be integers"):
         build_model(hfspec, "meta")
+
+
+def test_hf_whisper_features_of_the_wrong_shape_are_refused_before_running():
+    pytest.importorskip("transformers")
+    hf = {"model_type": "whisper", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+          "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+          "decoder_ffn_dim": 64, "num_mel_bins": 8, "max_source_positions": 20, "vocab_size": 64,
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    spec = validate({"model": {"hf": hf, "task": "speech-seq2seq"},
+                     "input": {"batch_size": 1, "shape": [8, 30], "dtype": "float32", "name": "input_features",
+                               "labels": {"shape": [8], "high": 64}}})
+    with pytest.raises(SpecError, match=r"input.shape \[8, 30\]: whisper takes .* = \[8, 40\]"):
+        build_model(spec, "meta")
+    good = validate({**spec.model_dump(), "input": {**spec.input.model_dump(), "shape": [8, 40]}})
+    # the config's default decoder start (50257) is outside this vocabulary: said before building
+    with pytest.raises(SpecError, match=r"decoder_start_token_id \(the whisper config's default\) 50257 "
+                                        r"is outside the vocabulary \(vocab_size 64"):
+        build_model(good, "meta")
+    good.model.hf["decoder_start_token_id"] = 1
+    assert type(build_model(good, "meta")).__name__ == "WhisperForConditionalGeneration"

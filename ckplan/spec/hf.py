@@ -12,7 +12,7 @@ import inspect
 import re
 
 from ..errors import DependencyError, SpecError, first_line
-from .limits import check_token_range
+from .limits import check_speech_features, check_token_range
 from .schema import InputSpec
 
 _HF_TASKS = {
@@ -21,6 +21,7 @@ _HF_TASKS = {
     "seq2seq-lm": "AutoModelForSeq2SeqLM",
     "sequence-classification": "AutoModelForSequenceClassification",
     "image-classification": "AutoModelForImageClassification",
+    "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
     "base": "AutoModel",
 }
 _HF_DEFAULT_TASK = {"bert": "masked-lm", "roberta": "masked-lm", "distilbert": "masked-lm",
@@ -46,12 +47,16 @@ def build_hf(fields: dict, task: str | None, inp: InputSpec | None = None):
         check_token_range(inp, getattr(config, "vocab_size", None),
                           "model.hf.vocab_size" if "vocab_size" in fields else
                           f"model.hf.vocab_size, the default of the {model_type} config")
+    if inp is not None:
+        check_speech_features(inp, config, model_type)
     task = task or _HF_DEFAULT_TASK.get(model_type, "causal-lm")
     if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         # T5's configs on the Hub say 0, its padding id; built from fields the config has none,
         # and the model needs it to shift the labels into decoder inputs.
         pad = getattr(config, "pad_token_id", None)
         config.decoder_start_token_id = pad if pad is not None else 0
+    if task in ("seq2seq-lm", "speech-seq2seq"):
+        _check_start_token(config, model_type, fields)
     auto = getattr(transformers, _HF_TASKS[task])
     _check_task(transformers, auto, config, model_type, task)
     if attn is not None:
@@ -93,6 +98,17 @@ def _check_task(transformers, auto, config, model_type: str, task: str) -> None:
                     f"class for model_type {model_type!r}",
                     tip=f"set model.task to one of {', '.join(have)}" if have else
                     "this model type has no task ckplan builds: give model.target (a function returning the model)")
+
+
+def _check_start_token(config, model_type: str, fields: dict) -> None:
+    """The labels shifted right start with ``decoder_start_token_id``: outside the vocabulary (a
+    Whisper config's default 50257 with a small ``vocab_size``), the decoder's embedding fails at run time."""
+    start, vocab = getattr(config, "decoder_start_token_id", None), getattr(config, "vocab_size", None)
+    if isinstance(start, int) and isinstance(vocab, int) and not 0 <= start < vocab:
+        where = "model.hf.decoder_start_token_id" + ("" if "decoder_start_token_id" in fields else
+                                                     f" (the {model_type} config's default)")
+        raise SpecError(f"{where} {start} is outside the vocabulary (vocab_size {vocab}: 0 to {vocab - 1})",
+                        tip=f"set decoder_start_token_id in model.hf to a token id below {vocab}")
 
 
 def _padding_id_error(config, model_type: str, fields: dict) -> None:

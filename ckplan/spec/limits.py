@@ -86,3 +86,17 @@ def check_position_table(model, inp: InputSpec) -> None:
             if length > limit:
                 raise _too_long(length, limit, f"the position table {name} has {limit} rows")
             return
+
+
+def check_speech_features(inp: InputSpec, config: Any, model_type: str) -> None:
+    """Whisper-style encoders take log-mel features of exactly ``num_mel_bins`` x
+    ``2 * max_source_positions`` frames (two convolutions, the second of stride 2, then a position
+    table of ``max_source_positions`` rows); another shape fails only inside the model's forward."""
+    mels, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if inp.name != "input_features" or not (isinstance(mels, int) and isinstance(positions, int)):
+        return
+    want = [mels, 2 * positions]
+    if list(inp.shape) != want:
+        raise SpecError(f"input.shape {list(inp.shape)}: {model_type} takes input_features of shape "
+                        f"[num_mel_bins, 2 x max_source_positions] = {want}",
+                        tip=f"set input.shape: {want}, or change model.hf.num_mel_bins / max_source_positions")

@@ -42,7 +42,7 @@ class ModelSpec(_Strict):
     target: Optional[str] = None
     args: dict[str, Any] = Field(default_factory=dict)
     task: Optional[Literal["causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification",
-                           "image-classification", "base"]] = None
+                           "image-classification", "speech-seq2seq", "base"]] = None
 
     @model_validator(mode="after")
     def _exactly_one(self):
