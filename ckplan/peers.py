@@ -236,7 +236,12 @@ def is_hf_model(model: nn.Module) -> bool:
 @contextmanager
 def hf_checkpointing(model: nn.Module):
     """The model's own ``activation_checkpointing_enable`` (transformers >= 5; older:
-    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; disabled on exit."""
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; disabled on exit.
+
+    Enabling also hooks the input embeddings so that their output requires grad (for frozen
+    embeddings: LoRA, PEFT), and disabling leaves that hook: it is removed on exit unless the
+    model had one before, so the rows measured after this one run the model as it was."""
+    had_hook = bool(getattr(model, "_require_grads_hooks", None) or getattr(model, "_require_grads_hook", None))
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         off = model.activation_checkpointing_disable
@@ -247,3 +252,5 @@ def hf_checkpointing(model: nn.Module):
         yield
     finally:
         off()
+        if not had_hook and hasattr(model, "disable_input_require_grads"):
+            model.disable_input_require_grads()

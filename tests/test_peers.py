@@ -183,6 +183,38 @@ train: {optimizer: sgd, precision: fp32, accum: 1}
     assert not model.is_activation_checkpointing  # disabled again
 
 
+def test_hf_peer_leaves_frozen_embeddings_as_they_were(write_spec, tmp_path):
+    """Hugging Face's checkpointing hooks the input embeddings so that their output requires grad
+    (for LoRA and other frozen-embedding fine-tuning) and its disable leaves the hook. With frozen
+    embeddings that hook makes the chain input require grad: none, measured after the hf row's
+    gradient run, was 132,096 B above its prediction (the chain input's gradient and more)."""
+    pytest.importorskip("transformers")
+    spec = api.load(write_spec(tmp_path, """
+model:
+  hf: {model_type: llama, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 3, num_attention_heads: 4,
+       num_key_value_heads: 2, vocab_size: 128, max_position_embeddings: 64, use_cache: false}
+  task: causal-lm
+input: {batch_size: 2, shape: [32], dtype: int64, high: 128, name: input_ids, labels: copy}
+train: {optimizer: sgd, precision: fp32}
+""", "frozen.yaml"))
+    dev = torch.device("cpu")
+    torch.manual_seed(0)
+    model = api.build_model(spec, "cpu")
+    model.get_input_embeddings().weight.requires_grad_(False)
+    batch = api.make_batch(spec, "cpu")
+    prof = profile_model(model, *batch, name="frozen", chain=spec.chain, device=dev, optimizer="sgd",
+                         precision="fp32", accum=1, lr=spec.train.lr, repeats=1, warmup=0, options=())
+    res = run_bench(model, batch, api.to_loss, prof, strategies=["none", "every-k", "hf"], budget_bytes=None,
+                    k=2, steps=1, warmup=0, device=dev, lr=spec.train.lr)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["hf"].status == "ok" and rows["hf"].max_grad_diff == 0.0
+    # the rows' memory steps run after every row's gradient run: none's after hf's
+    for name in ("none", "every-k"):
+        assert rows[name].measured_peak_bytes == rows[name].predicted_peak_bytes, name
+    ids = batch[1]["input_ids"]
+    assert not model.get_input_embeddings()(ids).requires_grad
+
+
 def test_cli_runs_peers_beside_strategies(tiny_gpt_spec, tmp_path, monkeypatch):
     import json
 
