@@ -362,3 +362,35 @@ class MaskedChain(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, even if i % 2 == 0 else odd, position_ids=pos)
         return self.head(h).pow(2).mean()
+
+
+class PlainClassifier(nn.Module):
+    """A classifier as timm and torchvision build them: ``forward(x)`` returns logits and takes no
+    labels (the training loop computes the loss)."""
+
+    def __init__(self, d: int = 32, n_layers: int = 4, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Linear(d, d)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                      for _ in range(n_layers)))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+class PlainTokenModel(nn.Module):
+    """A token model whose ``forward(ids)`` returns (B, T, V) logits and takes no labels."""
+
+    def __init__(self, vocab: int = 64, d: int = 32, n_layers: int = 3):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.Tanh(), nn.Linear(2 * d, d))
+                                    for _ in range(n_layers))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for layer in self.layers:
+            h = h + layer(h)
+        return self.out(h)

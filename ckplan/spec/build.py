@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import CkplanError, ModelRunError, SpecError, first_line
 from ..zoo import ZOO, build_builtin
 from .hf import build_hf
+from .labels import attach_label_loss, takes_labels
 from .limits import check_builtin_length, check_builtin_vocab, check_position_table
 from .schema import Spec
 
@@ -45,6 +46,8 @@ def build_model(spec: Spec, device: str = "cpu"):
         raise SpecError(f"{where} returned {type(model).__name__}, not a torch.nn.Module",
                         tip="a target is any importable callable and ckplan has already run it: "
                             "run only specs you trust" if spec.model.target else None)
+    if spec.input.labels != "none" and not takes_labels(model):
+        attach_label_loss(model)  # a plain classifier: the loss from its logits and the labels
     return model.train()
 
 
