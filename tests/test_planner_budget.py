@@ -90,6 +90,11 @@ def test_defaults():
     assert free is not None and (free.bytes, free.kind) == (5000, "device-free")
     half = default_budget(ch, mode="bench", free_device_bytes=5000)
     assert half is not None and (half.bytes, half.kind) == ((1070 + 1120) // 2, "halfway")
+    assert "halfway between the smallest feasible peak (1.04 KiB)" in half.description
+    # the optimizer step sets every plan's peak: nothing lies between the two sizes
+    flat = default_budget(chain(opt_peak=2000), mode="bench", free_device_bytes=None)
+    assert flat is not None and flat.description == ("1.95 KiB: the smallest feasible peak equals the peak without "
+                                              "checkpointing (1.95 KiB), so checkpoints gain little or nothing here")
     with pytest.raises(ValueError):
         default_budget(ch, mode="sweep", free_device_bytes=None)
 

@@ -180,6 +180,11 @@ def default_budget(chain: Chain, *, mode: str, free_device_bytes: int | None) ->
     if mode == "bench":
         lo, hi = min_peak(chain), none_peak(chain)
         b = (lo + hi) // 2
+        if fb(lo) == fb(hi):  # the sizes would print alike: say how far apart they are
+            gap = "equals" if lo == hi else f"is {hi - lo:,} B below"
+            return Budget(b, "", "halfway",
+                          f"{fb(b)}: the smallest feasible peak {gap} the peak without checkpointing "
+                          f"({fb(hi)}), so checkpoints gain little or nothing here")
         return Budget(b, "", "halfway",
                       f"{fb(b)}, halfway between the smallest feasible peak ({fb(lo)}) and the peak "
                       f"without checkpointing ({fb(hi)})")
