@@ -424,3 +424,24 @@ def test_many_compiled_copies_of_one_model_each_compile():
         with peer.compiling():
             peer.module(x).sum().backward()
         assert peer.graphs == 1, i
+
+
+def test_sac_policy_row_on_in_place_blocks_says_why_and_the_fix():
+    """A block ``Linear -> ReLU(inplace=True)`` (torchvision's and timm's CNNs): torch's policy
+    keeps the Linear's output, the ReLU changes it, and torch refuses. The row says so, with the fix."""
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.blocks = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(inplace=True))
+                                         for _ in range(3)))
+    model.forward = model.blocks.forward
+    x = torch.randn(8, 16)
+    dev = torch.device("cpu")
+    prof = profile_model(model, (x,), {}, name="inplace", chain="blocks", device=dev, optimizer="sgd",
+                         repeats=1, warmup=0, options=())
+    res = run_bench(model, ((x,), {}), api.to_loss, prof, strategies=["none", "sac-policy"], budget_bytes=None,
+                    k=1, steps=1, warmup=0, device=dev, lr=1e-3)
+    rows = {r.strategy: r for r in res.rows}
+    assert rows["none"].status == "ok"
+    assert rows["sac-policy"].status == "error"
+    assert rows["sac-policy"].message.startswith("torch's selective checkpointing cannot run this model")
+    assert "inplace=False" in rows["sac-policy"].message and "mutated" in rows["sac-policy"].message

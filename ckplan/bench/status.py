@@ -40,6 +40,11 @@ INPLACE_TIP = ("a checkpoint starts at a layer that changes its input in place (
                "start elsewhere")
 
 
+SAC_MUTATED_TIP = ("torch's selective checkpointing cannot run this model: an op changes in place a "
+                   "tensor the policy keeps (ReLU(inplace=True), x.add_(...) and the like); build those "
+                   "layers with inplace=False to compare against it")
+
+
 def plan_error(err: PlanRunError) -> str:
     """One line for a row whose plan cannot run on this model: the reason and its fix."""
     return str(err)
@@ -50,6 +55,8 @@ def row_error(err: RuntimeError) -> str:
     first = first_line(str(err))[:200]
     if "modified by an inplace operation" in str(err):
         return f"{INPLACE_TIP} ({type(err).__name__}: {first})"
+    if "selective activation checkpoint has been mutated" in str(err):
+        return f"{SAC_MUTATED_TIP} ({type(err).__name__}: {first})"
     return f"{type(err).__name__}: {first}"
 
 
