@@ -54,15 +54,52 @@ def resolve_chain(model: nn.Module, path: str | None) -> tuple[str, nn.Module, b
             raise SpecError(f"chain: {path!r} is a {type(mod).__name__}, not a ModuleList or Sequential",
                             tip="name the container that holds the repeated layers")
         return path, mod, False
-    best = None
-    for name, mod in _containers(model):
+    ranked = _ranked(model)
+    if not ranked:
+        loose = _loose_repeats(model)
+        raise SpecError(f"chain: found no ModuleList/Sequential of repeated layers in {type(model).__name__}",
+                        tip="set `chain:` in the spec to the dotted path of the layer container" + (
+                            f"; these modules repeat a layer class but are not containers: {loose} (put their "
+                            "layers in an nn.Sequential or nn.ModuleList in your target)" if loose else ""))
+    _, name, mod = ranked[0]
+    return name, mod, True
+
+
+def _ranked(model: nn.Module) -> list[tuple[tuple[int, int, int], str, nn.Module]]:
+    """Containers of at least two layers of one class, best first: the most entries of one
+    repeated class, then the most entries, then the shallowest path, then the first found."""
+    found = []
+    for order, (name, mod) in enumerate(_containers(model)):
         if not all(_callable(m) for m in mod):  # a list of lists (Funnel's blocks): its entries are not layers
             continue
         repeats = Counter(type(m).__name__ for m in mod).most_common(1)[0][1]
-        key = (repeats, len(mod), -name.count("."))
-        if best is None or key > best[0]:
-            best = (key, name, mod)
-    if best is None or best[0][0] < 2:
-        raise SpecError(f"chain: found no ModuleList/Sequential of repeated layers in {type(model).__name__}",
-                        tip="set `chain:` in the spec to the dotted path of the layer container")
-    return best[1], best[2], True
+        if repeats >= 2:
+            found.append(((repeats, len(mod), -name.count("."), -order), name, mod))
+    found.sort(key=lambda t: t[0], reverse=True)
+    return [(key[:3], name, mod) for key, name, mod in found]
+
+
+def other_chains(model: nn.Module, chosen: str, limit: int = 4) -> str | None:
+    """A note naming the containers detection passed over (``name (n layers)``), or None."""
+    inside = chosen + "."  # containers within the chain's layers (a layer's experts) are no alternative
+    rest = [f"{name} ({len(mod)} layers)" for _, name, mod in _ranked(model)
+            if name != chosen and not name.startswith(inside)]
+    if not rest:
+        return None
+    more = f" and {len(rest) - limit} more" if len(rest) > limit else ""
+    return (f"chain {chosen!r} was detected; other containers of repeated layers: {', '.join(rest[:limit])}{more} "
+            "(set `chain:` to plan one of them)")
+
+
+def _loose_repeats(model: nn.Module, limit: int = 3) -> str:
+    """Modules (not containers) whose direct children repeat one class: timm's RegNet stages."""
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            continue
+        # children that are blocks themselves (not leaves such as an attention's q, k, v Linears)
+        kids = Counter(type(m).__name__ for m in mod.children() if next(m.children(), None) is not None)
+        if kids and kids.most_common(1)[0][1] >= 2:
+            cls, n = kids.most_common(1)[0]
+            out.append((-n, name.count("."), f"{name or type(model).__name__} ({n} x {cls})"))
+    return ", ".join(text for *_, text in sorted(out)[:limit])  # the longest runs first, then the shallowest

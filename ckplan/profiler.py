@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .chainfind import resolve_chain
+from .chainfind import other_chains, resolve_chain
 from .compiled import CompiledLayers
 from .device_model import target_device
 from .errors import UsageError
@@ -109,6 +109,9 @@ def measure_step(model: nn.Module, args: tuple, kwargs: dict, loss_fn, *, chain:
     breaks, breaks_note = chain_breaks(measured.breaks, len(layers))
     if breaks_note:
         notes += (breaks_note,)
+    others = other_chains(model, chain_path) if detected else None
+    if others:
+        notes += (others,)
     return StepMeasurement(rows, measured.x_in_requires_grad, measured.peak, sum(r.grad_bytes for r in rows),
                            chain_path, detected, notes, measured.side_inputs, breaks,
                            tuple(sorted(inst.flops_estimated)))
