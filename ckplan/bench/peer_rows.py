@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..chainfind import resolve_chain
 from ..peers import is_hf_model
-from ..planner import Plan, Store, held_for_backward_bytes, plan_chain, simulate
+from ..planner import Plan, Store, chain_from_profile, held_for_backward_bytes, plan_chain, simulate
+from ..planner.plan import items_from_ranges
 from ..records import Profile
 from .entry import Entry, fwd_bwd_peak
 
@@ -55,14 +56,14 @@ def peer_entry(chain, name: str) -> Entry:
     return Entry(name, plan, kind="peer", message=message)
 
 
-def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, int]:
-    """(layers Hugging Face's own checkpointing wraps, how many of them are chain layers)."""
+def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, tuple[int, ...]]:
+    """(layers Hugging Face's own checkpointing wraps, the chain indices among them)."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:
-        return 0, 0
+        return 0, ()
     _, container, _ = resolve_chain(model, chain_path)
-    chain = {id(m) for m in container.children()}
+    chain = {id(m): i for i, m in enumerate(container.children())}
     own: list = []
 
     def outermost(m) -> None:  # a checkpointed layer's own checkpointed blocks run inside it
@@ -73,7 +74,15 @@ def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, int]:
                 outermost(child)
 
     outermost(model)
-    return len(own), sum(id(m) in chain for m in own)
+    return len(own), tuple(sorted(chain[id(m)] for m in own if id(m) in chain))
+
+
+def _predict(e: Entry, chain, wrapped: tuple[int, ...]) -> None:
+    """``e``'s plan and predictions: the ``wrapped`` chain layers each in a checkpoint."""
+    e.plan = Plan("hf", chain.n_layers, items_from_ranges(chain.n_layers, [(i, i + 1) for i in wrapped]))
+    sc = simulate(chain, e.plan)
+    e.predicted_peak, e.predicted_fb_peak = sc.peak_bytes, fwd_bwd_peak(chain, e.plan)
+    e.predicted_act, e.predicted_overhead = held_for_backward_bytes(chain, e.plan), sc.overhead
 
 
 def peer_predictions(entries: list[Entry], model, profile: Profile, notes: list[str]) -> None:
@@ -83,7 +92,15 @@ def peer_predictions(entries: list[Entry], model, profile: Profile, notes: list[
         if e.kind == "peer" and e.name == "hf" and is_hf_model(model):
             e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
                          "every-k k=1")
-            own, in_chain = _hf_checkpointed_layers(model, profile.chain)
+            own, wrapped = _hf_checkpointed_layers(model, profile.chain)
+            in_chain, n = len(wrapped), len(profile.chain_layers)
+            if own == in_chain and 0 < in_chain < n:
+                # Some chain layers are not GradientCheckpointingLayers (MobileViT-v2's MobileNet
+                # blocks): Hugging Face checkpoints the others only, and so does the prediction.
+                _predict(e, chain_from_profile(profile), wrapped)
+                e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
+                             f"chain layers {', '.join(map(str, wrapped))} each in a checkpoint, the other "
+                             f"{n - in_chain} stored, as Hugging Face does")
             if own > in_chain:
                 # An encoder-decoder checkpoints its decoder too: the chain plan does not describe it.
                 e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
