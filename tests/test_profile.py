@@ -488,6 +488,28 @@ def test_layers_called_out_of_order_are_named_in_the_order_seen():
                           repeats=1, warmup=0, loss_fn=lambda out: out)
 
 
+def test_layers_dropped_in_training_are_named_with_the_fix():
+    """LayerDrop (NLLB-MoE's encoder_layerdrop 0.05): layers left out at random in training."""
+    from ckplan.errors import ModelRunError
+
+    class Dropping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                if not (self.training and i == 2):  # as a random draw that dropped layer 2
+                    x = layer(x)
+            return x.sum()
+
+    with pytest.raises(ModelRunError, match=r"layers \[2\] were skipped in this training step \(calls "
+                                            r"\[0, 1, 3\] for 4 layers\)") as e:
+        api.profile_model(Dropping(), (torch.randn(2, 4),), {}, name="d", chain="layers", device="cpu",
+                          repeats=1, warmup=0, loss_fn=lambda out: out)
+    assert "layerdrop" in e.value.tip
+
+
 def test_recurrent_layers_on_meta_are_a_lower_bound_and_said_so():
     """oneDNN's LSTM keeps a backward workspace fake tensors cannot size: the meta bytes stay at or
     below the CPU's measured ones, and the profile says which layers are not exact."""

@@ -48,6 +48,14 @@ def windows(marks: list[Mark], n: int) -> dict[Window, dict]:
                 "ckplan can neither measure nor checkpoint them there",
                 tip="set `chain:` to a container the model calls as `layer(x)`, or change the model's "
                     "loop to call `layer(...)` instead of `layer.forward(...)`")
+        skipped = sorted(set(range(n)) - set(got))
+        if skipped and got == sorted(set(got)):  # in order, some left out: layers dropped at random
+            raise ModelRunError(
+                f"the chain's layers {skipped[:12]} were skipped in this training step (calls {got[:12]} for "
+                f"{n} layers): the model drops layers at random in training (LayerDrop, stochastic "
+                "depth), so no plan over a fixed chain can be measured or applied",
+                tip="set the layer-drop probability to 0 for the run (Hugging Face: layerdrop, "
+                    "encoder_layerdrop, decoder_layerdrop in model.hf)")
         raise ModelRunError(
             f"the chain's layers were not called once each, in order: saw layer calls {got[:12]}"
             f"{'...' if len(got) > 12 else ''} for {n} layers",
