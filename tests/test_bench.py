@@ -426,3 +426,51 @@ def test_rows_measured_above_an_explicit_budget_are_named(tiny_gpt_spec, tmp_pat
     assert rows["none"].status == "ok" and rows["none"].measured_peak_bytes > budget
     note = next(n for n in res.notes if n.startswith("measured above --budget"))
     assert "none (" in note and "every-k" not in note
+
+
+RESEEDING_NET = textwrap.dedent("""
+    import torch, torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.fc = nn.Linear(d, d)
+
+        def forward(self, x):
+            g = torch.Generator().manual_seed(torch.seed())  # as Reformer's dropout: a seed from the OS
+            return x + torch.tanh(self.fc(x)) * (torch.rand(x.shape, generator=g) > 0.1)
+
+    class Net(nn.Module):
+        def __init__(self, d, n):
+            super().__init__()
+            self.stack = nn.ModuleList(Block(d) for _ in range(n))
+
+        def forward(self, x):
+            for blk in self.stack:
+                x = blk(x)
+            return x
+
+    def make(d=16, n=4):
+        return Net(d, n)
+""")
+
+
+def test_a_model_that_differs_from_itself_gets_no_gradient_verdict(write_spec, tmp_path, monkeypatch):
+    """Reformer reseeds its dropout from torch.seed(): none differs from none, so a checkpointed
+    row's gradients cannot be judged. The rows say so (status error, exit 0), instead of
+    wrong-gradients blaming the plan (exit 4)."""
+    (tmp_path / "reseeding_net.py").write_text(RESEEDING_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, """
+model: {target: "reseeding_net:make", args: {d: 16, n: 4}}
+input: {batch_size: 8, shape: [16], dtype: float32}
+chain: stack
+""", "reseeding.yaml")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--compare", "none,every-k", "--k", "1",
+                                 "--steps", "1", "--warmup", "0", "--out-dir", str(out), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["strategy"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["none"]["status"] == "ok"
+    assert rows["every-k"]["status"] == "error"
+    assert rows["every-k"]["message"].startswith("gradients not compared: none itself gave other gradients")

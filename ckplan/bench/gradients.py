@@ -39,6 +39,7 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
     rtol, atol = GRAD_TOLERANCES.get(run.profile.precision, GRAD_TOLERANCES["fp32"])
     ref: dict[str, torch.Tensor | None] | None = None
     ref_loss = ref_scale = 0.0
+    ref_entry: Entry | None = None
     for e in order:
         tick(f"gradients: {e.name}" + (" (compiling)" if e.compiled is not None else ""))
         if e.compiled is not None:
@@ -63,7 +64,7 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
         if bad:
             e.status, e.message = NON_FINITE, f"{bad}; gradients not compared"
         elif ref is None and e.is_reference:
-            ref, ref_loss = grads, e.loss
+            ref, ref_loss, ref_entry = grads, e.loss, e
             if run.layers is not None:
                 run.ref_grads = grads
             ref_scale = max((g.abs().max().item() for g in grads.values() if g is not None and g.numel()),
@@ -72,6 +73,8 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
         elif ref is not None:
             _judge(e, grads, ref, ref_loss, ref_scale, rtol, atol)
         del grads
+    if ref is not None and any(e.status == WRONG_GRADIENTS for e in entries) and ref_entry is not None and ref_entry.compiled is None:
+        _reference_reproduced(run, ref_entry, init, ref, ref_loss, entries)
     run.model.load_state_dict(init)
     if entries and ref is None:
         notes.append("gradients not checked: no plan without checkpoints gave a finite reference "
@@ -135,6 +138,26 @@ def loss_and_grads(run: Run, e: Entry, init: dict) -> tuple[float, dict[str, tor
              for n, p in run.model.named_parameters()}
     run.model.zero_grad(set_to_none=True)
     return loss, grads
+
+
+def _reference_reproduced(run: Run, ref_entry: Entry, init: dict, ref: dict, ref_loss: float,
+                          entries: list[Entry]) -> None:
+    """Rows judged wrong: run the reference once more. A model that draws random numbers outside
+    torch's seeded generators (Reformer reseeds its dropout from ``torch.seed()``) differs from
+    itself, so its rows cannot be judged: they become errors that say so."""
+    loss, grads = loss_and_grads(run, ref_entry, init)
+    diff = max(((g - ref[n]).abs().max().item() for n, g in grads.items()
+                if g is not None and ref.get(n) is not None and g.numel()), default=0.0)
+    if diff == 0.0 and loss == ref_loss:
+        return
+    for e in entries:
+        if e.status == WRONG_GRADIENTS:
+            e.status = ERROR
+            e.message = (f"gradients not compared: {ref_entry.name} itself gave other gradients in a second run "
+                         f"(max |dgrad| {diff:.3g}, loss {loss:.6g} vs {ref_loss:.6g}) from the same weights "
+                         "and seed: the model draws random numbers outside torch's seeded generators (a "
+                         "reseed from torch.seed() or the clock), so no plan can be checked against it; "
+                         "set its dropout to 0 to check the plans")
 
 
 def _non_finite(loss: float, grads: dict[str, torch.Tensor | None]) -> str:
