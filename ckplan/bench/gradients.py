@@ -73,7 +73,8 @@ def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eage
         elif ref is not None:
             _judge(e, grads, ref, ref_loss, ref_scale, rtol, atol)
         del grads
-    if ref is not None and any(e.status == WRONG_GRADIENTS for e in entries) and ref_entry is not None and ref_entry.compiled is None:
+    failed = any(e.status == WRONG_GRADIENTS for e in entries)
+    if failed and ref is not None and ref_entry is not None and ref_entry.compiled is None:
         _reference_reproduced(run, ref_entry, init, ref, ref_loss, entries)
     run.model.load_state_dict(init)
     if entries and ref is None:
