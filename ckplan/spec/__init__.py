@@ -13,6 +13,7 @@ Run only specs you trust, as you would a Python script.
 schema    the sections and their checks, validate(), overrides   messages  validation errors, readable
 load      load_spec(): a YAML file -> Spec                        limits    vocabulary and sequence length
 build     build_model(): zoo, target (and hf, in hf.py)           batch     make_batch(), to_loss()
+labels    the loss for a model that takes no labels (timm, torchvision): hooks on the model
 """
 from .batch import batch_bytes, make_batch, to_loss, torch_dtype
 from .build import build_model
