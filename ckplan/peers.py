@@ -241,7 +241,7 @@ def hf_checkpointing(model: nn.Module):
     Enabling also hooks the input embeddings so that their output requires grad (for frozen
     embeddings: LoRA, PEFT), and disabling leaves that hook: it is removed on exit unless the
     model had one before, so the rows measured after this one run the model as it was."""
-    had_hook = bool(getattr(model, "_require_grads_hooks", None) or getattr(model, "_require_grads_hook", None))
+    had_hook = _input_grad_hooked(model)
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         off = model.activation_checkpointing_disable
@@ -252,5 +252,12 @@ def hf_checkpointing(model: nn.Module):
         yield
     finally:
         off()
-        if not had_hook and hasattr(model, "disable_input_require_grads"):
+        # transformers 4 enables it for PEFT models only, and its disable fails without one
+        if not had_hook and _input_grad_hooked(model) and hasattr(model, "disable_input_require_grads"):
             model.disable_input_require_grads()
+
+
+def _input_grad_hooked(model: nn.Module) -> bool:
+    """Whether the model's input embeddings carry Hugging Face's requires-grad hook (transformers 5:
+    ``_require_grads_hooks``, a list; 4: ``_require_grads_hook``)."""
+    return bool(getattr(model, "_require_grads_hooks", None) or getattr(model, "_require_grads_hook", None))
