@@ -196,7 +196,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
         grad_bytes=m.grad_bytes, optimizer_bytes=opt_state, optimizer_tmp_bytes=opt_tmp,
-        input_bytes=inputs, activation_bytes=sum(r.saved_bytes for r in m.rows),
+        input_bytes=inputs, activation_bytes=sum(r.saved_bytes for r in m.rows)
+        + sum(si.bytes for si in m.side_inputs if si.saved_by),
         predicted_peak_bytes=0,
         measured_peak_bytes=None if dev.type == "meta" else
         param_bytes + buffer_bytes + inputs + opt_state + runtime + m.measured_peak_rel,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import api, report
+from .bench_records import OVER_BUDGET
 from .errors import InfeasibleBudgetError, UsageError, WrongResultError
 from .options import PEERS, Strategy, StrategyOrAll
-from .records import OVER_BUDGET
 from .units import format_bytes
 
 STRATEGY_NAMES = Strategy.names()

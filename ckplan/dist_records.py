@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .records import OVER_BUDGET, over_budget
+from .bench_records import OVER_BUDGET, over_budget
 
 OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see ckplan.distributed

@@ -61,6 +61,7 @@ from pathlib import Path
 import torch
 
 from . import launch
+from .bench_records import WRONG_GRADIENTS, peak_error
 from .dist_rank import RankTracker, _rank_main, fsdp_unit_bytes  # noqa: F401  (RankTracker re-exported)
 from .dist_records import (  # noqa: F401  (re-exported)
     ERROR,
@@ -78,7 +79,7 @@ from .errors import InfeasibleBudgetError, UsageError
 from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate, trace
 from .planner.parallel import KINDS, per_rank_chain, per_rank_chain_from_profile
 from .preflight import available_memory
-from .records import WRONG_GRADIENTS, Profile, peak_error
+from .records import Profile
 from .spec import Spec, build_model
 from .units import format_bytes
 

@@ -177,6 +177,11 @@ def _side_inputs_problem(side: Any, n: int) -> str | None:
         if isinstance(by, bool) or not isinstance(by, int) or not -1 <= by < min(ls):
             return (f"side_inputs[{j}].made_by is {by!r}, not -1 (before the chain) or a chain layer "
                     f"before every layer that receives them ({min(ls)})")
+        for key in ("saved_by", "unrelayed"):
+            some = si.get(key, [])
+            if (not isinstance(some, list)
+                    or any(isinstance(i, bool) or not isinstance(i, int) or i not in ls for i in some)):
+                return f"side_inputs[{j}].{key} is {some!r}, not a list of layers among its layers {ls}"
     return None
 
 

@@ -48,22 +48,36 @@ class SideInput:
     layers: tuple[int, ...]
     # The chain layer that makes them, for one made inside the chain and given to layers after the
     # next one (T5's position bias, from its first block); -1: made before the chain. A
-    # checkpoint over that layer makes them again in its recompute: it does not keep them.
+    # checkpoint over that layer makes them again in its recompute.
     made_by: int = -1
-    # Their gradient, when they require grad (T5's position bias comes from a parameter): the
-    # autograd engine sums what the layers reading them send back, from the backward of the last
-    # of them until the backward of their maker (layer ``made_by``, or pre) consumes it, so it is
-    # live through every recompute in between. ``bytes`` may then be 0: one that an op saved
-    # (counted in that stage's saved bytes) is listed for its gradient only. 0 in older profiles.
+    # Their gradient, when they require grad (T5's position bias comes from a parameter), summed
+    # by the autograd engine from the backward of the last layer reading them until their maker's
+    # backward consumes it. ``bytes`` may then be 0: one saved by its maker, or outside the chain
+    # layers (in that stage's saved bytes), is listed for its gradient only.
     grad_bytes: int = 0
+    # The layers among ``layers`` whose own ops save them, when nothing else does (rotary ``(cos,
+    # sin)`` that only a hybrid model's attention layers multiply in): kept until the backward of
+    # the first of them, not only to the forward's end; ``bytes`` is then their size.
+    saved_by: tuple[int, ...] = ()
+    # For one made by a chain layer: the layers after the next one that receive them other than
+    # in the previous layer's output (T5 relays its bias through every block's output; a model
+    # may keep it in a variable): a checkpoint over the maker records those calls, keeping them.
+    unrelayed: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """Its fields, those at their defaults left out."""
         d: dict[str, Any] = {"bytes": self.bytes, "layers": list(self.layers)}
-        if self.made_by >= 0:
-            d["made_by"] = self.made_by
-        if self.grad_bytes:
-            d["grad_bytes"] = self.grad_bytes
+        for f in dataclasses.fields(self)[2:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                d[f.name] = list(value) if isinstance(value, tuple) else value
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SideInput:
+        return cls(int(d["bytes"]), tuple(int(i) for i in d["layers"]), int(d.get("made_by", -1)),
+                   int(d.get("grad_bytes", 0)), tuple(int(i) for i in d.get("saved_by", ())),
+                   tuple(int(i) for i in d.get("unrelayed", ())))
 
 
 @dataclass(frozen=True)
@@ -276,125 +290,8 @@ class Profile:
         d["layers"] = tuple(StageRecord.from_dict(r) for r in d["layers"])
         d["totals"] = Totals(**d["totals"])
         d["notes"] = tuple(d.get("notes", ()))
-        d["side_inputs"] = tuple(SideInput(int(si["bytes"]), tuple(int(i) for i in si["layers"]),
-                                           int(si.get("made_by", -1)), int(si.get("grad_bytes", 0)))
-                                 for si in d.get("side_inputs", ()))
+        d["side_inputs"] = tuple(SideInput.from_dict(si) for si in d.get("side_inputs", ()))
         d["chain_breaks"] = tuple(int(b) for b in d.get("chain_breaks", ()))
         d["flops_estimated"] = tuple(str(op) for op in d.get("flops_estimated", ()))
         d["host_bw"] = tuple(float(v) for v in d.get("host_bw", (0.0, 0.0)))
         return cls(**d)
-
-
-# ---- bench ------------------------------------------------------------------------------------
-
-# A bench row's status. ``wrong-gradients`` and ``non-finite`` are wrong results (the CLI exits 4);
-# OOM, infeasible and error are outcomes of the run that the table reports and the bench goes on;
-# ``over-budget``: predicted to fit an explicit --budget, measured above it (the CLI exits 3, as
-# for a budget no plan meets, once the table and files are written).
-OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
-WRONG_GRADIENTS, NON_FINITE = "wrong-gradients", "non-finite"
-OVER_BUDGET = "over-budget"
-FAILED_STATUSES = (WRONG_GRADIENTS, NON_FINITE)
-
-
-def over_budget(predicted: int | None, measured: int | None, budget_bytes: int | None) -> bool:
-    """A row predicted to fit ``budget_bytes`` (an explicit budget) that measured above it."""
-    return (budget_bytes is not None and predicted is not None and measured is not None
-            and predicted <= budget_bytes < measured)
-
-
-def peak_error(predicted: int | None, measured: int | None) -> float | None:
-    """``|measured - predicted| / predicted``: how far the measurement is from the prediction, as
-    a share of the prediction ("predicted 1.0 GB, measured 12.6% more")."""
-    return abs(measured - predicted) / predicted if measured is not None and predicted else None
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    """One strategy measured: predicted and measured peaks, time, and the gradient check."""
-
-    strategy: str
-    status: str  # ok | OOM | infeasible | error | wrong-gradients | non-finite | over-budget
-    plan: str  # Plan.describe()
-    n_checkpoints: int
-    predicted_peak_bytes: int | None
-    measured_peak_bytes: int | None
-    peak_error: float | None  # |measured - predicted| / predicted (records.peak_error)
-    predicted_fwd_bwd_peak_bytes: int | None  # the same, forward+backward only (no optimizer step)
-    measured_fwd_bwd_peak_bytes: int | None
-    fwd_bwd_peak_error: float | None
-    predicted_activation_bytes: int | None  # held for backward when the forward ends, persistent excluded
-    measured_activation_bytes: int | None
-    reserved_peak_bytes: int | None  # CUDA only
-    alloc_retries: int | None  # CUDA only
-    nvml_used_bytes: int | None  # device memory in use after the memory step (NVML), when available
-    step_ms: float | None  # median of the timed steps
-    step_ms_min: float | None
-    step_ms_max: float | None
-    slowdown: float | None  # step_ms / step_ms of none, measured in the same run
-    predicted_overhead: float | None
-    loss: float | None  # correctness step, from the shared seed
-    final_loss: float | None  # loss of this strategy's last timed step
-    max_grad_diff: float | None  # max |grad - grad(none)| over all parameters
-    message: str = ""
-    grad_tolerance: float | None = None  # the bound max_grad_diff was judged against (see ckplan.bench)
-    # CPU only: the memory step's live-tensor peak above the tensors resident when it began, and the
-    # process's resident set (Linux VmHWM) over the same step: its high-water mark and its growth.
-    measured_growth_bytes: int | None = None
-    measured_rss_peak_bytes: int | None = None
-    measured_rss_growth_bytes: int | None = None
-    kind: str = "ckplan"  # "ckplan" or "peer" (ckplan.peers: hf, sac-policy)
-    # Paired per-round ratios step / step(none) (timed rounds are interleaved); when they straddle 1
-    # the difference from none is inside the timing noise (ckplan.bench.within_noise).
-    slowdown_within_noise: bool = False
-    slowdown_ratio_min: float | None = None
-    slowdown_ratio_max: float | None = None
-    offload_release: str = ""  # offloading plans: each offloaded layer's release and fetch points, "0:3:1 1:5:2"
-
-    @property
-    def failed(self) -> bool:
-        """A wrong result: the plan changed the math, or the step produced NaN/inf."""
-        return self.status in FAILED_STATUSES
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class BenchResult:
-    model: str
-    device: str
-    device_name: str
-    batch_size: int
-    precision: str
-    optimizer: str
-    accum: int
-    steps: int
-    warmup: int
-    budget_bytes: int | None
-    k: int
-    rows: tuple[BenchRow, ...]
-    profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
-    notes: tuple[str, ...] = field(default=())
-    # (strategy, peak bytes, predicted slowdown) of dp at evenly spaced budgets (and dp-layer's
-    # with selective options): the predicted frontier, plotted beside the measured rows.
-    frontier: tuple[tuple[str, int, float], ...] = field(default=())
-    compiled: bool = False  # --compile: ckplan's rows ran compiled ("layers": each chain layer; "model": whole)
-    compile_scope: str = "layers"
-
-    @property
-    def device_tag(self) -> str:
-        """The device in file names: ``cpu``, ``cpu-compiled`` or ``cpu-compiled-model``."""
-        return f"{self.device}-compiled{'-model' * (self.compile_scope == 'model')}" if self.compiled else self.device
-
-    @property
-    def failed_rows(self) -> tuple[BenchRow, ...]:
-        """Rows whose results are wrong (``wrong-gradients``, ``non-finite``): the CLI exits 4."""
-        return tuple(r for r in self.rows if r.failed)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["rows"] = [r.to_dict() for r in self.rows]
-        d["notes"] = list(self.notes)
-        d["frontier"] = [{"strategy": s, "peak_bytes": b, "slowdown": t} for s, b, t in self.frontier]
-        return d

@@ -1,9 +1,10 @@
 """Hand-made profile, plan and bench records for the rendering and report tests."""
 from __future__ import annotations
 
+from ckplan.bench_records import BenchResult, BenchRow
 from ckplan.plan_report import PlanReport
 from ckplan.planner import STRATEGIES, chain_from_profile, compare, plan_chain
-from ckplan.records import BenchResult, BenchRow, Profile, StageRecord, Totals
+from ckplan.records import Profile, StageRecord, Totals
 
 MiB = 2**20
 

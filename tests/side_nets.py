@@ -42,3 +42,59 @@ class CountedLayers(torch.nn.Module):
         for i in range(self.depth):
             x = self.layers[i](x)
         return x
+
+
+class RotaryBlock(torch.nn.Module):
+    """A block that multiplies a side input in (saving it for backward) only when ``uses`` it, as
+    the attention layers of a hybrid model do with the rotary ``(cos, sin)`` every layer receives."""
+
+    def __init__(self, d: int, uses: bool):
+        super().__init__()
+        self.uses = uses
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+
+    def forward(self, h, pe=None):
+        z = self.up(h)
+        if self.uses:
+            z = z * pe  # saves pe
+        return h + self.down(torch.tanh(z))
+
+
+class RotaryChain(torch.nn.Module):
+    """A (B, 4d) tensor without grad made before the chain (``maker=-1``) or returned by layer
+    ``maker`` beside its output, passed to every later layer; only layers in ``uses`` save it."""
+
+    def __init__(self, d: int = D, n_layers: int = N, uses: tuple[int, ...] = (3, 5), maker: int = -1):
+        super().__init__()
+        self.maker = maker
+        self.inp = torch.nn.Linear(d, d)
+        self.layers = torch.nn.ModuleList(RotaryMaker(d) if i == maker else RotaryBlock(d, i in uses)
+                                          for i in range(n_layers))
+        self.head = torch.nn.Linear(d, 1)
+        self.register_buffer("freq", torch.randn(4 * d))
+
+    def forward(self, x):
+        h = self.inp(x)
+        pe = torch.cos(self.freq * x.sum(-1, keepdim=True)) if self.maker < 0 else None
+        for i, layer in enumerate(self.layers):
+            if i == self.maker:
+                h, pe = layer(h)
+            else:
+                h = layer(h, pe=pe) if pe is not None else layer(h)
+        return self.head(h).pow(2).mean()
+
+
+class RotaryMaker(torch.nn.Module):
+    """A block that returns a rotary-like tensor beside its output, for the layers after it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+        self.register_buffer("freq", torch.randn(4 * d))
+
+    def forward(self, h):
+        out = h + torch.tanh(self.lin(h))
+        with torch.no_grad():
+            pe = torch.cos(self.freq * h.sum(-1, keepdim=True))
+        return out, pe

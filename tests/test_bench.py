@@ -289,7 +289,7 @@ def test_slowdowns_from_one_or_two_steps_carry_a_caveat(tiny_gpt_spec, tmp_path)
 
 
 def test_error_is_a_share_of_the_prediction():
-    from ckplan.records import over_budget, peak_error
+    from ckplan.bench_records import over_budget, peak_error
     # "predicted 1.0 GB, measured 12.6% more": the error is read against the prediction
     assert peak_error(1_000, 1_126) == pytest.approx(0.126)
     assert peak_error(1_000, 874) == pytest.approx(0.126)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 
 from ckplan.bench.whole_rows import whole_entries
+from ckplan.bench_records import ERROR, INFEASIBLE
 from ckplan.errors import InfeasibleBudgetError
 from ckplan.planner import simulate
 from ckplan.planner.synthetic import random_chain
 from ckplan.planner.whole import option_plan
-from ckplan.records import ERROR, INFEASIBLE
 from ckplan.units import format_bytes
 
 

@@ -280,6 +280,9 @@ def _swap(doc):
     (lambda d: d.update(side_inputs=[{"bytes": -4, "layers": [0]}]), "side_inputs[0].bytes"),
     (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [99]}]), "side_inputs[0].layers"),
     (lambda d: d.update(side_inputs=[{"bytes": 4}]), "side_inputs[0] is not an object"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [1], "saved_by": [2]}]), "side_inputs[0].saved_by"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [2], "made_by": 0, "unrelayed": "2"}]),
+     "side_inputs[0].unrelayed"),
 ])
 @pytest.mark.slow
 def test_bad_profile_json_is_rejected_with_the_field_named(saved_profile, tmp_path, breakit, needle):

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ckplan import launch
 from ckplan.api import load, profile
+from ckplan.bench_records import OVER_BUDGET
 from ckplan.distributed import (
     ERROR,
     OK,
@@ -29,7 +30,6 @@ from ckplan.distributed import (
 )
 from ckplan.errors import UsageError
 from ckplan.planner import min_peak, plan_chain
-from ckplan.records import OVER_BUDGET
 from ckplan.spec import build_model
 
 if not dist.is_available() or not dist.is_gloo_available():

@@ -9,8 +9,8 @@ from fake_records import MiB, _row, make_bench, make_plan_report, make_profile
 from rich.console import Console
 
 from ckplan import render
+from ckplan.bench_records import BenchResult
 from ckplan.planner import STRATEGIES, chain_from_profile, sweep
-from ckplan.records import BenchResult
 
 
 def _render(fn, width, **kw) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ckplan import report
+from ckplan.bench_records import BenchResult, BenchRow
 from ckplan.errors import UsageError
-from ckplan.records import BenchResult, BenchRow
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_records import make_bench

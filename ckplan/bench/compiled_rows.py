@@ -6,9 +6,9 @@ import gc
 
 import torch
 
+from ..bench_records import OK
 from ..peers import COMPILE_PEERS, UNAVAILABLE, CompiledPeer, budget_fraction, compile_unavailable
 from ..planner import plan_chain, simulate
-from ..records import OK
 from .entry import Entry
 from .gradients import loss_and_grads
 from .memory import profiled_step_memory

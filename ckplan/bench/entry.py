@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..bench_records import OK
 from ..peers import CompiledPeer
 from ..planner import Plan, trace
-from ..records import OK
 
 
 @dataclass

@@ -9,11 +9,11 @@ import time
 import torch
 from torch.utils._pytree import tree_map
 
+from ..bench_records import ERROR, NON_FINITE, WRONG_GRADIENTS
 from ..errors import ModelRunError, PlanRunError
 from ..measure import TrackerLimitExceeded
 from ..peers import UNAVAILABLE
 from ..planner import plan_none
-from ..records import ERROR, NON_FINITE, WRONG_GRADIENTS
 from .entry import Entry
 from .status import one_line, plan_error, row_error
 from .steps import Run, Stepper, applied, model_of

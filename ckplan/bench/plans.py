@@ -2,11 +2,11 @@
 dp and chen plan for when none is given."""
 from __future__ import annotations
 
+from ..bench_records import ERROR, INFEASIBLE
 from ..errors import InfeasibleBudgetError, SpecError
 from ..peers import COMPILE_PEERS, PEER_NAMES
 from ..planner import Plan, default_budget, held_for_backward_bytes, no_gain_reason, plan_chain, simulate, with_releases
 from ..planner.plan import RELEASE
-from ..records import ERROR, INFEASIBLE
 from .entry import Entry, fwd_bwd_peak
 from .peer_rows import peer_entry
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import statistics
 
+from ..bench_records import OK, OVER_BUDGET, BenchResult, BenchRow, over_budget, peak_error
 from ..errors import CkplanError
 from ..planner import sweep
 from ..planner.regions import scored_frontier
 from ..planner.whole import WHOLE_OPTIONS
-from ..records import OK, OVER_BUDGET, BenchResult, BenchRow, Profile, over_budget, peak_error
+from ..records import Profile
 from ..units import format_bytes
 from .entry import Entry
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ..bench_records import OK, BenchResult
 from ..chainfind import resolve_chain
 from ..compiled import CompiledLayers
 from ..execute import remove_plan
@@ -16,7 +17,7 @@ from ..planner import Plan, chain_from_profile
 from ..planner.plan import STORE
 from ..planner.plan_items import kept_option
 from ..profiling.whole_steps import measure_whole, mincut_search, pair_timer
-from ..records import OK, BenchResult, Profile
+from ..records import Profile
 from ..sac import OFFLOAD_OPTIONS, POLICIES
 from ..training import make_optimizer
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check

@@ -5,9 +5,9 @@ import gc
 
 import torch
 
+from ..bench_records import ERROR, OK, OOM
 from ..errors import ModelRunError, PlanRunError, first_line
 from ..measure import TrackerLimitExceeded
-from ..records import ERROR, OK, OOM
 from .entry import Entry
 from .steps import Run
 

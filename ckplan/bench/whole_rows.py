@@ -16,13 +16,13 @@ from dataclasses import replace
 
 import torch
 
+from ..bench_records import ERROR, INFEASIBLE
 from ..compiled_model import CompiledModel, partitioner_budget, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
 from ..planner.plan import STORE
 from ..planner.whole import FULL, option_plan, plain_plan, whole_model_chain, whole_peak
 from ..profiling.whole_steps import dp_choice, whole_steps
-from ..records import ERROR, INFEASIBLE
 from ..units import format_bytes
 from .entry import Entry, fwd_bwd_peak
 from .plans import peer_row

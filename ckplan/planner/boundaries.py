@@ -21,15 +21,19 @@ The model (the replay implements all of it; these helpers decide the first two):
   forward (which was measured with it live).
 * side inputs (``chain.side_inputs``: masks and the like that pre makes for the layers, or a
   chain layer for layers after the next one): live from pre's forward; freed when the chain's
-  forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, or the
-  layer stored with a selective option) and does not contain the layer that made them, after the
-  backward of the first such item.
+  forward ends, or, when a top-level item holds one of their layers (a checkpoint over it, the
+  layer stored with a selective option, or stored with ``store`` when its own ops save them:
+  ``SideInput.saved_by``) and does not contain the layer that made them (unless it records a
+  later layer's call that got them other than from the previous layer: ``SideInput.unrelayed``),
+  after the backward of the first such item.
 * side-input gradients (``SideInput.grad_bytes``: T5's position bias comes from a parameter):
   the autograd engine sums what the layers reading them send back, so they appear after the
   backward of the last such layer and go after the backward of their maker (a chain layer or
   pre); every recompute in between runs beside them. A recompute over the layer that makes a
   side input makes it again; the recompute's frame holds it until the recompute is over (from
-  the maker's forward on: the first forward's measured transients count it as live there).
+  the maker's forward on: the first forward's measured transients count it as live there),
+  or, when a later item of that recompute keeps it (``_remade_holders``), until that item's
+  backward.
 * tensors a layer keeps that no saved-tensor hook sees (``Layer.unsaved_kept_bytes``: a custom
   autograd Function's ``ctx`` attributes, a module cache): a checkpoint's first forward keeps
   them beside its output, until the backward is over (the graph's nodes hold them). A stored
@@ -46,8 +50,11 @@ The model (the replay implements all of it; these helpers decide the first two):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .chain import Chain
-from .plan import PLAIN, Item, Store
+from .plan import PLAIN, Checkpoint, Item, Store
 
 
 def _input_hold(chain: Chain, seq: tuple[Item, ...], idx: int, ctx: tuple[int, int] | None) -> int:
@@ -98,10 +105,10 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
     if not chain.side_inputs:
         return 0, {}
     holder: dict[int, int] = {}  # layer -> index of the top-level item that holds it
+    stored: dict[int, int] = {}  # layer -> index of its item, stored with store
     for idx, it in enumerate(items):
         if isinstance(it, Store):
-            if it.option not in PLAIN:
-                holder[it.layer] = idx
+            (stored if it.option in PLAIN else holder)[it.layer] = idx
         else:
             for k in range(it.start, it.stop):
                 holder[k] = idx
@@ -110,6 +117,9 @@ def _side_releases(chain: Chain, items: tuple[Item, ...]) -> tuple[int, dict[int
     for si in chain.side_inputs:
         maker = holder.get(si.made_by) if si.made_by >= 0 else None  # makes them again: keeps none
         idxs = [holder[i] for i in si.layers if i in holder and holder[i] != maker]
+        idxs += [stored[i] for i in si.saved_by if i in stored]  # their saved tensors keep them
+        if maker is not None and any(holder.get(i) == maker for i in si.unrelayed):
+            idxs.append(maker)  # its record of a later call keeps the first forward's tensors
         if idxs:
             first = min(idxs)
             held[first] = held.get(first, 0) + si.bytes
@@ -125,3 +135,67 @@ def _side_made(chain: Chain) -> dict[int, int]:
         if si.made_by >= 0:
             made[si.made_by] = made.get(si.made_by, 0) + si.bytes
     return made
+
+
+def _remade_holders(chain: Chain, seq: tuple[Item, ...], mi: int,
+                    k: int) -> tuple[dict[int, int], dict[int, int]]:
+    """In a recompute running ``seq``: the side inputs layer ``k`` (in ``seq[mi]``) makes again
+    that an item after it keeps past the recompute's end (the first such): ({index in ``seq``:
+    bytes freed after that item's backward}, {id(checkpoint): bytes freed once its own
+    recompute is over}).
+
+    A later item gets them when its first layer got them from the layer before in the first
+    forward (the maker's output, or relayed through each layer's: ``SideInput.unrelayed``; the
+    others get the first forward's, recorded). A stored layer keeps them when it saves them
+    (``SideInput.saved_by``), a checkpoint (or selective option) as its input: a nested
+    checkpoint whose first layer does not save them has them handed over, read by the recompute
+    of the innermost checkpoint starting there."""
+    to_bwd: dict[int, int] = {}
+    handed: dict[int, int] = {}
+    for si in chain.side_inputs:
+        if si.made_by != k:
+            continue
+        for idx in range(mi + 1, len(seq)):
+            it = seq[idx]
+            f = _span(it)[0]
+            if not (f in si.layers and (f == k + 1 or f not in si.unrelayed)):
+                continue
+            if isinstance(it, Checkpoint) and f not in si.saved_by:
+                while isinstance(it.inner[0], Checkpoint):
+                    it = it.inner[0]
+                handed[id(it)] = handed.get(id(it), 0) + si.bytes
+                break
+            if f in si.saved_by or not (isinstance(it, Store) and it.option in PLAIN):
+                to_bwd[idx] = to_bwd.get(idx, 0) + si.bytes
+                break
+    return to_bwd, handed
+
+
+class SideHolds:
+    """The replay's side-input steps (a mixin of ``replay._Replayer``, whose state it changes)."""
+
+    s: Any  # replay._State
+    chain: Chain
+    op: Callable[..., None]
+    side_made: dict[int, int]
+
+    def remake(self, seq: tuple[Item, ...], idx: int, k: int, ctx: tuple[int, int] | None) -> int:
+        """Layer ``k`` (in ``seq[idx]``) of a recompute makes its side inputs again; returns the
+        bytes the recompute's frame frees at its end (the rest: ``_remade_holders``)."""
+        s = self.s
+        to_bwd, handed = _remade_holders(self.chain, seq, idx, k)
+        mine = s.remade_kept.setdefault(id(seq), {})
+        for h, nbytes in to_bwd.items():
+            mine[h] = mine.get(h, 0) + nbytes
+        for key, nbytes in handed.items():
+            s.handed_over[key] = s.handed_over.get(key, 0) + nbytes
+        made = self.side_made[k]
+        s.mem += made
+        self.op("remade", k, ctx, True, s.mem, 0, s.mem)
+        return made - sum(to_bwd.values()) - sum(handed.values())
+
+    def side(self, nbytes: int) -> None:
+        """Side inputs freed: the forward is over, or their last holder's backward."""
+        s = self.s
+        s.mem -= nbytes
+        self.op("side", None, None, False, s.mem, 0, s.mem)

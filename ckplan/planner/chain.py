@@ -22,6 +22,9 @@ saves, so without checkpoints they are freed when the chain's forward ends. A ch
 arguments of its layers until its backward: the simulator keeps them until the backward of the
 first top-level item that holds one of their layers. The DP tables count them as live for the
 whole step (``tables.base_bytes``): an upper bound on every op, so a plan they fit fits.
+One that some layers' own ops save (``SideInput.saved_by``: rotary ``(cos, sin)`` that only the
+attention layers of a hybrid model multiply in) is kept, without checkpoints, until the backward of
+the first of those layers; a layer stored with ``store`` among them holds it like a checkpoint.
 Their gradients (``SideInput.grad_bytes``, when they require grad) live from the backward of the
 last layer reading them to the backward of their maker, recomputes in between included; the
 tables count them as live for the whole step too.
@@ -173,10 +176,11 @@ class Chain:
             if (not isinstance(si.bytes, int) or si.bytes < 0 or not isinstance(si.grad_bytes, int)
                     or si.grad_bytes < 0 or not si.layers
                     or any(not 0 <= i < len(self.layers) for i in si.layers)
-                    or not -1 <= si.made_by < min(si.layers)):
+                    or not -1 <= si.made_by < min(si.layers)
+                    or not set(si.saved_by) <= set(si.layers) or not set(si.unrelayed) <= set(si.layers)):
                 raise ValueError(f"side input {si}: bytes must be a non-negative int, layers "
                                  f"indices of the {len(self.layers)} chain layers, made_by -1 or a "
-                                 "layer before them")
+                                 "layer before them, saved_by and unrelayed some of its layers")
 
     @property
     def n_layers(self) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .boundaries import _boundary_released, _input_hold, _side_made, _side_releases, _span
+from .boundaries import SideHolds, _boundary_released, _input_hold, _side_made, _side_releases, _span
 from .chain import Chain
 from .plan import PLAIN, STORE, Checkpoint, Item, Store, kept_option
 from .transfers import AUTO, Transfers
@@ -62,6 +62,7 @@ class _State:
     # a released boundary the next stage's forward still reads: (bytes, layer, span, again)
     pending: tuple[int, int, tuple[int, int], bool] | None = None
     copied: dict[int, int] = field(default_factory=dict)  # a recompute's first layer given a copy: its bytes
+    remade_kept: dict[int, dict[int, int]] = field(default_factory=dict)  # id(seq) -> _remade_holders
     # layers whose backward has begun and holds its lead (Layer.lead_bytes) beside a recompute
     leading: set[int] = field(default_factory=set)
     # held layers (Layer.held_bytes) of the top-level checkpoint whose backward runs, its first
@@ -73,7 +74,7 @@ class _State:
     transfer_ms: float = 0.0  # host copies not hidden behind compute (transfers.py)
 
 
-class _Replayer(Transfers):
+class _Replayer(Transfers, SideHolds):
     """The plan's ops in order, one method per step; the state in ``_State``, offload's in ``Transfers``."""
 
     def __init__(self, chain: Chain, items: tuple[Item, ...], on_op: _OnOp | None, releases: dict[int, int] | str,
@@ -147,9 +148,7 @@ class _Replayer(Transfers):
             if again:
                 for k in range(*_span(it)):
                     if self.side_made.get(k):
-                        remade += self.side_made[k]
-                        s.mem += self.side_made[k]
-                        self.op("remade", k, ctx, True, s.mem, 0, s.mem)
+                        remade += self.remake(seq, idx, k, ctx)
                     if (L[k].recompute_kept_bytes or L[k].recompute_chain_kept_bytes) and k not in s.left_by:
                         self.left_on_module(k, ctx)
             hold = _input_hold(chain, seq, idx, ctx)
@@ -261,18 +260,21 @@ class _Replayer(Transfers):
     def backward(self, seq: tuple[Item, ...], ctx: tuple[int, int] | None) -> None:
         """A sequence's backward: its items' backwards pushed last first, with what each frees."""
         s, L, chain = self.s, self.L, self.chain
+        remade_kept = s.remade_kept.pop(id(seq), {})
         for idx, it in enumerate(seq):
             if isinstance(it, Checkpoint):
                 s.released[id(it)] = _boundary_released(chain, seq, idx, ctx)
             if ctx is None and self.side_held.get(idx):
-                self.stack.append(("side", idx))  # after this item's whole backward
+                self.stack.append(("side", self.side_held[idx]))  # after this item's whole backward
+            elif remade_kept.get(idx):  # made again by this recompute, kept by this item
+                self.stack.append(("side", remade_kept[idx]))
             hold = _input_hold(chain, seq, idx, ctx)
             if (hold and ctx is not None and isinstance(it, Checkpoint)
                     and isinstance(it.inner[0], Store) and it.inner[0].option == STORE):
                 # a checkpoint inside a recompute: its input is one of the enclosing
                 # recompute's tensors, handed over once, so it goes as soon as its own
                 # recompute (whose first layer does not save it) is over
-                s.handed_over[id(it)] = hold
+                s.handed_over[id(it)] = s.handed_over.get(id(it), 0) + hold
             elif hold:
                 self.stack.append(("unhold", hold, it))  # after its backward: the input is done
             elif (ctx is not None and idx > 0 and isinstance(it, Checkpoint)
@@ -281,7 +283,7 @@ class _Replayer(Transfers):
                   and not (L[it.start - 1].x_kept and L[it.start - 1].x_kept_next)):
                 # the same inside a recompute when the input is the boundary of the checkpoint
                 # before, which nothing after it saves: that checkpoint's backward finds it gone
-                s.handed_over[id(it)] = L[it.start - 1].x_bytes
+                s.handed_over[id(it)] = s.handed_over.get(id(it), 0) + L[it.start - 1].x_bytes
                 s.released[id(seq[idx - 1])] = True
             self.stack.append(("store" if isinstance(it, Store) else "ckpt", it, ctx))
 
@@ -295,11 +297,6 @@ class _Replayer(Transfers):
         s = self.s
         s.mem -= hold
         self.op("unhold", _span(it)[0] - 1, _span(it), False, s.mem, 0, s.mem)
-
-    def side(self, idx: int) -> None:
-        s = self.s
-        s.mem -= self.side_held[idx]
-        self.op("side", None, None, False, s.mem, 0, s.mem)
 
     def backward_store(self, it: Store, ctx: tuple[int, int] | None) -> None:
         s, L, chain = self.s, self.L, self.chain

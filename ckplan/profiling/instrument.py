@@ -332,15 +332,16 @@ class Instrument:
             self.saved_at_end, self.live_at_end, self.kept_at_end = {}, {}, {}
             self.saved_after_at_end, self.early_kept_at_end, self.outside_saved_at_end = {}, {}, {}
             return
-        self.side.forward_ended()
-        self.saved_at_end = readouts.saved_by_stage(self.saved, self.alloc_window)
+        moved = self.side.forward_ended(self.packed_by, self.alloc_window)  # side inputs' bytes now
+        saved = {k: ref for k, ref in self.saved.items() if k not in moved}
+        self.saved_at_end = readouts.saved_by_stage(saved, self.alloc_window)
         self.live_at_end = readouts.live_by_stage(self.alloc_window, self._tracker())
         self.kept_at_end, self.aliased = readouts.kept_boundaries(
             self.out_storage, self.alloc_window, self.saved, self._tracker())
         self.saved_after_at_end = readouts.saved_after(self.kept_at_end, self.out_storage, self.packed_by)
-        self.early_kept_at_end = readouts.early_kept_by_stage(self.saved, self.alloc_window, self.packed_by)
+        self.early_kept_at_end = readouts.early_kept_by_stage(saved, self.alloc_window, self.packed_by)
         self.outside_saved_at_end = readouts.outside_saved_by_stage(
-            self.saved, self.alloc_window, self.packed_by, self.out_storage, self.n)
+            saved, self.alloc_window, self.packed_by, self.out_storage, self.n)
 
 
 def _containers(obj) -> list:

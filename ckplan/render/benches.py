@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ..records import OVER_BUDGET
+from ..bench_records import OVER_BUDGET
 from ..units import format_bytes, format_ms
 from . import consoles
 from .consoles import escape
