@@ -176,3 +176,14 @@ def test_offloaded_layers_show_where_their_device_bytes_are_freed():
     text = _render(render.plan_tables, 120, rep=replace(rep, chosen=replace(rep.chosen, plan=plan)))
     assert "offloaded, freed after F(2)..F(4)" in text
     assert "offloaded, freed after F(7)" in text and "F(7)..F" not in text
+
+
+def test_side_inputs_row_counts_those_no_layer_saves():
+    from dataclasses import replace
+
+    from ckplan.records import SideInput
+    prof = replace(make_profile(), side_inputs=(SideInput(3 * MiB, (0, 1)), SideInput(5 * MiB, (0, 1), saved_by=(1,))))
+    buf = io.StringIO()
+    render.profile_table(prof, console=Console(file=buf, width=200, color_system=None))
+    row = next(line for line in buf.getvalue().splitlines() if "side inputs" in line)
+    assert row.split()[-2:] == ["3", "MiB"]  # the saved one is among the activations

@@ -38,8 +38,9 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
     if tt.runtime_bytes:
         totals.insert(-2, ("CUDA runtime (cuBLAS workspaces, outside tensors)", tt.runtime_bytes))
     if prof.side_inputs:  # after the activations: what checkpoints keep besides them
-        totals.insert(-1, ("side inputs (masks, ids; kept by checkpoints)",
-                           sum(si.bytes for si in prof.side_inputs)))
+        unsaved = sum(si.bytes for si in prof.side_inputs if not si.saved_by)  # saved: in the activations
+        if unsaved:
+            totals.insert(-1, ("side inputs (masks, ids; kept by checkpoints)", unsaved))
         side_grads = sum(si.grad_bytes for si in prof.side_inputs)
         if side_grads:  # held from the last reader's backward to the maker's, recomputes between
             totals.insert(-1, ("side-input gradients (held through recomputes)", side_grads))
