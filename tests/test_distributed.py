@@ -320,3 +320,21 @@ def test_distributed_default_budget_note_in_units(tiny_gpt_spec, tmp_path, monke
     note = next(n for n in res.notes if n.startswith("no budget"))
     assert re.search(r"\d{4,}", note) is None, note
     assert "iB" in note and "halfway between the smallest feasible peak (" in note
+
+
+def test_a_model_without_labels_trains_per_rank_on_its_logits_loss(tmp_path):
+    """A plain classifier (timm's and torchvision's kind: no ``labels`` argument) under FSDP2: each
+    rank trains on the cross-entropy of its logits, predicted to the byte, gradients as one process."""
+    _needs_fsdp_on_cpu()
+    p = tmp_path / "plain.yaml"
+    p.write_text('model: {target: "ckmodels:PlainClassifier", args: {d: 32, n_layers: 4, classes: 10}}\n'
+                 "input: {batch_size: 8, shape: [32], dtype: float32, labels: {shape: [], dtype: int64, high: 10}}\n"
+                 "train: {optimizer: adamw}\n")
+    sp = load(p)
+    res = bench_distributed(sp, nproc=2, kind="fsdp", strategies=["none", "dp"], k=1, steps=1, warmup=1,
+                            timeout_s=60, profile=profile(sp, device="cpu", repeats=1, warmup=0))
+    assert len(res.rows) == 4
+    for r in res.rows:
+        assert r.status == OK, r.message
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.rank)
+        assert r.grad_ok, (r.strategy, r.rank, r.max_grad_diff)
