@@ -98,3 +98,36 @@ def test_meta_profile_equals_the_cpu_profile():
     meta = api.profile_model(model, (x,), {}, device="meta", **kw)
     assert meta.side_inputs == cpu.side_inputs
     assert [r.saved_bytes for r in meta.layers] == [r.saved_bytes for r in cpu.layers]
+
+
+QWEN35 = """
+model:
+  hf: {model_type: qwen3_5_text, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 4,
+       num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, vocab_size: 512, use_cache: false,
+       linear_key_head_dim: 16, linear_value_head_dim: 16, linear_num_key_heads: 2, linear_num_value_heads: 4,
+       layer_types: [linear_attention, linear_attention, linear_attention, full_attention]}
+  task: causal-lm
+input: {batch_size: 2, shape: [64], dtype: int64, high: 512, name: input_ids, labels: copy}
+train: {optimizer: sgd}
+"""
+
+
+def test_hf_qwen35_rotary_saved_by_its_full_attention_layer_only(tmp_path):
+    # Qwen3.5 hands the rotary (cos, sin) to every layer; only the full-attention layer 3 uses it.
+    # every-k and hf checkpoint layers 0-2 and keep it past layer 3's backward: 4,096 B above
+    # their predictions while the profile counted it among pre's saved bytes.
+    transformers = pytest.importorskip("transformers")
+    if "qwen3_5_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3.5")
+    path = tmp_path / "qwen35.yaml"
+    path.write_text(QWEN35)
+    spec = api.load(path)
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    rotary = [si for si in prof.side_inputs if si.saved_by]
+    assert [si.saved_by for si in rotary] == [(3,)]
+    assert rotary[0].bytes == 2 * 2 * 64 * 4 * 4  # cos and sin, B x T x 4 (a quarter of head_dim rotates)
+    res = api.bench(spec, strategies=["none", "every-k", "dp", "hf"], k=2, device="cpu", steps=1, warmup=0)
+    for row in res.rows:
+        assert row.status == "ok", (row.strategy, row.message)
+        assert row.measured_peak_bytes == row.predicted_peak_bytes, row.strategy
+        assert row.max_grad_diff == 0.0
