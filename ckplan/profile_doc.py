@@ -177,6 +177,15 @@ def _side_inputs_problem(side: Any, n: int) -> str | None:
         if isinstance(by, bool) or not isinstance(by, int) or not -1 <= by < min(ls):
             return (f"side_inputs[{j}].made_by is {by!r}, not -1 (before the chain) or a chain layer "
                     f"before every layer that receives them ({min(ls)})")
+        problem = _number_problem(f"side_inputs[{j}].partial_bytes", si.get("partial_bytes", 0), "int")
+        span, frm = si.get("partial_span", []), si.get("grad_from", -1)
+        if problem:
+            return problem
+        if (not isinstance(span, list) or len(span) not in (0, 2)
+                or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in span)):
+            return f"side_inputs[{j}].partial_span is {span!r}, not [] or two chain layer indices 0..{n - 1}"
+        if isinstance(frm, bool) or not isinstance(frm, int) or not (frm == -1 or frm in ls):
+            return f"side_inputs[{j}].grad_from is {frm!r}, not -1 or one of its layers {ls}"
         for key in ("saved_by", "unrelayed"):
             some = si.get(key, [])
             if (not isinstance(some, list)

@@ -63,6 +63,14 @@ class SideInput:
     # in the previous layer's output (T5 relays its bias through every block's output; a model
     # may keep it in a variable): a checkpoint over the maker records those calls, keeping them.
     unrelayed: tuple[int, ...] = ()
+    # What the engine holds of their gradient beyond ``grad_bytes`` before it is summed: the first
+    # layer's gradient a slice of a larger one (Zamba2 concatenates them to the hidden state), kept
+    # whole from the start of layer ``partial_span[0]``'s backward to the end of ``partial_span[1]``'s.
+    partial_bytes: int = 0
+    partial_span: tuple[int, ...] = ()
+    # The layer whose backward hands them their first gradient, when not the last in ``layers``
+    # (a layer that receives them and does not use them sends none back); -1: the last.
+    grad_from: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields, those at their defaults left out."""
@@ -77,7 +85,8 @@ class SideInput:
     def from_dict(cls, d: dict[str, Any]) -> SideInput:
         return cls(int(d["bytes"]), tuple(int(i) for i in d["layers"]), int(d.get("made_by", -1)),
                    int(d.get("grad_bytes", 0)), tuple(int(i) for i in d.get("saved_by", ())),
-                   tuple(int(i) for i in d.get("unrelayed", ())))
+                   tuple(int(i) for i in d.get("unrelayed", ())), int(d.get("partial_bytes", 0)),
+                   tuple(int(i) for i in d.get("partial_span", ())), int(d.get("grad_from", -1)))
 
 
 @dataclass(frozen=True)

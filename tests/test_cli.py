@@ -283,6 +283,8 @@ def _swap(doc):
     (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [1], "saved_by": [2]}]), "side_inputs[0].saved_by"),
     (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [2], "made_by": 0, "unrelayed": "2"}]),
      "side_inputs[0].unrelayed"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [1], "partial_span": [1]}]), "side_inputs[0].partial_span"),
+    (lambda d: d.update(side_inputs=[{"bytes": 4, "layers": [1], "grad_from": 2}]), "side_inputs[0].grad_from"),
 ])
 @pytest.mark.slow
 def test_bad_profile_json_is_rejected_with_the_field_named(saved_profile, tmp_path, breakit, needle):

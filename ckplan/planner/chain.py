@@ -177,10 +177,13 @@ class Chain:
                     or si.grad_bytes < 0 or not si.layers
                     or any(not 0 <= i < len(self.layers) for i in si.layers)
                     or not -1 <= si.made_by < min(si.layers)
-                    or not set(si.saved_by) <= set(si.layers) or not set(si.unrelayed) <= set(si.layers)):
+                    or not set(si.saved_by) <= set(si.layers) or not set(si.unrelayed) <= set(si.layers)
+                    or not _partial_ok(si, len(self.layers)) or not (si.grad_from == -1 or si.grad_from in si.layers)):
                 raise ValueError(f"side input {si}: bytes must be a non-negative int, layers "
                                  f"indices of the {len(self.layers)} chain layers, made_by -1 or a "
-                                 "layer before them, saved_by and unrelayed some of its layers")
+                                 "layer before them, saved_by and unrelayed some of its layers, "
+                                 "partial_span (from, to) with to <= from < the last layer, grad_from -1 "
+                                 "or one of its layers")
 
     @property
     def n_layers(self) -> int:
@@ -239,8 +242,8 @@ class Chain:
 
     @property
     def side_grad_bytes(self) -> int:
-        """The side inputs' gradients (``SideInput.grad_bytes``), all of them."""
-        return sum(si.grad_bytes for si in self.side_inputs)
+        """The side inputs' gradients (``SideInput.grad_bytes``, ``partial_bytes``), all of them."""
+        return sum(si.grad_bytes + si.partial_bytes for si in self.side_inputs)
 
     def side_grads_at(self) -> tuple[dict[int, int], dict[int, int]]:
         """Where the side inputs' gradients appear and go, per stage backward: (after B(i) they
@@ -249,9 +252,13 @@ class Chain:
         gone: dict[int, int] = {}
         for si in self.side_inputs:
             if si.grad_bytes:
-                last = max(si.layers)
+                last = si.grad_from if si.grad_from >= 0 else max(si.layers)
                 made[last] = made.get(last, 0) + si.grad_bytes
                 gone[si.made_by] = gone.get(si.made_by, 0) + si.grad_bytes
+            if si.partial_bytes:  # held before B(frm), after B(frm + 1); summed in B(to)
+                frm, to = si.partial_span
+                made[frm + 1] = made.get(frm + 1, 0) + si.partial_bytes
+                gone[to] = gone.get(to, 0) + si.partial_bytes
         return made, gone
 
     @property
@@ -311,3 +318,10 @@ def _copy_counted(ly: Layer, copy: int) -> Layer:
     """``ly`` (``copies_input``) with its input's copy counted wherever it runs (``Chain.conservative``)."""
     return replace(ly, copies_input=False, xbar_bytes=ly.xbar_bytes + copy, fwd_tmp_bytes=ly.fwd_tmp_bytes + copy,
                    nosave_peak_bytes=None if ly.nosave_peak_bytes is None else ly.nosave_peak_bytes + copy)
+
+
+def _partial_ok(si: SideInput, n: int) -> bool:
+    """``partial_bytes`` >= 0, with a span (from, to), 0 <= to <= from < n - 1, when not 0."""
+    if not si.partial_bytes:
+        return si.partial_bytes == 0
+    return len(si.partial_span) == 2 and 0 <= si.partial_span[1] <= si.partial_span[0] < n - 1

@@ -15,6 +15,7 @@ What the records say per stage is read out by :mod:`ckplan.profiling.readouts`.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import MutableMapping, MutableSequence
 from dataclasses import dataclass, field
@@ -264,10 +265,17 @@ class Instrument:
             if y is not None:
                 self.out_bytes[i] = unique_storage_bytes(y)
                 if y.requires_grad:
-                    y.register_hook(lambda g: None if i in self.b_early else self.mark("B", i))
+                    y.register_hook(functools.partial(self._backward_starts, i))
             if i == self.n - 1:
                 self.mark("F", self.n)
         return hook
+
+    def _backward_starts(self, i: int, g: torch.Tensor) -> None:
+        """The gradient of chain layer ``i``'s output is complete: its backward window starts."""
+        if self.track_saved and not self.paused:
+            self.side.partials.at_backward(i, g)
+        if i not in self.b_early:
+            self.mark("B", i)
 
     def _receives_output_of(self, j: int, args, kwargs) -> bool:
         """Whether a tensor in this call's arguments (inside tuples, lists and dicts too) *is* a
@@ -290,6 +298,8 @@ class Instrument:
             loss = forward_loss(model, args, kwargs, loss_fn, precision, device_type)
         self.mark("B", self.n)
         self._forward_ended()
+        if self.track_saved:
+            self.side.partials.install(loss, lambda: self.current)
         loss.backward()
         self.mark("end", self.n)
         if self.track_saved:

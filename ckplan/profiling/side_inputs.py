@@ -17,6 +17,7 @@ import torch
 from ..chainfind import first_tensor, tensor_leaves
 from ..measure import storages_of, unique_storage_bytes
 from ..records import SideInput
+from .side_grads import PartialGrads
 
 # (ref, bytes, layers that received it, the chain layer that made it or -1 for before the chain,
 # the layers after the one after its maker that received it other than in the previous layer's output)
@@ -39,6 +40,7 @@ class SideInputTracker:
         field(default_factory=list)
     chain_made: dict[int, int] = field(default_factory=dict)  # storage -> the chain layer it left
     returners: dict[int, set[int]] = field(default_factory=dict)  # storage -> the chain layers returning it
+    partials: PartialGrads = field(default_factory=PartialGrads)  # their gradients as the engine holds them
 
     def clear(self) -> None:
         """Before a step: forget the previous step's side inputs."""
@@ -48,6 +50,7 @@ class SideInputTracker:
         self.grad.clear()
         self.chain_made.clear()
         self.returners.clear()
+        self.partials.clear()
 
     def returned(self, i: int, out) -> None:
         """Chain layer ``i`` returned ``out``: its storages left that layer."""
@@ -86,6 +89,7 @@ class SideInputTracker:
                 for t in tensor_leaves((args, kwargs)):
                     if t.requires_grad and storages_of(t) and id(storages_of(t)[0]) == k:
                         t.register_hook(functools.partial(self._grad, k))
+                        self.partials.watch(k, t)
             else:
                 seen[2].add(i)
             if 0 <= seen[3] < i - 1 and i - 1 not in self.returners.get(k, ()):
@@ -124,13 +128,18 @@ class SideInputTracker:
     def summary(self) -> tuple[SideInput, ...]:
         """After the backward: the side inputs, bytes and gradient bytes summed per set of layers
         and maker."""
-        by_layers: dict[tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
+        by_layers: dict[tuple, tuple[int, int, int]] = {}
         for layers, by, nbytes, k, savers, unrelayed in self.kept:
             g = self.grad.get(k, 0)
+            extra, span = self.partials.partial(k, g) or (0, ())
+            first = self.partials.first(k) if g else -1
+            first = first if first in layers and first != max(layers) else -1  # -1: the last reader's
             if nbytes or g:
-                key = (layers, by, savers, unrelayed)
-                b0, g0 = by_layers.get(key, (0, 0))
-                by_layers[key] = (b0 + nbytes, g0 + g)
+                key = (layers, by, savers, unrelayed, span, first)
+                b0, g0, e0 = by_layers.get(key, (0, 0, 0))
+                by_layers[key] = (b0 + nbytes, g0 + g, e0 + extra)
         self.kept = []
         self.grad.clear()
-        return tuple(SideInput(b, ls, by, g, sv, un) for (ls, by, sv, un), (b, g) in sorted(by_layers.items()))
+        self.partials.clear()
+        return tuple(SideInput(b, ls, by, g, sv, un, e, span, first)
+                     for (ls, by, sv, un, span, first), (b, g, e) in sorted(by_layers.items()))
