@@ -80,8 +80,8 @@ def test_hf_zamba2_embeddings_copy_gradient_held_whole_until_summed(tmp_path):
     # every-k measured 32,768 B (0.56%) above its prediction before the partial gradient. (The hf
     # row, Hugging Face's own checkpointing of the same plan, still measures 29,184 B above it.)
     transformers = pytest.importorskip("transformers")
-    if "zamba2" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
-        pytest.skip(f"transformers {transformers.__version__} has no Zamba2")
+    if int(transformers.__version__.split(".")[0]) < 5:  # 4.x names the layer types otherwise
+        pytest.skip(f"the spec is transformers 5's Zamba2 (this is {transformers.__version__})")
     path = tmp_path / "zamba2.yaml"
     path.write_text(ZAMBA2)
     spec = api.load(path)
