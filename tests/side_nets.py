@@ -20,6 +20,15 @@ def profiled(make, name: str):
     return model, x, prof
 
 
+def cpu_and_meta(model: torch.nn.Module, name: str):
+    """``model``'s profiles on a (B, D) batch, on the CPU and on fake tensors (SGD, one pass)."""
+    torch.manual_seed(0)
+    x = torch.randn(B, D)
+    kw = dict(name=name, chain=None, optimizer="sgd", repeats=1, warmup=0)
+    return (api.profile_model(model, (x,), {}, device="cpu", **kw),
+            api.profile_model(model, (x,), {}, device="meta", **kw))
+
+
 def measured_peak(model, x, plan) -> int:
     """Peak live bytes of one forward+backward above the step start (tracker), with ``plan``."""
     model.zero_grad(set_to_none=True)

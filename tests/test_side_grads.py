@@ -10,9 +10,8 @@ the measurement by the side input's size.
 from dataclasses import replace
 
 import pytest
-import torch
 from brute_plans import all_plans
-from side_nets import B, ConcatChain, D, measured_peak, profiled
+from side_nets import B, ConcatChain, D, cpu_and_meta, measured_peak, profiled
 
 from ckplan import api
 from ckplan.planner import Plan, chain_from_profile, simulate
@@ -53,12 +52,7 @@ def test_partial_gradient_round_trips_and_is_checked():
 
 
 def test_meta_profile_equals_the_cpu_profile():
-    torch.manual_seed(0)
-    model = ConcatChain()
-    x = torch.randn(B, D)
-    kw = dict(name="concat", chain=None, optimizer="sgd", repeats=1, warmup=0)
-    cpu = api.profile_model(model, (x,), {}, device="cpu", **kw)
-    meta = api.profile_model(model, (x,), {}, device="meta", **kw)
+    cpu, meta = cpu_and_meta(ConcatChain(), "concat")
     assert meta.side_inputs == cpu.side_inputs
 
 

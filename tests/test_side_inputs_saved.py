@@ -12,9 +12,8 @@ measurement by the tensor's size (32,768 B here).
 from dataclasses import replace
 
 import pytest
-import torch
 from brute_plans import all_plans
-from side_nets import B, D, N, RotaryChain, measured_peak, profiled
+from side_nets import B, D, N, RotaryChain, cpu_and_meta, measured_peak, profiled
 
 from ckplan import api
 from ckplan.planner import Plan, chain_from_profile, simulate, trace
@@ -90,12 +89,7 @@ def test_a_saver_stored_holds_it_and_a_checkpoint_over_an_earlier_receiver_holds
 
 
 def test_meta_profile_equals_the_cpu_profile():
-    torch.manual_seed(0)
-    model = RotaryChain()
-    x = torch.randn(B, D)
-    kw = dict(name="rotary", chain=None, optimizer="sgd", repeats=1, warmup=0)
-    cpu = api.profile_model(model, (x,), {}, device="cpu", **kw)
-    meta = api.profile_model(model, (x,), {}, device="meta", **kw)
+    cpu, meta = cpu_and_meta(RotaryChain(), "rotary")
     assert meta.side_inputs == cpu.side_inputs
     assert [r.saved_bytes for r in meta.layers] == [r.saved_bytes for r in cpu.layers]
 
