@@ -30,29 +30,38 @@ class PartialGrads:
     # the tensors the layers got, as their graph edges: (id(grad_fn), output_nr), or (id(leaf), -1)
     # (ids only: a reference would keep the side input alive past the forward)
     edges: dict[tuple[int, int], int] = field(default_factory=dict)
+    # their grad_fn objects, held until the hooks are in: the graph hands out the same object then
+    # (older torch makes a new Python object for a node whose last one died: another id)
+    nodes: list = field(default_factory=list)
     arrived: dict[int, list[tuple[weakref.ref, int, int]]] = field(default_factory=dict)  # (storage, bytes, stage)
     start: dict[int, int] = field(default_factory=dict)  # the first backward mark it was held alone at
 
     def clear(self) -> None:
         self.edges.clear()
+        self.nodes.clear()
         self.arrived.clear()
         self.start.clear()
 
     def watch(self, key: int, t: torch.Tensor) -> None:
         """A chain layer got ``t`` (requires grad), of side input ``key``."""
-        self.edges[(id(t.grad_fn), t.output_nr) if t.grad_fn is not None else (id(t), -1)] = key
+        fn = t.grad_fn
+        if fn is not None:
+            self.nodes.append(fn)
+        self.edges[(id(fn), t.output_nr) if fn is not None else (id(t), -1)] = key
 
     def install(self, loss: torch.Tensor, now: Callable[[], Window]) -> None:
         """With the graph alive: hook every node that hands a gradient to a watched tensor."""
         edges = self.edges
         if not edges or loss.grad_fn is None:
+            self.nodes.clear()
             return
-        seen, todo = set(), [loss.grad_fn]
+        seen: dict[int, object] = {}  # the nodes held: older torch's ids of dead node objects are reused
+        todo = [loss.grad_fn]
         while todo:
             node = todo.pop()
             if node is None or id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             for idx, (nxt, nr) in enumerate(node.next_functions):
                 if nxt is None:
                     continue
@@ -61,6 +70,7 @@ class PartialGrads:
                 if key is not None:
                     node.register_hook(functools.partial(self._arrived, key, idx, now))
                 todo.append(nxt)
+        self.nodes.clear()
 
     def _arrived(self, key: int, idx: int, now: Callable[[], Window], grad_inputs, _grad_outputs) -> None:
         g = grad_inputs[idx]
