@@ -271,14 +271,21 @@ class AutocastOnMeta(TorchFunctionMode):
         """``t`` as ``dtype``; a parameter's low-precision copy once per region, as autocast caches it."""
         if t.dtype == dtype:
             return t
-        cacheable = (dtype == self.low and t.dtype == torch.float32 and t.requires_grad and t.is_leaf
-                     and not t._is_view())
-        if not cacheable:
+        if not autocast_caches(t, dtype, self.low):
             return t.to(dtype)
         hit = self.cache.get(id(t))
         if hit is None or hit[0] is not t:
             hit = self.cache[id(t)] = (t, t.to(dtype))
         return hit[1]
+
+
+def autocast_caches(t: object, dtype: object, low: torch.dtype | None) -> bool:
+    """Whether autocast keeps its copy of ``t`` as ``dtype`` in its cache until the region ends
+    (ATen's ``cached_cast``): an fp32 leaf that requires grad (a parameter itself, not a view of
+    one such as ``weight.T``) copied to the region's low precision. Other copies are ordinary
+    tensors, freed when nothing holds them."""
+    return (isinstance(t, torch.Tensor) and dtype == low and t.dtype == torch.float32 and t.requires_grad
+            and t.is_leaf and not t._is_view())
 
 
 def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

@@ -184,6 +184,18 @@ class StageRecord:
     # later layer of its checkpoint keeps the recompute's graph (it reaches back through this
     # layer). Measured only when some layer's recompute_kept_bytes is not 0. None: 0.
     recompute_chain_kept_bytes: int | None = None
+    # Gradients of a tensor an earlier stage's forward also used, whose shares autograd sums
+    # before they go on: that sum appears in this stage's backward and is held until the backward
+    # of the first user, where its bytes count in ``shared_grad_done_bytes``. An autocast copy
+    # several stages read (a block the layers share, in bf16), and with gradient accumulation a
+    # parameter several stages use (an embedding tied to the head in post; without accumulation
+    # the sum becomes ``.grad``, in ``grad_bytes``). 0 in older profiles.
+    shared_grad_bytes: int = 0
+    shared_grad_done_bytes: int = 0
+    # Of cast_bytes, the copies no op saved (a bias, a weight whose input needs no gradient):
+    # autocast's cache holds them until the forward ends, also when the stage is stored. 0 in
+    # older profiles.
+    unsaved_cast_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

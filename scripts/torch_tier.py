@@ -62,6 +62,17 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_distributed.py::test_fsdp_multi_layer_checkpoints_per_rank",
         "tests/test_distributed.py::test_ddp_per_rank_model_and_gradients",
         "tests/test_export.py::test_fsdp_snippet_under_fully_shard"]),
+    "side-inputs": ("every plan's peak equal to the live-tensor tracker's on chains whose layers share "
+                    "side inputs: made before the chain or by a layer, saved by some layers only, "
+                    "their gradients arriving in parts (this torch's autograd graph walked)", [
+        "tests/test_side_inputs.py",
+        "tests/test_side_inputs_saved.py",
+        "tests/test_side_grads.py"]),
+    "kept": ("every plan's peak as measured where layers keep tensors outside saved tensors or "
+             "outputs only their own ops save", [
+        "tests/test_unkept.py",
+        "tests/test_own_kept.py",
+        "tests/test_unsaved_kept.py"]),
     "compiled": ("plans around torch.compile'd chain layers keep eager's gradients", [
         "tests/test_compiled.py::test_plans_around_compiled_layers_keep_eager_gradients"]),
 }

@@ -77,7 +77,7 @@ def test_callbacks_see_new_storages_and_inputs():
     allocs, ops = [], []
     w = torch.randn(8, 8)
     with LiveTensorTracker(on_alloc=lambda key, n: allocs.append(n),
-                           on_op=lambda func, inputs, new: ops.append((func, inputs, new))):
+                           on_op=lambda func, inputs, new, args, kwargs: ops.append((func, inputs, new))):
         y = w @ w
         v = y.t()  # a view: nothing new
     assert allocs == [8 * 8 * F32]

@@ -80,7 +80,7 @@ class LiveTensorTracker(TorchDispatchMode):
     ``live`` and ``peak`` are relative to what existed before the tracker saw it: storages made
     earlier (parameters, the batch) are never counted, even when an in-place op returns them.
     ``on_alloc(storage_id, nbytes)`` lets the profiler attribute each new storage to a stage;
-    ``on_op(func, input_storage_ids, new_storages)`` sees every op after it ran, with the
+    ``on_op(func, input_storage_ids, new_storages, args, kwargs)`` sees every op after it ran, with the
     ``(storage_id, nbytes)`` of each storage it created (the profiler finds parameter uses and
     autocast's weight copies with it). ``on_free(storage_id)`` is called when a counted storage
     dies: its id may then be reused by another Python object.
@@ -88,7 +88,7 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __init__(self, limit_bytes: int | None = None,
                  on_alloc: Callable[[int, int], None] | None = None,
-                 on_op: Callable[[object, set[int], list[tuple[int, int]]], None] | None = None,
+                 on_op: Callable[[object, set[int], list[tuple[int, int]], tuple, dict], None] | None = None,
                  on_free: Callable[[int], None] | None = None):
         super().__init__()
         self.on_op = on_op
@@ -136,5 +136,5 @@ class LiveTensorTracker(TorchDispatchMode):
                     raise TrackerLimitExceeded(
                         f"live tensors reached {self.live} bytes, over the limit of {self.limit_bytes}")
         if self.on_op is not None:
-            self.on_op(func, inputs, new)
+            self.on_op(func, inputs, new, args, kwargs or {})
         return out

@@ -45,11 +45,14 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
                 + t.optimizer_tmp_bytes + t.runtime_bytes)
 
     def grad(r: StageRecord) -> int:
-        return 0 if accum else r.grad_bytes
+        # accumulating, a gradient is added to .grad in its stage's backward; a sum of shares of
+        # a gradient is held until its first user's backward (StageRecord.shared_grad_bytes)
+        return (0 if accum else r.grad_bytes) + r.shared_grad_bytes
 
     pre_r, post_r = profile.pre, profile.post
     layers = tuple(Layer(r.name, fwd, bwd, r.output_bytes, _kept_bytes(r), 0, 0, grad(r),
                          r.fwd_flops, r.bwd_flops, r.cast_bytes, tail_ms=tail,
+                         unsaved_cast_bytes=r.unsaved_cast_bytes,
                          x_kept=r.output_kept is not False, in_place=r.output_in_place,
                          copies_input=r.changes_input,
                          x_kept_next=r.output_saved_after is not False,
@@ -61,7 +64,7 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
     chain = Chain(
         layers=layers,
         pre=Pre(_kept_bytes(pre_r), 0, 0, grad(pre_r), pre_r.fwd_ms, pre_r.bwd_ms,
-                x_kept=pre_r.output_kept is not False),
+                x_kept=pre_r.output_kept is not False, cast_bytes=pre_r.unsaved_cast_bytes),
         post=Post(post_r.saved_bytes, 0, 0, grad(post_r), post_r.fwd_ms, post_r.bwd_ms,
                   loss_bytes=post_r.output_bytes),
         x_in_bytes=pre_r.output_bytes,
@@ -75,6 +78,8 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
         optimizer_scalar_bytes=t.optimizer_scalar_bytes,
         optimizer=profile.optimizer,
         grads_in_persistent=accum,
+        shared_grads_done=tuple((r.index, r.shared_grad_done_bytes) for r in profile.layers
+                                if r.shared_grad_done_bytes),
         opt_ms=(t.optimizer_ms or 0.0) / profile.accum,
         side_inputs=profile.side_inputs,
         breaks=profile.chain_breaks,

@@ -1,8 +1,9 @@
 """Mixed precision: exact feasibility and smallest peak when layers have autocast copies.
 
 Autocast keeps a low-precision copy of each weight until the forward ends (``Layer.cast_bytes``).
-A stored layer saves it for backward (it is in ``xbar``), so only the layers inside a *top-level*
-checkpoint add memory, and only during the forward (``simulate.py``). The DP's sub-problems have
+A stored layer saves most of them for backward (they are in ``xbar``): the layers inside a
+*top-level* checkpoint add all their copies, a stored layer and pre only those no op saves
+(``unsaved_cast_bytes``), and only during the forward (``simulate.py``). The DP's sub-problems have
 one budget for a sequence's forward and backward alike, so they cannot carry that; this module
 handles the top-level sequence on its own, with two budgets.
 
@@ -12,7 +13,8 @@ above the memory at ``s`` (before the copies made earlier are added), ``B`` what
 and recomputes need. The recursion mirrors ``dp.py``'s (``Store(s)`` adds ``hold[s]`` to both;
 ``Checkpoint[s, j)`` adds ``x[j-1]`` to both and the copies of ``s..j-1`` to ``F`` only; its inner
 plan runs during backward, so it needs ``inner_extra[j, U] + R(s, j)`` from the exact min-peak
-table). A budget is feasible iff a point of the frontier of ``[0, U)`` fits: exact, checked
+table); ``Store(s)`` adds its unsaved copies to ``F`` too, and pre's count against the forward of
+the whole sequence. A budget is feasible iff a point of the frontier of ``[0, U)`` fits: exact, checked
 against brute force over every plan. Frontiers keep only points under the no-checkpoint span.
 
 ``ranges`` reads the least-recompute plan that fits any feasible budget: a forward DP over the
@@ -70,7 +72,7 @@ def fwd_ops(chain: Chain, cum: np.ndarray) -> list[list[int]]:
     sums)."""
     L = chain.layers
     x = [ly.x_bytes for ly in L]
-    tmp = [ly.fn_tmp(ly.fwd_tmp_bytes) for ly in L]
+    tmp = [ly.fn_tmp(ly.fwd_tmp_bytes, ly.cast_bytes) for ly in L]
     return [[(x[k - 1] if k > s else 0) + x[k] + tmp[k] + int(cum[k + 1] - cum[s]) for k in range(s, len(L))]
             for s in range(len(L))]
 
@@ -86,13 +88,16 @@ class CastFrontier:
         cap = max(0, top_bytes - base_bytes(chain))
         self.cap = cap
         self.bwd_store, self.fwd_none, self.cum = top_level_needs(chain, u, pc)
+        # the copies a stored layer leaves unsaved (the post's are in its measured transient)
+        self.kept = [ly.unsaved_cast_bytes for ly in chain.layers] + [0]
+        self.pre = chain.pre.cast_bytes  # live from the start of the forward to its end
         fronts: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0, np.int64), np.empty(0, np.int64))] * U
         fronts[U - 1] = _pareto(np.array([u.fwd_req[U - 1]], np.int64),
                                 np.array([self.bwd_store[U - 1]], np.int64), cap)
         for s in range(U - 2, -1, -1):
             Fs, Bs = [], []
             F1, B1 = fronts[s + 1]
-            Fs.append(np.maximum(u.fwd_req[s], u.hold[s] + F1))
+            Fs.append(self.kept[s] + np.maximum(u.fwd_req[s], u.hold[s] + F1))
             Bs.append(np.maximum(self.bwd_store[s], u.hold[s] + B1))
             for j in range(s + 1, U):
                 Fj, Bj = fronts[j]
@@ -109,7 +114,7 @@ class CastFrontier:
     def need_bytes(self) -> int | None:
         """The least bytes above the chain's start a plan needs, or None above the span."""
         F, B = self.fronts[0]
-        return int(np.maximum(F, B).min()) if len(F) else None
+        return int(np.maximum(F + self.pre, B).min()) if len(F) else None
 
     def min_peak(self) -> int | None:
         """The exact smallest peak, or None when no plan is under the no-checkpoint span."""
@@ -139,20 +144,20 @@ class CastFrontier:
         U = u.size
         P = pc.fwd_prefix_ms
         est: Estimate = estimate if estimate is not None else (lambda s, e, mb, k: k)
-        if not self._fits(0, avail, avail):
+        if not self._fits(0, avail - self.pre, avail):
             return None
         # A state: (held, copies, recompute, previous unit, index of the state there, step end).
         states: list[list[tuple[int, int, float, int, int, int | None]]] = [[] for _ in range(U)]
-        states[0] = [(0, 0, 0.0, -1, -1, None)]
+        states[0] = [(0, self.pre, 0.0, -1, -1, None)]
         for s in range(U - 1):
             states[s] = _prune(states[s], max_states)
-            hold = int(u.hold[s])
+            hold, kept = int(u.hold[s]), self.kept[s]
             for idx, (h, c, cost, _, _, _) in enumerate(states[s]):
                 mb = avail - h
                 mf = mb - c
-                if (u.fwd_req[s] <= mf and self.bwd_store[s] <= mb
-                        and self._fits(s + 1, mf - hold, mb - hold)):
-                    states[s + 1].append((h + hold, c, cost, s, idx, None))
+                if (u.fwd_req[s] + kept <= mf and self.bwd_store[s] <= mb
+                        and self._fits(s + 1, mf - hold - kept, mb - hold)):
+                    states[s + 1].append((h + hold, c + kept, cost, s, idx, None))
                 for j in range(s + 1, U):
                     if self.fwd_none[s][j - s - 1] > mf:
                         break  # the no-saving forward only grows with j

@@ -58,6 +58,7 @@ class Pre:
     fwd_ms: float = 0.0
     bwd_ms: float = 0.0
     x_kept: bool = True
+    cast_bytes: int = 0  # autocast copies its forward makes that no op saves: live to the forward's end
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class Chain:
     optimizer_scalar_bytes: int = 0  # the part of optimizer_bytes that is not sharded (step counters)
     optimizer: str = ""  # the optimizer's name (adamw, sgd-momentum, sgd); "" when unknown
     grads_in_persistent: bool = False  # gradient accumulation: all gradients are in persistent_bytes
+    # (stage, bytes) of sums of gradient shares (made in the last user's backward, in its
+    # ``grad_bytes``: StageRecord.shared_grad_bytes) that go on after this stage's backward.
+    shared_grads_done: tuple[tuple[int, int], ...] = ()
     opt_ms: float = 0.0  # the optimizer step's time per micro-batch (its step / accum); 0 when unknown
     side_inputs: tuple[SideInput, ...] = ()  # kept by checkpoints until their backward (above)
     # Layers b that do not receive layer b-1's output as an argument (the model changes it between
@@ -192,7 +196,7 @@ class Chain:
     @property
     def has_casts(self) -> bool:
         """Whether any layer has autocast copies (the DP does not model them; see dp.py)."""
-        return any(ly.cast_bytes for ly in self.layers)
+        return bool(self.pre.cast_bytes) or any(ly.cast_bytes for ly in self.layers)
 
     @property
     def has_holds(self) -> bool:
@@ -259,6 +263,8 @@ class Chain:
                 frm, to = si.partial_span
                 made[frm + 1] = made.get(frm + 1, 0) + si.partial_bytes
                 gone[to] = gone.get(to, 0) + si.partial_bytes
+        for stage, nbytes in self.shared_grads_done:  # accumulated into .grad, the sum is freed
+            gone[stage] = gone.get(stage, 0) + nbytes
         return made, gone
 
     @property

@@ -47,6 +47,8 @@ class Layer:
     fwd_flops: int = 0
     bwd_flops: int = 0
     cast_bytes: int = 0  # autocast weight copies made in its forward (inside xbar when stored)
+    # of those, the copies no op saves: a stored layer leaves them in autocast's cache to the forward's end
+    unsaved_cast_bytes: int = 0
     options: tuple[Option, ...] = ()  # selective ways to store it, besides keeping everything
     # Forward time a checkpoint *ending* at this layer does not redo: PyTorch's non-reentrant
     # checkpoint stops its recompute once the last tensor saved for backward is back, so the
@@ -117,12 +119,14 @@ class Layer:
     # a checkpoint's first forward inside one beside the next layer's (on the safe side).
     retained_bytes: int = 0
 
-    def fn_tmp(self, rotor: int) -> int:
-        """The transient of a forward that keeps only the output, above ``live + x_bytes``: rotor's
-        estimate ``rotor``, or more where the measured no-save forward peaked higher."""
+    def fn_tmp(self, rotor: int, counted: int = 0) -> int:
+        """The transient of a forward that keeps only the output, above ``live + x_bytes +
+        counted``: rotor's estimate ``rotor``, or more where the measured no-save forward peaked
+        higher. ``counted``: what else the forward makes that live bytes already count (autocast's
+        weight copies, cached to the forward's end, which the no-save peak includes)."""
         if self.nosave_peak_bytes is None:
             return rotor
-        return max(rotor, self.nosave_peak_bytes - self.x_bytes)
+        return max(rotor, self.nosave_peak_bytes - self.x_bytes - counted)
 
     @property
     def stop_xbar_bytes(self) -> int:

@@ -9,8 +9,8 @@ gradient B(i) produces (``x[i-1]``, or ``delta_in`` for i = 0):
 * ``Checkpoint[s, t)`` forward: for k = s..t-1: live ``mem + x[k]``, transient ``fwd_tmp[k]``;
   then ``x[k-1]`` is freed when k > s. The boundary ``x[t-1]`` stays.
 * mixed precision: a layer inside a *top-level* checkpoint adds its ``cast[k]`` (autocast's weight
-  copies) in its forward, freed after the post forward; so does a top-level ``Store(i, option)``
-  (the copies its policy does not keep; docs/memory-model.md).
+  copies) in its forward, freed after the post forward; a top-level ``Store(i, option)`` the copies
+  its policy does not keep, ``Store(i)`` and pre those no op saves (docs/memory-model.md).
 * post forward: live ``mem + post.xbar + post.loss``, transient ``post.fwd_tmp``; post backward:
   the loss's gradient seed (``post.loss``) is added, transient ``post.bwd_tmp``, then ``mem +=
   x[n-1] + post.grad - post.xbar``. Loss and seed stay live until the pre backward has run.
@@ -89,7 +89,8 @@ class _Replayer(Transfers, SideHolds):
 
     def run(self) -> _State:
         s, chain = self.s, self.chain
-        live = s.mem + chain.pre.retained_bytes + chain.side_bytes
+        s.casts = chain.pre.cast_bytes  # its copies no op saves: in autocast's cache, as a stored layer's
+        live = s.mem + chain.pre.retained_bytes + chain.side_bytes + s.casts
         self.op("F", PRE, None, False, live, chain.pre.fwd_tmp_bytes, live)
         s.mem = live
         # an explicit stack (plans may nest deeper than Python's recursion limit)
@@ -208,7 +209,8 @@ class _Replayer(Transfers, SideHolds):
             self.op("F", it.layer, ctx, again, live, max(0, ly.stop_fwd_tmp_bytes - dup) + pf, live)
             s.mem += ly.xbar_bytes  # its backward's transient was measured with all it keeps live
         else:
-            cast = ly.cast_bytes if not again and it.option not in PLAIN else 0  # an option's unkept copies
+            # autocast's copies this forward leaves unsaved: an option's, or a stored layer's own
+            cast = 0 if again else ly.cast_bytes if it.option not in PLAIN else ly.unsaved_cast_bytes
             s.casts += cast
             live = s.mem + ly.xbar_bytes + cast
             self.op("F", it.layer, ctx, again, live, max(0, ly.fwd_tmp_bytes - dup) + pf, live)
@@ -239,7 +241,7 @@ class _Replayer(Transfers, SideHolds):
             # outputs no op keeps (its own, the input's): the measured transient
             # holds them (xbar leaves them out), and here live counts them already
             own = 0 if ly.x_kept or ly.in_place else ly.x_bytes
-            tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)))
+            tmp = ly.fn_tmp(max(0, ly.fwd_tmp_bytes - own - chain.input_hold(k)), cast)
             tmp += chain.copy_bytes(k) if k == it.start and ly.copies_input and not ly.in_place else 0  # its copy
             op("Fn", k, ctx, again, live, tmp, after)
             mem = after

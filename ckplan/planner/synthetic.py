@@ -86,15 +86,18 @@ def with_tails(chain: Chain, seed: int | np.random.Generator = 0, *, most: float
 def with_casts(chain: Chain, seed: int | np.random.Generator = 0, *, share: float = 0.8) -> Chain:
     """``chain`` with autocast copies on about ``share`` of its layers, each at most what the
     layer keeps besides its output (a stored layer's copies are inside its ``xbar``); its options
-    hold a part of them, drawn, until the forward ends."""
+    hold a part of them, drawn, until the forward ends, and so does the layer stored, for about
+    half of the layers (``unsaved_cast_bytes``: a bias's copy), and pre for about half the chains."""
     rng = np.random.default_rng(seed)
     layers = []
     for ly in chain.layers:
         cast = int(rng.integers(0, ly.xbar_bytes - ly.x_bytes + 1)) if rng.random() < share else 0
         # an option keeps some of them (in its xbar) and holds the rest to the forward's end
         opts = tuple(replace(o, cast_bytes=int(rng.integers(0, cast + 1))) for o in ly.options)
-        layers.append(replace(ly, cast_bytes=cast, options=opts))
-    return replace(chain, layers=tuple(layers))
+        unsaved = int(rng.integers(0, cast // 4 + 1)) if rng.random() < 0.5 else 0
+        layers.append(replace(ly, cast_bytes=cast, unsaved_cast_bytes=unsaved, options=opts))
+    pre_cast = int(rng.integers(1, chain.x_in_bytes + 2)) if rng.random() < 0.5 else 0
+    return replace(chain, layers=tuple(layers), pre=replace(chain.pre, cast_bytes=pre_cast))
 
 
 def with_loss(chain: Chain, seed: int | np.random.Generator = 0, *, most: int = 20) -> Chain:

@@ -41,6 +41,8 @@ class MeasuredPass:
     x_in_requires_grad: bool
     grad_window: dict[int, int]  # id(parameter) -> stage whose backward first holds its gradient
     cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
+    # per stage, gradient shares summed between backwards (GradShares.held): made, done
+    grads_held: tuple[dict[int, int], dict[int, int]] = ({}, {})
     casts_unkept: dict[int, int] = field(default_factory=dict)  # of those, gone when the forward ends
     # every storage a stage's forward made that is alive when the forward ends (saved or not)
     live_at_end: dict[int, int] = field(default_factory=dict)
@@ -76,23 +78,27 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
     # the forward (a tied embedding: in post, where the head uses it, although AccumulateGrad
     # only runs once the embedding's share arrives in pre).
     param_ids = {id(p.untyped_storage()): p for p in params}
-    last_use: dict[int, int] = {}
+    shares = GradShares(param_ids, accumulating=any(p.grad is not None for p in params))
+    last_use = shares.last
     # autocast copies a weight to the low precision once per forward and caches the copy until
-    # the autocast region ends: an aten._to_copy of a parameter, made under autocast.
+    # the autocast region ends: an aten._to_copy of a parameter, made under autocast (a copy of
+    # a view, FalconLinear's ``weight.T``, is not cached: an ordinary tensor).
     cast_bytes: dict[int, int] = {}
     autocast_on = step.precision != "fp32"
 
-    def on_op(func, inputs: set[int], new: list[tuple[int, int]]) -> None:
+    low = meta_autocast.LOW.get(step.precision)
+
+    def on_op(func, inputs: set[int], new: list[tuple[int, int]], args: tuple, kwargs: dict) -> None:
         phase, stage = inst.current
         if phase != "F":
             return
-        used = inputs & param_ids.keys()
-        for sid in used:
-            last_use[sid] = stage
+        used = shares.used(stage, inputs)
         # (torch.is_autocast_enabled() reads False here: autocast's kernel excludes its own key.)
-        if autocast_on and used and new and func is torch.ops.aten._to_copy.default:
+        if (autocast_on and used and new and func is torch.ops.aten._to_copy.default and args
+                and meta_autocast.autocast_caches(args[0], kwargs.get("dtype"), low)):
             cast_bytes[stage] = cast_bytes.get(stage, 0) + sum(nbytes for _, nbytes in new)
             inst.cast_keys.update((key, (stage, nbytes)) for key, nbytes in new)
+            shares.cached(stage, new)
 
     tracker = LiveTensorTracker(on_alloc=inst.on_alloc, on_op=on_op, on_free=inst.on_free)
     inst.flops = OpCounter()
@@ -101,10 +107,12 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
         step.run(inst)
         grad_window = {id(p): last_use.get(sid, -1) for sid, p in param_ids.items()
                        if p.grad is not None}
+        held_made, held_done = shares.held()
     result = MeasuredPass(
         windows=inst.windows(), peak=max(m.peak for m in inst.marks), saved=inst.saved_at_end,
         out_bytes={i: b + inst.side.carried.get(i, 0) for i, b in inst.out_bytes.items()},
         x_in_bytes=inst.x_in_bytes, x_in_requires_grad=inst.x_in_requires_grad, grad_window=grad_window,
+        grads_held=(held_made, held_done),
         cast_bytes=cast_bytes, casts_unkept=dict(inst.casts_unkept), live_at_end=inst.live_at_end,
         side_inputs=inst.side_inputs,
         kept=dict(inst.kept_at_end), after_bwd=dict(inst.live_after_bwd), carried=dict(inst.side.carried),
@@ -120,6 +128,50 @@ def measured_pass(inst: Instrument, step: Step, params: list[nn.Parameter], mode
     inst.flops_estimated.update(inst.flops.estimated)
     inst.track_saved, inst.flops, inst.meter = False, None, None
     return result
+
+
+class GradShares:
+    """Gradients whose shares several stages' backwards make, summed by autograd before they go
+    on: the sum is held from the backward of the last stage that used the tensor in the forward
+    to the backward of the first. Two kinds: an autocast copy several stages read (its
+    low-precision gradient, summed before the cast's backward), and, when accumulating
+    (``.grad`` already there), a parameter several stages use (an embedding tied to the head:
+    summed before AccumulateGrad adds it; without accumulation the sum becomes ``.grad``,
+    counted in ``grad_bytes``)."""
+
+    def __init__(self, param_ids: dict[int, nn.Parameter], accumulating: bool):
+        self.param_ids, self.accumulating = param_ids, accumulating
+        self.first: dict[int, int] = {}  # parameter storage -> the first stage using it
+        self.last: dict[int, int] = {}  # ... and the last
+        self.copies: dict[int, list[int]] = {}  # cached copy's storage -> [made in, last read in, bytes]
+
+    def used(self, stage: int, inputs: set[int]) -> set[int]:
+        """Note an op of ``stage``'s forward reading ``inputs``; returns the parameters among them."""
+        used = inputs & self.param_ids.keys()
+        for sid in used:
+            self.last[sid] = stage
+            self.first.setdefault(sid, stage)
+        for key in inputs & self.copies.keys():
+            self.copies[key][1] = stage
+        return used
+
+    def cached(self, stage: int, new: list[tuple[int, int]]) -> None:
+        for key, nbytes in new:
+            self.copies[key] = [stage, stage, nbytes]
+
+    def held(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Per stage: the bytes of sums that appear in its backward, and of those completed there."""
+        made: dict[int, int] = {}
+        done: dict[int, int] = {}
+        spans = [(last, first, nbytes) for first, last, nbytes in self.copies.values()]
+        if self.accumulating:
+            spans += [(self.last[sid], self.first[sid], p.numel() * p.element_size())
+                      for sid, p in self.param_ids.items() if sid in self.first and p.grad is not None]
+        for last, first, nbytes in spans:
+            if first < last:
+                made[last] = made.get(last, 0) + nbytes
+                done[first] = done.get(first, 0) + nbytes
+        return made, done
 
 
 def nosave_pass(inst: Instrument, step: Step) -> tuple[dict[int, int], dict[int, int]]:

@@ -21,6 +21,7 @@ def stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Paramet
     """pre, one row per chain layer, post: sizes from the measured pass, times from the timed ones."""
     n = len(layers)
     param_bytes, grad_bytes = _param_and_grad_bytes(layers, params, measured.grad_window)
+    shared, done = measured.grads_held
     fwd_med, bwd_med = _window_ms(n, measured, times, meta, device)
     recompute: dict[int, float | None] = {s: None for s in range(n)}
     if not meta:
@@ -60,6 +61,9 @@ def stage_rows(layers: list[nn.Module], chain_path: str, params: list[nn.Paramet
             early_peak_bytes=measured.early_peak.get(s, fw["live_start"]) if early else None,
             early_kept_bytes=measured.early_kept.get(s, 0) if early else None,
             backward_lead_bytes=measured.lead.get(s, 0) if early else None,
+            shared_grad_bytes=shared.get(s, 0),
+            shared_grad_done_bytes=done.get(s, 0),
+            unsaved_cast_bytes=measured.casts_unkept.get(s, 0),
         ))
     return tuple(rows)
 

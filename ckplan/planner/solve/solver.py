@@ -83,7 +83,7 @@ class DPSolver:
         self.none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
         top = self.none_peak if top_bytes is None else top_bytes
         self.span = max(0, top - base_bytes(chain))
-        self.cast_bytes = sum(ly.cast_bytes for ly in chain.layers)
+        self.cast_bytes = chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
         self.pareto: ParetoTable | None = None
         if pareto is None:  # explicit slots ask for the slot tables
             pareto = max_slots is None

@@ -36,7 +36,7 @@ def fixed_peak(chain: Chain) -> int:
     grads = sum(ly.grad_bytes for ly in chain.layers) + chain.post.grad_bytes
     pre_b = p + pre.retained_bytes + chain.delta_in_bytes + grads + chain.post.backward_hold_bytes
     pre_after = pre_b + pre.grad_bytes - pre.retained_bytes - chain.delta_in_bytes
-    return max(p + pre.retained_bytes + pre.fwd_tmp_bytes, pre_b + pre.bwd_tmp_bytes, pre_after,
+    return max(p + pre.retained_bytes + pre.cast_bytes + pre.fwd_tmp_bytes, pre_b + pre.bwd_tmp_bytes, pre_after,
                chain.opt_step_peak_bytes)
 
 
