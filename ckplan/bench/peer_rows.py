@@ -77,6 +77,23 @@ def _hf_checkpointed_layers(model, chain_path: str) -> tuple[int, tuple[int, ...
     return len(own), tuple(sorted(chain[id(m)] for m in own if id(m) in chain))
 
 
+def _hf_nested(model, chain_path: str) -> dict[int, str]:
+    """Chain layers holding Hugging Face checkpointed blocks of their own (Zamba2's hybrid layers
+    run their Mamba layer in a checkpoint inside theirs): index -> the inner blocks' class."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return {}
+    _, container, _ = resolve_chain(model, chain_path)
+    nested = {}
+    for i, layer in enumerate(container.children()):
+        inner = {type(m).__name__ for m in layer.modules()
+                 if m is not layer and isinstance(m, GradientCheckpointingLayer)}
+        if inner and isinstance(layer, GradientCheckpointingLayer):
+            nested[i] = ", ".join(sorted(inner))
+    return nested
+
+
 def _predict(e: Entry, chain, wrapped: tuple[int, ...]) -> None:
     """``e``'s plan and predictions: the ``wrapped`` chain layers each in a checkpoint."""
     e.plan = Plan("hf", chain.n_layers, items_from_ranges(chain.n_layers, [(i, i + 1) for i in wrapped]))
@@ -101,6 +118,13 @@ def peer_predictions(entries: list[Entry], model, profile: Profile, notes: list[
                 e.message = ("the model's own activation_checkpointing_enable(use_reentrant=False); predicted: "
                              f"chain layers {', '.join(map(str, wrapped))} each in a checkpoint, the other "
                              f"{n - in_chain} stored, as Hugging Face does")
+            nested = _hf_nested(model, profile.chain) if e.predicted_peak is not None else {}
+            if nested:
+                # The inner checkpoint's call keeps its arguments (made inside the outer layer)
+                # until its backward, and the recompute runs it in a checkpoint again.
+                e.message += (f"; chain layers {', '.join(map(str, nested))} also run their "
+                              f"{', '.join(sorted(set(nested.values())))} in a checkpoint of its own, whose "
+                              "arguments stay alive until its backward: not in the prediction")
             if own > in_chain:
                 # An encoder-decoder checkpoints its decoder too: the chain plan does not describe it.
                 e.predicted_peak = e.predicted_fb_peak = e.predicted_act = e.predicted_overhead = None
