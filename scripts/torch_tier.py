@@ -62,6 +62,13 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_distributed.py::test_fsdp_multi_layer_checkpoints_per_rank",
         "tests/test_distributed.py::test_ddp_per_rank_model_and_gradients",
         "tests/test_export.py::test_fsdp_snippet_under_fully_shard"]),
+    "mixed-precision": ("every plan's peak under bf16 autocast equal to the tracker's: this torch's autocast "
+                        "cache (parameters' copies, not views'), unsaved copies, the sums of shared "
+                        "gradients with and without accumulation", [
+        "tests/test_mixed_precision.py::test_every_plan_under_bf16_predicted_to_the_byte",
+        "tests/test_mixed_precision.py::test_the_profile_counts_only_the_copies_autocast_caches",
+        "tests/test_mixed_precision.py::test_sums_of_gradient_shares_are_profiled_where_autograd_holds_them",
+        "tests/test_mixed_precision.py::test_a_tied_embedding_under_accumulation_never_peaks_above_the_prediction"]),
     "side-inputs": ("every plan's peak equal to the live-tensor tracker's on chains whose layers share "
                     "side inputs: made before the chain or by a layer, saved by some layers only, "
                     "their gradients arriving in parts (this torch's autograd graph walked)", [
