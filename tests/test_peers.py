@@ -471,7 +471,9 @@ def test_hf_row_names_checkpointed_blocks_nested_in_chain_layers(write_spec, tmp
     # Zamba2's hybrid layers (GradientCheckpointingLayers) run their Mamba layer, another one, in a
     # checkpoint inside theirs: that inner call keeps its arguments made in the layer until its
     # backward (measured +29,184 B on a 4-layer Zamba2), which the hf row's prediction leaves out.
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("Zamba2's layer types are named differently before transformers 5")
     from ckplan.bench.peer_rows import _hf_nested
     spec = api.load(write_spec(tmp_path, """
 model:
