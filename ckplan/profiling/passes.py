@@ -42,7 +42,7 @@ class MeasuredPass:
     grad_window: dict[int, int]  # id(parameter) -> stage whose backward first holds its gradient
     cast_bytes: dict[int, int]  # autocast's weight copies first made in the stage's forward
     # per stage, gradient shares summed between backwards (GradShares.held): made, done
-    grads_held: tuple[dict[int, int], dict[int, int]] = ({}, {})
+    grads_held: tuple[dict[int, int], dict[int, int]] = field(default_factory=lambda: ({}, {}))
     casts_unkept: dict[int, int] = field(default_factory=dict)  # of those, gone when the forward ends
     # every storage a stage's forward made that is alive when the forward ends (saved or not)
     live_at_end: dict[int, int] = field(default_factory=dict)
