@@ -315,17 +315,20 @@ def test_offload_dp_with_selective_options_matches_brute_force(seed, casts, move
     """Top-level stores may also take a selective option: at every budget the DP's plan fits and
     adds exactly the least time of any plan whose top-level stores are stored, offloaded or given
     an option (inner plans without options, as the DP plans them); with ``casts`` the layers and
-    options also hold autocast copies to the forward's end; with ``moved`` an option may also send
+    options (and pre, and stored layers' unsaved ones) also hold autocast copies to the forward's
+    end; with ``moved`` an option may also send
     what it keeps to the host (``sac-0+offload``)."""
     from dataclasses import replace
     rng = random.Random(300 + seed + 50 * casts + 100 * moved)
     for _ in range(3):
         chain = replace(_chain_with_options(rng, rng.randint(2, 4)), offload_options=moved)
-        if casts:
-            chain = replace(chain, layers=tuple(
-                replace(ly, cast_bytes=rng.choice([0, 8, 16]),
-                        options=tuple(replace(o, cast_bytes=rng.choice([0, 8])) for o in ly.options))
-                for ly in chain.layers))
+        if casts:  # pre's and stored layers' unsaved copies too (a bias's)
+            layers = []
+            for ly in chain.layers:
+                cast = rng.choice([0, 8, 16])
+                layers.append(replace(ly, cast_bytes=cast, unsaved_cast_bytes=rng.choice([0, 8]) if cast else 0,
+                                      options=tuple(replace(o, cast_bytes=rng.choice([0, 8])) for o in ly.options)))
+            chain = replace(chain, layers=tuple(layers), pre=replace(chain.pre, cast_bytes=rng.choice([0, 8])))
         n = chain.n_layers
         scores = [(*peak_of(chain, its), its) for items in all_plans(n, True)
                   for its in _with_choices(items, chain.layers, moved)]

@@ -166,11 +166,12 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int, mo
     stores = _top_stores(full, u, bwd_store)
     sent_by = [[], *(_top_offloads(full, stores, d, moved) for d in range(1, window + 1))]
     states: list[list[_State]] = [[] for _ in range(U)]
-    states[0] = [(0, 0, (0,) * window, (), (), 0.0, -1, -1, 0)]
+    states[0] = [(0, plain.pre.cast_bytes, (0,) * window, (), (), 0.0, -1, -1, 0)]  # pre's unsaved copies
     cap = max(limits.OFFLOAD_MIN_STATES, min(limits.OFFLOAD_MAX_STATES, limits.OFFLOAD_STATE_WORK // (U * U)))
     for s in range(n):
         states[s] = _prune(states[s], cap)
         hold, end = int(u.hold[s]), clock[s + 1]
+        kept = plain.layers[s].unsaved_cast_bytes  # a stored layer's copies no op saves: to the forward's end
         for idx, (h, c, back, dones, sufs, cost, _, _, _) in enumerate(states[s]):
             mb = avail - h
             mf = mb - c
@@ -196,15 +197,16 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int, mo
                                               OFFLOAD_OPTION - col - FETCH_CODE * (d - 1)))
             if bwd_store[s] + here > mb:
                 continue  # B(s), with the copies back started by then
-            if u.fwd_req[s] + inflight <= mf:
+            if u.fwd_req[s] + kept + inflight <= mf:
                 d1, s1, wait = _released(dones, sufs, lo, end, s == n - 1)
-                states[s + 1].append((h + hold, c, _shift(back, 1), d1, s1, cost + wait, s, idx, STORE_STEP))
+                states[s + 1].append((h + hold, c + kept, _shift(back, 1), d1, s1, cost + wait, s, idx, STORE_STEP))
                 d2, s2 = _enqueue(d1, s1, end, out_ms[s], off[s])
                 if s == n - 1:
                     d2, s2, wait = (), (), wait + out_ms[s]
                 for d in dists:
-                    states[s + 1].append((h + int(u.x_out[s]), c, _shift(back, 1, off[s], d * (s < n - 1)), d2, s2,
-                                          cost + wait + back_by[d][s], s, idx, OFFLOAD_STEP - FETCH_CODE * (d - 1)))
+                    states[s + 1].append((h + int(u.x_out[s]), c + kept, _shift(back, 1, off[s], d * (s < n - 1)),
+                                          d2, s2, cost + wait + back_by[d][s], s, idx,
+                                          OFFLOAD_STEP - FETCH_CODE * (d - 1)))
             run, lo = 0, 0  # from here: copies done by each layer's end
             for j in range(s + 1, U):
                 k = j - 1
