@@ -5,7 +5,8 @@ autocast copies (``casts.py``): a forward DP over single-layer units whose state
 ``(held bytes, autocast copies, bytes coming back, copies out in flight, time added)``. Each
 top-level item is
 
-* ``Store(s)``: holds ``xbar[s]``; ``Store(s, option)``: a selective option's bytes and copies it
+* ``Store(s)``: holds ``xbar[s]``, and its copies no op saves to the forward's end (pre's from the
+  start); ``Store(s, option)``: a selective option's bytes and copies it
   does not keep, and its recompute time (the option columns of ``groups.make_units``);
 * ``Offload(s, option)`` (``sac-compute+offload``, where ``Chain.offload_options``; a run of its
   own, ``plan_offload``): the option's store, what it keeps but its output sent to the host as below;
@@ -170,8 +171,7 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int, mo
     cap = max(limits.OFFLOAD_MIN_STATES, min(limits.OFFLOAD_MAX_STATES, limits.OFFLOAD_STATE_WORK // (U * U)))
     for s in range(n):
         states[s] = _prune(states[s], cap)
-        hold, end = int(u.hold[s]), clock[s + 1]
-        kept = plain.layers[s].unsaved_cast_bytes  # a stored layer's copies no op saves: to the forward's end
+        hold, end, kept = int(u.hold[s]), clock[s + 1], plain.layers[s].unsaved_cast_bytes  # kept: to F's end
         for idx, (h, c, back, dones, sufs, cost, _, _, _) in enumerate(states[s]):
             mb = avail - h
             mf = mb - c
@@ -204,9 +204,8 @@ def _least_time(chain: Chain, budget_bytes: int, none_peak: int, window: int, mo
                 if s == n - 1:
                     d2, s2, wait = (), (), wait + out_ms[s]
                 for d in dists:
-                    states[s + 1].append((h + int(u.x_out[s]), c + kept, _shift(back, 1, off[s], d * (s < n - 1)),
-                                          d2, s2, cost + wait + back_by[d][s], s, idx,
-                                          OFFLOAD_STEP - FETCH_CODE * (d - 1)))
+                    states[s + 1].append((h + int(u.x_out[s]), c + kept, _shift(back, 1, off[s], d * (s < n - 1)), d2,
+                                          s2, cost + wait + back_by[d][s], s, idx, OFFLOAD_STEP - FETCH_CODE * (d - 1)))
             run, lo = 0, 0  # from here: copies done by each layer's end
             for j in range(s + 1, U):
                 k = j - 1
