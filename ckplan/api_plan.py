@@ -36,6 +36,7 @@ from .records import Profile
 from .sac import OFFLOAD_OPTIONS
 from .sdpa import default_target
 from .spec import Spec
+from .units import format_bytes
 
 
 def resolve_budget(budget: str | int | float, prof: Profile):
@@ -113,8 +114,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
     layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE)))
-    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision), no_gain_reason(chain), compiled,
-                              no_link, *layer_notes) if n)
+    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain), no_gain_reason(chain),
+                              compiled, no_link, *layer_notes) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
@@ -149,11 +150,14 @@ def _chain_for(prof: Profile, world_size: int, parallel: str):
     return per_rank_chain_from_profile(prof, world_size, str(parallel))
 
 
-def _parallel_note(world_size: int, parallel: str, precision: str = "fp32") -> str | None:
+def _parallel_note(world_size: int, parallel: str, precision: str = "fp32", chain=None) -> str | None:
     if world_size == 1:
         return None
+    casts = 0 if chain is None else chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
     mixed = ("" if precision == "fp32" else
-             f"; {precision}: autocast's copies as on one device, FSDP2's MixedPrecisionPolicy not modelled")
+             f"; {precision} autocast caches a copy of every weight to the end of the forward, unsharded as "
+             f"on one device ({format_bytes(casts)} of the chain's per rank); FSDP2's MixedPrecisionPolicy "
+             "is not modelled")
     if str(parallel) == "fsdp":
         return (f"per rank of FSDP2 on {world_size} ranks: parameters, gradients and optimizer state "
                 "sharded; every chain layer is one FSDP unit (its all-gathered parameters and "

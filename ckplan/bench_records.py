@@ -14,6 +14,9 @@ OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 WRONG_GRADIENTS, NON_FINITE = "wrong-gradients", "non-finite"
 OVER_BUDGET = "over-budget"
 FAILED_STATUSES = (WRONG_GRADIENTS, NON_FINITE)
+# (rtol, atol) of the gradient check per precision; the docstring of ckplan.bench says why.
+GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16": (1.6e-2, 1e-6),
+                                                   "fp16": (2e-3, 1e-6)}
 
 
 def over_budget(predicted: int | None, measured: int | None, budget_bytes: int | None) -> bool:

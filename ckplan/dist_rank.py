@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .chainfind import resolve_chain
-from .dist_records import GRAD_ATOL, GRAD_RTOL, OK, Job
+from .dist_records import OK, Job, grad_tolerance
 from .errors import ModelRunError
 from .execute import apply_plan
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
@@ -215,7 +215,8 @@ class _Rank:
                 _local(next(p.grad for p in model.parameters() if p.grad is not None)).add_(1.0)
             if self.job.check_grads:  # collectives: every rank takes part
                 diff, scale = _grad_diff(model, ref, self.device)
-                tol = GRAD_RTOL * scale + GRAD_ATOL
+                rtol, atol = grad_tolerance(spec.train.precision)
+                tol = rtol * scale + atol
                 self.results[name].update(grad_diff=diff, grad_tol=tol, grad_ok=diff <= tol)
             model.zero_grad(set_to_none=True)
 

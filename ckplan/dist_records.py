@@ -7,11 +7,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .bench_records import OVER_BUDGET, over_budget
+from .bench_records import GRAD_TOLERANCES, OVER_BUDGET, over_budget
 
 OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see ckplan.distributed
 GRAD_ATOL = 1e-7
+
+
+def grad_tolerance(precision: str) -> tuple[float, float]:
+    """(rtol, atol) of a rank's gradient check: fp32's reduction-order bound, or under autocast the
+    one-process bench's (two units in the last place of bf16 / fp16)."""
+    if precision in ("bf16", "fp16"):
+        return GRAD_TOLERANCES[precision]
+    return GRAD_RTOL, GRAD_ATOL
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class RankRow:
     step_ms: float | None  # median of the timed steps on this rank
     loss: float | None  # this rank's loss in the correctness step
     max_grad_diff: float | None  # max |this rank's grad (its shard under FSDP) - one process's|
-    grad_ok: bool | None  # within GRAD_RTOL / GRAD_ATOL
+    grad_ok: bool | None  # within grad_tolerance(precision)
     message: str = ""
     torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
 

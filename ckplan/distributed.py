@@ -20,7 +20,8 @@ NCCL on CUDA), which ends every one of them however the run ends. Every rank:
    with the same part of it, so each rank's row says whether its own gradients are right.
    fp32 tolerance: the ranks average gradients in a different order than one process sums them
    (reduce-scatter / all-reduce of per-rank means), so gradients agree to a few ULPs of their
-   magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``;
+   magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``; under autocast (bf16,
+   fp16) the one-process bench's tolerance (``dist_records.grad_tolerance``);
 4. warm-up steps (optimizer state exists from then on), then one memory step per strategy under
    a live-tensor tracker that has been counting since before the model was built, so its live
    bytes are absolute (sharded parameters, optimizer state, DDP buckets, FSDP buffers included);
@@ -124,6 +125,12 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
              if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
              f"each rank runs its own micro-batch of {profile.batch_size} (global batch "
              f"{profile.batch_size * nproc})", *machine_notes]
+    casts = chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
+    if profile.precision != "fp32":
+        notes.append(f"{profile.precision} autocast: each rank keeps autocast's copies of the weights it "
+                     f"all-gathers to the end of the forward ({format_bytes(casts)} of the chain's), "
+                     "unsharded as on one process; FSDP2's MixedPrecisionPolicy is not modelled"
+                     if kind == "fsdp" else f"{profile.precision} autocast on every rank")
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     if budget_bytes is None and {"dp", "chen"} & set(strategies):
         lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes

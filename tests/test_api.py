@@ -175,3 +175,21 @@ def test_offload_asked_for_without_a_host_link_says_so(tiny_gpt_spec, tmp_path):
     assert not any("--offload" in n for n in quiet.notes)
     gpu = api.plan(spec, device="meta", meta_target="h100", offload=True)
     assert not any("--offload" in n for n in gpu.notes) and gpu.profile.host_bw == (55e9, 55e9)
+
+
+def test_per_rank_bf16_plan_names_autocast_copies_unsharded(tiny_gpt_spec, tmp_path):
+    """Per rank under FSDP2, autocast still caches a bf16 copy of every weight a layer reads in a
+    matmul, unsharded, to the end of the forward: the note gives the chain's bytes (two per
+    element of every Linear's weight and bias in the blocks), and the per-rank chain holds them."""
+    from ckplan.planner.parallel import per_rank_chain_from_profile
+    from ckplan.spec import build_model
+    from ckplan.units import format_bytes
+    path = tiny_gpt_spec(tmp_path)
+    rep = api.plan(path, world_size=4, overrides={"precision": "bf16"}, device="cpu")
+    model = build_model(api.load(path), "meta")
+    analytic = 2 * sum(p.numel() for m in model.blocks.modules() if isinstance(m, nn.Linear)
+                       for p in m.parameters())
+    note = next(n for n in rep.notes if n.startswith("per rank of FSDP2"))
+    assert f"({format_bytes(analytic)} of the chain's per rank)" in note, note
+    chain = per_rank_chain_from_profile(rep.profile, 4, "fsdp")
+    assert sum(ly.cast_bytes for ly in chain.layers) == analytic

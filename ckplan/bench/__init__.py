@@ -63,7 +63,7 @@ under a row's plan), :mod:`~ckplan.bench.gradients` (step 1), :mod:`~ckplan.benc
 (a row whose step fails), :mod:`~ckplan.bench.result` (rows and the result) and
 :mod:`~ckplan.bench.runner` (the steps in order).
 """
-from .gradients import GRAD_TOLERANCES
+from ..bench_records import GRAD_TOLERANCES
 from .memory import RSS_NOTE, ProfiledMemory, profiled_step_memory
 from .peer_rows import PEERS_NOTE
 from .result import FEW_STEPS, FRONTIER_POINTS, few_steps_note, frontier_of, within_noise

@@ -9,7 +9,7 @@ import time
 import torch
 from torch.utils._pytree import tree_map
 
-from ..bench_records import ERROR, NON_FINITE, WRONG_GRADIENTS
+from ..bench_records import ERROR, GRAD_TOLERANCES, NON_FINITE, WRONG_GRADIENTS
 from ..errors import ModelRunError, PlanRunError
 from ..measure import TrackerLimitExceeded
 from ..peers import UNAVAILABLE
@@ -17,12 +17,6 @@ from ..planner import plan_none
 from .entry import Entry
 from .status import one_line, plan_error, row_error
 from .steps import Run, Stepper, applied, model_of
-
-# (rtol, atol) of the gradient check per precision; the package docstring (ckplan.bench) says why.
-GRAD_TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-8), "bf16": (1.6e-2, 1e-6),
-                                                   "fp16": (2e-3, 1e-6)}
-
-
 
 
 def check_gradients(run: Run, entries: list[Entry], tick, notes: list[str], eager_reference: bool = False) -> None:
