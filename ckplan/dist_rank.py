@@ -5,6 +5,7 @@ torch-side helpers the parent shares: :func:`fsdp_unit_bytes` and :class:`RankTr
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .chainfind import resolve_chain
-from .dist_records import OK, Job, grad_tolerance
+from .dist_records import OK, OWN_RUN, Job, grad_tolerance
 from .errors import ModelRunError
 from .execute import apply_plan
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
@@ -169,6 +170,7 @@ class _Rank:
         self.wrapped = self.model
         self.args, self.kwargs = (), {}
         self.results: dict[str, dict] = {}
+        self.unreproduced = 0.0  # this rank's gradients without checkpointing minus one process's
         self.runnable = []
         for name, plan_d, *_ in job.plans:
             if plan_d is not None:
@@ -202,23 +204,48 @@ class _Rank:
         return value
 
     def check_gradients(self, ref) -> None:
-        """1. gradients from the initial weights, against one process on the global batch."""
+        """1. gradients from the initial weights, every plan from the same RNG state (dropout's
+        masks), against one process on the global batch; or, where this rank's run without
+        checkpointing already differs from that on some rank (dropout or batch statistics draw on
+        the batch as a whole, so one process cannot redo the micro-batches), against that run."""
         model, spec = self.model, self.spec
+        rtol, atol = grad_tolerance(spec.train.precision)
+        own = None  # this rank's gradients without checkpointing, when they are the reference
+        if self.job.check_grads:  # collectives: every rank takes part
+            self._backward(None)
+            diff, scale = _grad_diff(model, ref, self.device)
+            worst = torch.tensor([diff / (rtol * scale + atol)], device=self.device)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            if float(worst) > 1.0:
+                own = {n: _local(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                top = torch.tensor([max((float(g.abs().max()) for g in own.values() if g.numel()), default=0.0)],
+                                   device=self.device)
+                dist.all_reduce(top, op=dist.ReduceOp.MAX)
+                own_scale, self.unreproduced = float(top), diff
+            model.zero_grad(set_to_none=True)
         for name, plan in self.runnable:
-            with apply_plan(model, plan, chain=spec.chain):
-                loss = forward_loss(self.wrapped, self.args, self.kwargs, to_loss, spec.train.precision,
-                                    self.device.type)
-                loss.backward()
-            self.results[name]["loss"] = float(loss.detach())
-            del loss
+            self.results[name]["loss"] = self._backward(plan)
             if self.fault == "grads":
                 _local(next(p.grad for p in model.parameters() if p.grad is not None)).add_(1.0)
-            if self.job.check_grads:  # collectives: every rank takes part
-                diff, scale = _grad_diff(model, ref, self.device)
-                rtol, atol = grad_tolerance(spec.train.precision)
+            if self.job.check_grads:
+                if own is None:
+                    diff, scale = _grad_diff(model, ref, self.device)
+                else:
+                    diff, scale = _own_diff(model, own), own_scale
+                    self.results[name]["grad_reference"] = OWN_RUN
+                    self.results[name]["unreproduced"] = self.unreproduced
                 tol = rtol * scale + atol
                 self.results[name].update(grad_diff=diff, grad_tol=tol, grad_ok=diff <= tol)
             model.zero_grad(set_to_none=True)
+
+    def _backward(self, plan: Plan | None) -> float:
+        """One forward and backward of ``plan`` (None: no checkpointing) from this rank's seed."""
+        torch.manual_seed(self.spec.seed + self.rank)
+        with contextlib.nullcontext() if plan is None else apply_plan(self.model, plan, chain=self.spec.chain):
+            loss = forward_loss(self.wrapped, self.args, self.kwargs, to_loss, self.spec.train.precision,
+                                self.device.type)
+            loss.backward()
+        return float(loss.detach())
 
     def measure(self, opt, tracker: RankTracker | None) -> None:
         """2. one memory step per strategy (after the warm-up)."""
@@ -376,6 +403,19 @@ def _grad_diff(model, ref: dict[str, torch.Tensor] | None, device: torch.device)
             worst = max(worst, float((have - want).abs().max()))
         del full, want, have
     return worst, float(scale)
+
+
+def _own_diff(model, own: dict[str, torch.Tensor]) -> float:
+    """max |this rank's gradient - its own run's without checkpointing| over what the rank holds
+    (inf for a gradient in one run and none in the other)."""
+    worst = 0.0
+    for name, p in model.named_parameters():
+        mine, theirs = None if p.grad is None else _local(p.grad).detach(), own.get(name)
+        if (mine is None) != (theirs is None):
+            return float("inf")
+        if mine is not None and theirs is not None and mine.numel():
+            worst = max(worst, float((mine.float() - theirs.float()).abs().max()))
+    return worst
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

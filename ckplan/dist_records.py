@@ -12,6 +12,7 @@ from .bench_records import GRAD_TOLERANCES, OVER_BUDGET, over_budget
 OK, OOM, INFEASIBLE, ERROR = "ok", "OOM", "infeasible", "error"
 GRAD_RTOL = 1e-5  # of the largest reference gradient; fp32 reduction order, see ckplan.distributed
 GRAD_ATOL = 1e-7
+ONE_PROCESS, OWN_RUN = "one process", "own run"  # what a rank's gradients are judged against
 
 
 def grad_tolerance(precision: str) -> tuple[float, float]:
@@ -41,6 +42,10 @@ class RankRow:
     grad_ok: bool | None  # within grad_tolerance(precision)
     message: str = ""
     torch_tracker_peak_bytes: int | None = None  # FSDPMemTracker's peak of the same step (cross_check)
+    # ONE_PROCESS (the global batch on one process), or OWN_RUN: this rank's run without
+    # checkpointing, where one process could not reproduce the ranks' (``unreproduced``: by how much)
+    grad_reference: str = ONE_PROCESS
+    unreproduced: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,7 +21,10 @@ NCCL on CUDA), which ends every one of them however the run ends. Every rank:
    fp32 tolerance: the ranks average gradients in a different order than one process sums them
    (reduce-scatter / all-reduce of per-rank means), so gradients agree to a few ULPs of their
    magnitude: ``max |g - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL``; under autocast (bf16,
-   fp16) the one-process bench's tolerance (``dist_records.grad_tolerance``);
+   fp16) the one-process bench's tolerance (``dist_records.grad_tolerance``). Every backward
+   starts from the rank's seed. Where the rank's run without checkpointing already differs from
+   one process's on some rank (dropout draws other masks for the global batch, batch norm other
+   statistics), every row is judged against that run instead (``OWN_RUN``, with a note);
 4. warm-up steps (optimizer state exists from then on), then one memory step per strategy under
    a live-tensor tracker that has been counting since before the model was built, so its live
    bytes are absolute (sharded parameters, optimizer state, DDP buckets, FSDP buffers included);
@@ -70,7 +73,9 @@ from .dist_records import (  # noqa: F401  (re-exported)
     GRAD_RTOL,
     INFEASIBLE,
     OK,
+    ONE_PROCESS,
     OOM,
+    OWN_RUN,
     DistBenchResult,
     Job,
     RankRow,
@@ -151,6 +156,12 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
               memory_limit_bytes=memory_limit_bytes, fail_rank=fail_rank, threads=threads,
               start_method=start_method or _default_start_method(device), cross_check=cross_check)
     rows = _run_groups(job, nproc, [[p] for p in plans] if isolate else [plans], isolate, notes)
+    unreproduced = [r.unreproduced for r in rows if r.grad_reference == OWN_RUN and r.unreproduced is not None]
+    if unreproduced:
+        notes.append(f"gradients judged against each rank's own run without checkpointing, from the same "
+                     f"seed: one process on the global batch cannot redo the micro-batches' (dropout or "
+                     f"batch statistics; the ranks' runs without checkpointing differ from it by up to "
+                     f"{max(unreproduced):.3g})")
     single = simulate(_single_chain(profile), _none(profile)).peak_bytes
     return DistBenchResult(model=profile.model, kind=kind, world_size=nproc,
                            backend="nccl" if device == "cuda" else "gloo", device=device,
@@ -365,13 +376,16 @@ def _collect(job: Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
                 message = (own or failure or "no result from this rank")[:300]
             elif got.get("grad_ok") is False:
                 status = WRONG_GRADIENTS
-                message = (f"this rank's gradients differ from one process's by {got['grad_diff']:.3g}, "
+                whose = ("one process's" if got.get("grad_reference", ONE_PROCESS) == ONE_PROCESS
+                         else "its own run's without checkpointing")
+                message = (f"this rank's gradients differ from {whose} by {got['grad_diff']:.3g}, "
                            f"over the tolerance {got['grad_tol']:.3g}")
             meas, fb = got.get("measured"), got.get("fwd_bwd")
             times = got.get("times") or []
             rows.append(RankRow(
                 name, r, status, plan_text, pred, meas, peak_error(pred, meas),
                 pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
-                got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker")))
+                got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker"),
+                got.get("grad_reference", ONE_PROCESS), got.get("unreproduced")))
     return tuple(rows)
 

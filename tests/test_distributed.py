@@ -21,7 +21,9 @@ from ckplan.bench_records import OVER_BUDGET
 from ckplan.distributed import (
     ERROR,
     OK,
+    ONE_PROCESS,
     OOM,
+    OWN_RUN,
     RankRow,
     bench_distributed,
     fsdp_runs_on_cpu,
@@ -87,8 +89,9 @@ def test_fsdp_per_rank_model_matches_measured_peak(fsdp):
 
 
 def test_fsdp_gradients_equal_one_process(fsdp):
-    # every rank checks its own shard
+    # every rank checks its own shard, against one process (the model has no dropout)
     assert all(r.grad_ok for r in fsdp.rows), [(r.strategy, r.rank, r.max_grad_diff) for r in fsdp.rows]
+    assert {r.grad_reference for r in fsdp.rows} == {ONE_PROCESS}
     # both ranks saw their own micro-batch
     losses = {r.rank: r.loss for r in fsdp.rows if r.strategy == "none"}
     assert losses[0] != losses[1]
@@ -363,3 +366,26 @@ def test_bf16_autocast_per_rank(spec, prof, kind, k, tmp_path):
         got, want = r.measured_peak_bytes, r.predicted_peak_bytes
         assert want - 64 <= got <= want + late, (r.strategy, r.rank, got, want)
         assert r.grad_ok, (r.strategy, r.rank, r.max_grad_diff)
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "ddp"])
+def test_dropout_rows_are_judged_against_the_ranks_own_run(kind, tmp_path, monkeypatch):
+    """With dropout one process on the global batch draws other masks than the ranks do, so each
+    rank's plans are judged against its own run without checkpointing from the same seed (a note
+    says so); a rank whose gradients are wrong is still caught (rank 1 adds 1 to one of them)."""
+    _needs_fsdp_on_cpu(kind)
+    p = tmp_path / "drop.yaml"
+    p.write_text(SPEC.replace("dropout: 0.0", "dropout: 0.1"))
+    sp = load(p)
+    monkeypatch.setenv("CKPLAN_TEST_FAULT", "grads:1")
+    res = bench_distributed(sp, nproc=2, kind=kind, strategies=["none", "every-k", "dp"], k=1, steps=0,
+                            warmup=1, timeout_s=60, profile=profile(sp, device="cpu", repeats=1, warmup=0))
+    assert len(res.rows) == 6 and {r.grad_reference for r in res.rows} == {OWN_RUN}
+    assert all(r.unreproduced > 1e-3 for r in res.rows)  # other masks: far beyond fp32's tolerance
+    assert any(n.startswith("gradients judged against each rank's own run") for n in res.notes)
+    for r in res.rows:
+        if r.rank == 0:  # checkpoints redraw dropout's masks from the saved RNG state: equal
+            assert r.status == OK and r.grad_ok and r.max_grad_diff <= 1e-6, (r.strategy, r.max_grad_diff)
+        else:
+            assert r.status == "wrong-gradients" and r.max_grad_diff >= 1.0, (r.strategy, r.status)
+            assert "its own run's without checkpointing" in r.message
