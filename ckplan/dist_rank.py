@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .chainfind import resolve_chain
+from .dist_grads import grad_diff, local_part, own_diff, reference_grads
 from .dist_records import OK, OWN_RUN, Job, grad_tolerance
 from .errors import ModelRunError
 from .execute import apply_plan
@@ -213,11 +214,12 @@ class _Rank:
         own = None  # this rank's gradients without checkpointing, when they are the reference
         if self.job.check_grads:  # collectives: every rank takes part
             self._backward(None)
-            diff, scale = _grad_diff(model, ref, self.device)
+            diff, scale = grad_diff(model, ref, self.device)
             worst = torch.tensor([diff / (rtol * scale + atol)], device=self.device)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             if float(worst) > 1.0:
-                own = {n: _local(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                own = {n: local_part(p.grad).detach().clone() for n, p in model.named_parameters()
+                       if p.grad is not None}
                 top = torch.tensor([max((float(g.abs().max()) for g in own.values() if g.numel()), default=0.0)],
                                    device=self.device)
                 dist.all_reduce(top, op=dist.ReduceOp.MAX)
@@ -226,12 +228,12 @@ class _Rank:
         for name, plan in self.runnable:
             self.results[name]["loss"] = self._backward(plan)
             if self.fault == "grads":
-                _local(next(p.grad for p in model.parameters() if p.grad is not None)).add_(1.0)
+                local_part(next(p.grad for p in model.parameters() if p.grad is not None)).add_(1.0)
             if self.job.check_grads:
                 if own is None:
-                    diff, scale = _grad_diff(model, ref, self.device)
+                    diff, scale = grad_diff(model, ref, self.device)
                 else:
-                    diff, scale = _own_diff(model, own), own_scale
+                    diff, scale = own_diff(model, own), own_scale
                     self.results[name]["grad_reference"] = OWN_RUN
                     self.results[name]["unreproduced"] = self.unreproduced
                 tol = rtol * scale + atol
@@ -305,7 +307,7 @@ def _rank_run(job: Job, rank: int) -> None:
     elif fault == "exit":
         os._exit(9)
     spec = validate(job.spec)
-    ref = _reference_grads(spec, world, device) if job.check_grads and rank == 0 else None
+    ref = reference_grads(spec, world, device) if job.check_grads and rank == 0 else None
     dist.barrier()
     mesh = None
     if job.kind == "fsdp":
@@ -355,73 +357,6 @@ def _fully_shard(model, chain_path: str | None, mesh) -> None:
     # then inside the checkpoint), which would make the default prefetch pick the layer itself.
     for prev, layer in zip(layers, layers[1:]):
         layer.set_modules_to_backward_prefetch([prev])
-
-
-def _reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """One process, the same initial weights, the ranks' micro-batches concatenated."""
-    model = build_model(spec, str(device))
-    parts = [make_batch(spec, str(device), seed=spec.seed + r) for r in range(world)]
-    args = tuple(torch.cat([p[0][i] for p in parts]) for i in range(len(parts[0][0])))
-    kwargs = {key: torch.cat([p[1][key] for p in parts]) for key in parts[0][1]}
-    loss = forward_loss(model, args, kwargs, to_loss, spec.train.precision, device.type)
-    loss.backward()
-    grads = {n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
-    del model, loss
-    gc.collect()
-    return grads
-
-
-def _grad_diff(model, ref: dict[str, torch.Tensor] | None, device: torch.device) -> tuple[float, float]:
-    """(max |this rank's gradient - one process's|, max |one process's gradient|), on every rank.
-
-    ``ref`` (rank 0 only; None elsewhere) holds one process's full gradients. Each is sent from
-    rank 0 one parameter at a time, as the rank holds it: scattered like the FSDP2 shard
-    (``distribute_tensor`` with the gradient's own placements), whole (broadcast) under DDP. Every
-    rank then compares its own part, so a rank whose gradients are wrong says so itself.
-    """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    scale = torch.zeros((), dtype=torch.float32, device=device)
-    if ref is not None:
-        scale.fill_(max((float(g.abs().max()) for g in ref.values() if g.numel()), default=0.0))
-    dist.broadcast(scale, 0)
-    worst = 0.0
-    for name, p in model.named_parameters():
-        g = p.grad
-        if g is None:
-            continue
-        key = name.replace("_orig_mod.", "").replace("module.", "")
-        full = (ref[key].to(g.device) if ref is not None
-                else torch.empty(g.shape, dtype=torch.float32, device=g.device))
-        if isinstance(g, DTensor):
-            want = distribute_tensor(full, g.device_mesh, g.placements, src_data_rank=0).to_local()
-        else:
-            dist.broadcast(full, 0)
-            want = full
-        have = _local(g).detach().float()
-        if have.numel():
-            worst = max(worst, float((have - want).abs().max()))
-        del full, want, have
-    return worst, float(scale)
-
-
-def _own_diff(model, own: dict[str, torch.Tensor]) -> float:
-    """max |this rank's gradient - its own run's without checkpointing| over what the rank holds
-    (inf for a gradient in one run and none in the other)."""
-    worst = 0.0
-    for name, p in model.named_parameters():
-        mine, theirs = None if p.grad is None else _local(p.grad).detach(), own.get(name)
-        if (mine is None) != (theirs is None):
-            return float("inf")
-        if mine is not None and theirs is not None and mine.numel():
-            worst = max(worst, float((mine.float() - theirs.float()).abs().max()))
-    return worst
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """What this rank holds of ``t``: the local shard of a DTensor, else ``t``."""
-    from torch.distributed.tensor import DTensor
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _test_fault(rank: int) -> str | None:
