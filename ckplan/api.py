@@ -77,6 +77,9 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     step fits (:func:`preflight`; ``force=True`` runs anyway).
     """
     strategies = [s if s in PEERS else str(Strategy.parse(s, what="strategy")) for s in strategies]
+    if spec.parallel.param_dtype is not None:
+        raise UsageError(f"parallel.param_dtype {spec.parallel.param_dtype} is FSDP2's MixedPrecisionPolicy, which "
+                         "runs on ranks, not one process", tip="bench it on ranks: --nproc 2 --parallel fsdp")
     if compile_scope not in ("layers", "model"):
         raise UsageError(f"compile scope {compile_scope!r} is not layers or model",
                          tip="--compile-scope layers (each chain layer compiled) or model (the whole model)")

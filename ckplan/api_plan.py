@@ -114,7 +114,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
     layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE)))
-    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain), no_gain_reason(chain),
+    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain, prof.param_dtype),
+                              no_gain_reason(chain),
                               compiled, no_link, *layer_notes) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
@@ -143,6 +144,8 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
 def _chain_for(prof: Profile, world_size: int, parallel: str):
     """The planner's chain: one process, or one rank of ``parallel`` on ``world_size`` ranks."""
     check_positive("world_size", world_size)
+    if world_size == 1 and prof.param_dtype is not None:  # FSDP2 on one rank: fp32 masters
+        return per_rank_chain_from_profile(prof, 1, "fsdp")
     if world_size == 1:  # an option may also offload what it keeps where this torch can run that
         return replace(chain_from_profile(prof), offload_options=OFFLOAD_OPTIONS and not prof.compiled)
     if str(parallel) not in KINDS:
@@ -150,9 +153,12 @@ def _chain_for(prof: Profile, world_size: int, parallel: str):
     return per_rank_chain_from_profile(prof, world_size, str(parallel))
 
 
-def _parallel_note(world_size: int, parallel: str, precision: str = "fp32", chain=None) -> str | None:
+def _parallel_note(world_size: int, parallel: str, precision: str = "fp32", chain=None,
+                   param_dtype: str | None = None) -> str | None:
+    policy = (f"; FSDP2's MixedPrecisionPolicy: parameters all-gathered and computed in {param_dtype}, fp32 "
+              "shards, optimizer state and reduce-scatter" if param_dtype else "")
     if world_size == 1:
-        return None
+        return f"one rank of FSDP2{policy}" if param_dtype else None
     casts = 0 if chain is None else chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
     mixed = ("" if precision == "fp32" else
              f"; {precision} autocast caches a copy of every weight to the end of the forward, unsharded as "
@@ -162,7 +168,7 @@ def _parallel_note(world_size: int, parallel: str, precision: str = "fp32", chai
         return (f"per rank of FSDP2 on {world_size} ranks: parameters, gradients and optimizer state "
                 "sharded; every chain layer is one FSDP unit (its all-gathered parameters and "
                 "reduce-scatter buffers are transients), the rest is the root unit; budget and peaks "
-                f"are per rank{mixed}")
+                f"are per rank{mixed}{policy}")
     return (f"per rank of DDP on {world_size} ranks: parameters, gradients and optimizer state "
             f"replicated, plus DDP's gradient buckets; budget and peaks are per rank{mixed}")
 

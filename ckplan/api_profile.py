@@ -26,6 +26,7 @@ from .device_model import DeviceModel, target_device
 from .errors import DependencyError, SpecError, UsageError
 from .measure import cuda_runtime_bytes, device_info
 from .options import OPTIMIZER_ALIASES, Device
+from .param_dtype import cast_like_fsdp
 from .planner import predicted_peak_none as _predicted_peak_none
 from .preflight import available_memory, decide
 from .profiler import measure_step
@@ -53,13 +54,13 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
     tick(progress, f"preflight: predicting the peak on the meta device ({spec.name})")
     model = None
     try:
-        model = build_model(spec, "meta")
+        model = built(spec, "meta")
         args, kwargs = make_batch(spec, "meta")
         # The meta pass follows the attention kernels of the device the run will use.
         meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
                              chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
                              precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
-                             repeats=1, warmup=0, meta_target=dev.type)
+                             repeats=1, warmup=0, meta_target=dev.type, param_dtype=spec.parallel.param_dtype)
     except (SpecError, UsageError, DependencyError):
         raise  # the same mistake would stop the real run: say it now
     except Exception as e:  # the model cannot run on fake tensors; the real run may still work
@@ -103,6 +104,15 @@ def _known_part_fits(spec: Spec, model, device_type: str, why: str, force: bool,
     note_or_warn(note, f"running anyway (force): {message}")
 
 
+def built(spec: Spec, device: str) -> torch.nn.Module:
+    """The spec's model on ``device``, as one rank computes it: under FSDP2's MixedPrecisionPolicy
+    (``parallel.param_dtype``) in that dtype, its inputs cast per unit."""
+    model = build_model(spec, device)
+    if spec.parallel.param_dtype is not None:
+        cast_like_fsdp(model, spec.chain, spec.parallel.param_dtype)
+    return model
+
+
 def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 3, warmup: int = 1,
             force: bool = False, progress: Progress | None = None, note: Note | None = None,
             options: bool | Sequence[str] = False, compile: bool = False,
@@ -122,7 +132,7 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
     held: list[str] = []  # a skipped preflight is said only if the real run works (else its error says it)
     preflight(spec, dev.type, force=force, progress=progress, note=note, hold=held)
     tick(progress, f"building {spec.name} on {dev.type}")
-    model = build_model(spec, str(dev))
+    model = built(spec, str(dev))
     args, kwargs = make_batch(spec, str(dev))
     names = compile_options(option_names(options, compile=compile), compile, dev.type)
     tick(progress, f"profiling one training step of {spec.name} on {dev.type}"
@@ -133,7 +143,7 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
                          spec=spec.model_dump(mode="json"), options=names, compile=compile,
-                         meta_target=meta_target)
+                         meta_target=meta_target, param_dtype=spec.parallel.param_dtype)
     for text in held:
         note_or_warn(note, text)
     return prof
@@ -143,7 +153,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
                   precision: str = "fp32", accum: int = 1, lr: float = 1e-4, repeats: int = 3,
                   warmup: int = 1, spec: dict | None = None, loss_fn=to_loss,
                   meta_target: str | None = None, options: bool | Sequence[str] = False,
-                  compile: bool = False) -> Profile:
+                  compile: bool = False, param_dtype: str | None = None) -> Profile:
     """Profile any model on a sample batch; the model is not changed.
 
     On ``device="meta"``, ``meta_target`` ('cpu' or 'cuda'; default: cuda when this machine has
@@ -153,6 +163,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     ``compile``: measure the chain layers compiled with ``torch.compile`` (:mod:`ckplan.compiled`;
     not on meta), their options compiled in: the plans are then for compiled layers, to be run
     inside ``ckplan.compiled_layers(model)``.
+    ``param_dtype``: the model's parameters are in FSDP2's MixedPrecisionPolicy dtype
+    (:func:`ckplan.param_dtype.cast_like_fsdp`), recorded for the per-rank model.
     """
     check_train_args(optimizer=optimizer, precision=precision, accum=accum)
     optimizer = OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer))
@@ -212,7 +224,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         device_total_bytes=info.total_bytes, device_free_bytes=info.free_bytes,
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
         chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
-        host_bw=_host_link(dev, device_model if kind == "cuda" else None),
+        host_bw=_host_link(dev, device_model if kind == "cuda" else None), param_dtype=param_dtype,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 

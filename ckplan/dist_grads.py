@@ -8,13 +8,17 @@ import gc
 import torch
 import torch.distributed as dist
 
+from .param_dtype import cast_like_fsdp
 from .spec import Spec, build_model, make_batch, to_loss
 from .training import forward_loss
 
 
 def reference_grads(spec: Spec, world: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """One process, the same initial weights, the ranks' micro-batches concatenated."""
+    """One process, the same initial weights, the ranks' micro-batches concatenated (under
+    ``parallel.param_dtype``, computing in that dtype as the ranks do)."""
     model = build_model(spec, str(device))
+    if spec.parallel.param_dtype is not None:
+        cast_like_fsdp(model, spec.chain, spec.parallel.param_dtype)
     parts = [make_batch(spec, str(device), seed=spec.seed + r) for r in range(world)]
     args = tuple(torch.cat([p[0][i] for p in parts]) for i in range(len(parts[0][0])))
     kwargs = {key: torch.cat([p[1][key] for p in parts]) for key in parts[0][1]}

@@ -26,6 +26,7 @@ from .dist_records import OK, OWN_RUN, Job, grad_tolerance
 from .errors import ModelRunError
 from .execute import apply_plan
 from .measure import Clock, LiveTensorTracker, TrackerLimitExceeded
+from .param_dtype import DTYPES
 from .planner import Plan
 from .spec import Spec, build_model, make_batch, to_loss, validate
 from .training import forward_loss, make_optimizer
@@ -181,7 +182,7 @@ class _Rank:
     def wrap(self, mesh) -> None:
         """FSDP2 on ``mesh``, or DDP when there is none; then this rank's micro-batch."""
         if mesh is not None:
-            _fully_shard(self.model, self.spec.chain, mesh)
+            _fully_shard(self.model, self.spec.chain, mesh, self.spec.parallel.param_dtype)
         else:
             ids = [self.device.index] if self.cuda else None
             self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
@@ -210,7 +211,7 @@ class _Rank:
         checkpointing already differs from that on some rank (dropout or batch statistics draw on
         the batch as a whole, so one process cannot redo the micro-batches), against that run."""
         model, spec = self.model, self.spec
-        rtol, atol = grad_tolerance(spec.train.precision)
+        rtol, atol = grad_tolerance(spec.parallel.param_dtype or spec.train.precision)
         own = None  # this rank's gradients without checkpointing, when they are the reference
         if self.job.check_grads:  # collectives: every rank takes part
             self._backward(None)
@@ -344,14 +345,19 @@ def _rank_run(job: Job, rank: int) -> None:
             tracker.__exit__(None, None, None)
 
 
-def _fully_shard(model, chain_path: str | None, mesh) -> None:
-    """FSDP2: ``fully_shard`` every chain layer (one unit each), then the root."""
+def _fully_shard(model, chain_path: str | None, mesh, param_dtype: str | None = None) -> None:
+    """FSDP2: ``fully_shard`` every chain layer (one unit each), then the root; with
+    ``param_dtype``, under that MixedPrecisionPolicy."""
     from torch.distributed.fsdp import fully_shard  # torch builds without distributed lack it
     _, container, _ = resolve_chain(model, chain_path)
     layers = list(container)
+    kw = {}
+    if param_dtype is not None:  # parallel.param_dtype: torchtitan's policy, fp32 reduce-scatter
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     # FSDP2's default backward prefetch (the unit that ran before, by the order of forward
     # calls) is made explicit: a checkpointed layer is called twice in forward (by the model,
     # then inside the checkpoint), which would make the default prefetch pick the layer itself.

@@ -53,19 +53,15 @@ Known limitations: one node; gloo collectives' internal buffers are not seen by 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
-import statistics
 import sys
 import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from . import launch
-from .bench_records import WRONG_GRADIENTS, peak_error
 from .dist_rank import RankTracker, _rank_main, fsdp_unit_bytes  # noqa: F401  (RankTracker re-exported)
 from .dist_records import (  # noqa: F401  (re-exported)
     ERROR,
@@ -81,9 +77,11 @@ from .dist_records import (  # noqa: F401  (re-exported)
     RankRow,
     mark_over_budget,
 )
+from .dist_rows import collect_rows as _collect
+from .dist_rows import read_error as _read_error
 from .errors import InfeasibleBudgetError, UsageError
 from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate, trace
-from .planner.parallel import KINDS, per_rank_chain, per_rank_chain_from_profile
+from .planner.parallel import KINDS, param_dtype_ratio, per_rank_chain, per_rank_chain_from_profile
 from .preflight import available_memory
 from .records import Profile
 from .spec import Spec, build_model
@@ -130,12 +128,7 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
              if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
              f"each rank runs its own micro-batch of {profile.batch_size} (global batch "
              f"{profile.batch_size * nproc})", *machine_notes]
-    casts = chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
-    if profile.precision != "fp32":
-        notes.append(f"{profile.precision} autocast: each rank keeps autocast's copies of the weights it "
-                     f"all-gathers to the end of the forward ({format_bytes(casts)} of the chain's), "
-                     "unsharded as on one process; FSDP2's MixedPrecisionPolicy is not modelled"
-                     if kind == "fsdp" else f"{profile.precision} autocast on every rank")
+    notes += _precision_notes(profile, chain, kind)
     explicit = budget_bytes  # a row predicted to fit it that measures above it is over-budget
     if budget_bytes is None and {"dp", "chen"} & set(strategies):
         lo, hi = min_peak(chain), plan_chain(chain, "none").score.peak_bytes
@@ -170,6 +163,21 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
                            single_process_peak_bytes=single, notes=tuple(notes))
 
 
+def _precision_notes(profile: Profile, chain, kind: str) -> list[str]:
+    """What the ranks' mixed precision is: FSDP2's policy, or autocast and the copies it caches."""
+    if profile.param_dtype is not None:
+        return [f"FSDP2's MixedPrecisionPolicy(param_dtype={profile.param_dtype}, reduce_dtype=fp32) on every "
+                f"unit; one process's reference gradients computed in {profile.param_dtype} as well"]
+    if profile.precision == "fp32":
+        return []
+    if kind != "fsdp":
+        return [f"{profile.precision} autocast on every rank"]
+    casts = chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
+    return [f"{profile.precision} autocast: each rank keeps autocast's copies of the weights it all-gathers to "
+            f"the end of the forward ({format_bytes(casts)} of the chain's), unsharded as on one process; "
+            "parallel.param_dtype runs FSDP2's MixedPrecisionPolicy instead"]
+
+
 def check_run(spec: Spec, nproc: int, kind: str, device: str) -> None:
     """Refuse, before any profile, a distributed bench that cannot run: an unknown ``kind``, no
     ranks, the meta device, gradient accumulation, or a kind this torch cannot run there."""
@@ -183,6 +191,9 @@ def check_run(spec: Spec, nproc: int, kind: str, device: str) -> None:
     if spec.train.accum != 1:
         raise UsageError(f"train.accum {spec.train.accum} is not supported by the distributed bench",
                          tip="set train.accum: 1")
+    if spec.parallel.param_dtype is not None and kind != "fsdp":
+        raise UsageError(f"parallel.param_dtype {spec.parallel.param_dtype} is FSDP2's MixedPrecisionPolicy, which "
+                         f"--parallel {kind} does not have", tip="--parallel fsdp")
     check_kind(kind, device)
 
 
@@ -263,10 +274,11 @@ def rank_chain(profile: Profile, spec: Spec | None, world_size: int, kind: str):
     """The per-rank chain of ``profile``, with FSDP2's exact padding when the spec is at hand."""
     if kind != "fsdp" or spec is None:
         return per_rank_chain_from_profile(profile, world_size, kind)
-    meta = build_model(spec, "meta")
+    meta = build_model(spec, "meta")  # in its own dtype: the masters FSDP2 shards
     layers, root = fsdp_unit_bytes(meta, profile.chain, world_size)
     return per_rank_chain(_single_chain(profile), world_size=world_size, kind=kind,
-                          layer_param_bytes=layers, root_param_bytes=root)
+                          layer_param_bytes=layers, root_param_bytes=root,
+                          param_dtype_ratio=param_dtype_ratio(profile, kind))
 
 
 def _single_chain(profile: Profile):
@@ -340,52 +352,3 @@ def _main_module_hidden():
     finally:
         for k, v in saved.items():
             setattr(main, k, v)
-
-
-def _read_error(out_dir: str, rank: int) -> str:
-    p = Path(out_dir) / f"error{rank}.txt"
-    return p.read_text().strip() if p.is_file() else ""
-
-
-def _collect(job: Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
-    """Rows from rank 0's gathered file, or from each rank's partial file after a failure."""
-    gathered = Path(job.out_dir) / "gathered.json"
-    per_rank: dict[int, dict[str, dict]] = {}
-    if gathered.is_file():
-        for r, rows in enumerate(json.loads(gathered.read_text())):
-            per_rank[r] = rows
-    else:
-        for r in range(nproc):
-            p = Path(job.out_dir) / f"rank{r}.json"
-            per_rank[r] = json.loads(p.read_text()) if p.is_file() else {}
-    rows = []
-    for name, plan_d, pred, pred_fb, msg in job.plans:
-        plan_text = Plan.from_dict(plan_d).describe() if plan_d else ""
-        for r in range(nproc):
-            got = per_rank.get(r, {}).get(name)
-            if plan_d is None:
-                rows.append(RankRow(name, r, INFEASIBLE, "", None, None, None, None, None, None, None,
-                                    None, None, msg))
-                continue
-            got = got or {}
-            status, message = got.get("status", ERROR), got.get("message", "")
-            if failure or "measured" not in got:
-                # The group did not finish: what was measured before the failure is kept.
-                own = _read_error(job.out_dir, r).split("\n")[0]
-                status = OOM if ("TrackerLimitExceeded" in own or "OutOfMemory" in own) else ERROR
-                message = (own or failure or "no result from this rank")[:300]
-            elif got.get("grad_ok") is False:
-                status = WRONG_GRADIENTS
-                whose = ("one process's" if got.get("grad_reference", ONE_PROCESS) == ONE_PROCESS
-                         else "its own run's without checkpointing")
-                message = (f"this rank's gradients differ from {whose} by {got['grad_diff']:.3g}, "
-                           f"over the tolerance {got['grad_tol']:.3g}")
-            meas, fb = got.get("measured"), got.get("fwd_bwd")
-            times = got.get("times") or []
-            rows.append(RankRow(
-                name, r, status, plan_text, pred, meas, peak_error(pred, meas),
-                pred_fb, fb, statistics.median(times) if times else None, got.get("loss"),
-                got.get("grad_diff"), got.get("grad_ok"), message, got.get("torch_tracker"),
-                got.get("grad_reference", ONE_PROCESS), got.get("unreproduced")))
-    return tuple(rows)
-

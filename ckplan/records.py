@@ -271,6 +271,10 @@ class Profile:
     # Pinned host copy bandwidths, bytes/s (device -> host, host -> device), for activation offload;
     # 0: none (a CPU, meta without a GPU target, older profiles).
     host_bw: tuple[float, float] = (0.0, 0.0)
+    # FSDP2's MixedPrecisionPolicy param dtype (bf16, fp16) the step ran in (ckplan.param_dtype):
+    # its parameters and gradients are in it; per rank the shards, optimizer state and the
+    # reduce-scatter are fp32 (planner.parallel). None: parameters in their own dtype.
+    param_dtype: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property

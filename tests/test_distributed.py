@@ -389,3 +389,52 @@ def test_dropout_rows_are_judged_against_the_ranks_own_run(kind, tmp_path, monke
         else:
             assert r.status == "wrong-gradients" and r.max_grad_diff >= 1.0, (r.strategy, r.status)
             assert "its own run's without checkpointing" in r.message
+
+
+def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path):
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (``parallel.param_dtype``):
+    the profile runs the model as a rank computes it (bf16 parameters, floating inputs cast per
+    unit), the per-rank model keeps fp32 shards, optimizer state and reduce-scatter. Measured to
+    the byte (or one all-gather buffer a gloo thread frees late above); gradients against one
+    process computing in bf16, within bf16's tolerance; below fp32's per-rank peak."""
+    _needs_fsdp_on_cpu()
+    p = tmp_path / "mp.yaml"
+    p.write_text(SPEC + "parallel: {kind: fsdp, param_dtype: bf16}\n")
+    sp = load(p)
+    mp = profile(sp, device="cpu", repeats=1, warmup=0)
+    assert mp.param_dtype == "bf16" and 2 * mp.totals.param_bytes == prof.totals.param_bytes
+    res = bench_distributed(sp, nproc=2, kind="fsdp", strategies=["none", "every-k", "dp"], k=3, steps=0,
+                            warmup=1, timeout_s=60, profile=mp)
+    late = sum(q.numel() for q in build_model(sp, "cpu").blocks[0].parameters()) * 2  # one bf16 unit
+    for r in res.rows:
+        assert r.status == OK, (r.strategy, r.rank, r.message)
+        got, want = r.measured_peak_bytes, r.predicted_peak_bytes
+        assert got == want or got == want + late, (r.strategy, r.rank, got, want)
+        assert r.grad_ok and r.grad_reference == ONE_PROCESS, (r.strategy, r.rank, r.max_grad_diff)
+    assert any("MixedPrecisionPolicy(param_dtype=bf16" in n for n in res.notes)
+    fp32 = rank_chain(prof, spec, 2, "fsdp")
+    none = next(r for r in res.rows if r.strategy == "none")
+    assert none.predicted_peak_bytes < plan_chain(fp32, "none").score.peak_bytes
+    # the same per-rank chain from the profile alone (no model: every dim divides by 2 here)
+    from ckplan.planner.parallel import per_rank_chain_from_profile
+    assert per_rank_chain_from_profile(mp, 2, "fsdp") == rank_chain(mp, sp, 2, "fsdp")
+
+
+def test_param_dtype_is_refused_where_it_has_no_meaning(tmp_path):
+    p = tmp_path / "mp.yaml"
+    p.write_text(SPEC + "parallel: {kind: fsdp, param_dtype: bf16}\n")
+    sp = load(p)
+    with pytest.raises(UsageError, match="MixedPrecisionPolicy, which --parallel ddp does not have"):
+        bench_distributed(sp, nproc=2, kind="ddp", strategies=["none"], profile=None)
+    from ckplan import api as ckapi
+    with pytest.raises(UsageError, match="runs on ranks, not one process"):
+        ckapi.bench(sp, strategies=["none"], device="cpu")
+    from ckplan.errors import SpecError
+    from ckplan.spec import validate
+    d = sp.model_dump(mode="json")
+    with pytest.raises(SpecError, match=r"param_dtype bf16 is FSDP2.s MixedPrecisionPolicy, but parallel\.kind is ddp"):
+        validate({**d, "parallel": {"kind": "ddp", "param_dtype": "bf16"}})
+    with pytest.raises(SpecError, match="two kinds of mixed precision"):
+        validate({**d, "train": {**d["train"], "precision": "bf16"}})
+    with pytest.raises(SpecError, match="two kinds of mixed precision"):
+        sp.with_overrides(precision="bf16")

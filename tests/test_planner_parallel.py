@@ -106,6 +106,38 @@ def test_fsdp_none_peak_by_hand():
     assert sc.peak_bytes == 291 and sc.peak_at == "B(layer 1)"
 
 
+def test_fsdp_mixed_precision_policy_by_hand():
+    """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the chain is profiled in bf16
+    (parameters, gradients and the optimizer state measured on them at half the bytes); a rank
+    keeps fp32 shards and state, all-gathers and computes in bf16 (G = P / 2) and reduce-scatters
+    in fp32 (P)."""
+    G, Q = P // 2, R // 2
+    base = chain3()
+    bf16 = replace(base, param_bytes=3 * G + Q, total_grad_bytes=3 * G + Q, optimizer_bytes=2 * (3 * G + Q),
+                   layers=tuple(replace(ly, grad_bytes=G) for ly in base.layers),
+                   persistent_bytes=4 + 3 * (3 * G + Q), opt_step_peak_bytes=4 + 4 * (3 * G + Q) + 5)
+    ch = per_rank_chain(bf16, world_size=W, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R,
+                        param_dtype_ratio=0.5)
+    shards = 3 * (P // W) + R // W  # fp32 masters: as without the policy
+    assert ch.param_bytes == shards == 35 and ch.optimizer_bytes == 2 * shards
+    assert ch.persistent_bytes == 4 + 3 * shards
+    assert [ly.grad_bytes for ly in ch.layers] == [P // W] * 3  # fp32 reduce-scatter outputs
+    assert [ly.fwd_tmp_bytes for ly in ch.layers] == [1 + 2 * G] * 3  # bf16 unsharded + flat buffer
+    assert [ly.gather_bytes for ly in ch.layers] == [ly.held_bytes for ly in ch.layers] == [G] * 3
+    assert [ly.retained_bytes for ly in ch.layers] == [P] * 3  # the fp32 reduce-scatter input
+    assert [ly.bwd_tmp_bytes for ly in ch.layers] == [3 + G + P, 3 + 2 * G + P, 3 + 2 * G]
+    assert [ly.held_bwd_tmp_bytes for ly in ch.layers] == [3 + P, 3 + P, 3]
+    assert ch.pre.retained_bytes == 3 + Q and ch.pre.fwd_tmp_bytes == 1 + Q
+    assert ch.pre.bwd_tmp_bytes == max(2 + P, 8 + R)
+    assert ch.post.fwd_tmp_bytes == 2 + G and ch.post.bwd_tmp_bytes == 4 + G
+    # the optimizer step on fp32 shards: its temporaries (5 B in bf16) doubled and sharded
+    assert ch.opt_step_peak_bytes == ch.persistent_bytes + shards + round(5 * 2 * shards / (2 * (3 * G + Q)))
+    # and the same chain from a profile: the rows' bf16 parameter bytes are the masters' halves
+    one = per_rank_chain(bf16, world_size=1, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R,
+                         param_dtype_ratio=0.5)
+    assert one.param_bytes == 3 * P + R and one.optimizer_bytes == 2 * (3 * P + R)
+
+
 def test_ddp_adds_buckets_only():
     base = chain3()
     ch = per_rank_chain(base, world_size=8, kind="ddp", layer_param_bytes=[P] * 3, root_param_bytes=R)

@@ -111,7 +111,7 @@ def _with_buffers(fwd_tmp: int, bwd_tmp: int, xbar: int, own: int, flat: int, pr
 
 
 def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_bytes: Sequence[int],
-                   root_param_bytes: int) -> Chain:
+                   root_param_bytes: int, param_dtype_ratio: float = 1.0) -> Chain:
     """The chain one rank runs under ``kind`` on ``world_size`` ranks (see the module doc).
 
     ``chain`` is the single-process chain at one rank's micro-batch; ``layer_param_bytes[i]``
@@ -134,11 +134,17 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     W = world_size
     P = [int(b) for b in layer_param_bytes]
     R = int(root_param_bytes)
+    # MixedPrecisionPolicy: all-gathers, unsharded parameters and their gradients in the param
+    # dtype (G, Q), shards, reduce-scatter buffers and sharded gradients in the master dtype (P, R)
+    G = [int(b * param_dtype_ratio) for b in P]
+    Q = int(R * param_dtype_ratio)
     full_params = sum(P) + R
     sharded_params = sum(_shard(b, W) for b in P) + _shard(R, W)
     # Optimizer state follows the local shard; rank 0 holds the largest (padded) one.
-    unpadded = chain.param_bytes or full_params
-    ratio = min(1.0, sharded_params / unpadded) if unpadded else 1.0
+    # (the profile's parameters are in the param dtype: the masters are 1 / param_dtype_ratio as
+    # large, and so is an optimizer state measured on them)
+    unpadded = chain.param_bytes / param_dtype_ratio if chain.param_bytes else full_params
+    ratio = (min(1.0, sharded_params / unpadded) if unpadded else 1.0) / param_dtype_ratio
     # Scalar state (step counters) is one per parameter on every rank: not sharded.
     fixed = chain.optimizer_scalar_bytes
     opt_state = int(round((chain.optimizer_bytes - fixed) * ratio)) + fixed
@@ -151,32 +157,32 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     opt_peak = persistent + sharded_grads + int(round(opt_tmp * ratio))
     n = chain.n_layers
     flat = 1 if W > 1 else 0  # the flat all-gather buffer (none on one rank: _unit_layer)
-    layers = [_unit_layer(ly, i, P, R, W) for i, ly in enumerate(chain.layers)]
-    pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + R,
-                  fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * R,
+    layers = [_unit_layer(ly, i, P, R, W, G, Q) for i, ly in enumerate(chain.layers)]
+    pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + Q,
+                  fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * Q,
                   # the last reduce-scatter input (layer 0's) is held until the root's own
                   # reduce-scatter, whose input R holds the root's gradients
                   bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + P[0], chain.pre.grad_bytes + R),
                   grad_bytes=0)
-    post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + flat * P[n - 1],
-                   bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * P[n - 1])
+    post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + flat * G[n - 1],
+                   bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * G[n - 1])
     return replace(chain, name=name, layers=tuple(layers), pre=pre, post=post,
                    persistent_bytes=persistent, opt_step_peak_bytes=max(opt_peak, persistent),
                    param_bytes=sharded_params, total_grad_bytes=sharded_grads, optimizer_bytes=opt_state,
                    opt_ms=chain.opt_ms / W)  # each rank steps its shard only
 
 
-def _unit_layer(ly, i: int, P: list[int], R: int, W: int):
+def _unit_layer(ly, i: int, P: list[int], R: int, W: int, G: list[int], Q: int):
     """Chain layer ``i`` as one FSDP2 unit on ``W`` ranks (``P``: every unit's unsharded
-    parameter bytes, ``R``: the root's)."""
+    parameter bytes, ``R``: the root's; ``G``, ``Q``: the same in the all-gather's dtype)."""
     n = len(P)
     # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
     # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
     flat = 1 if W > 1 else 0
-    prefetch = flat * P[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
+    prefetch = flat * G[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
     retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
-    gathered_before = flat * (P[i - 1] if i > 0 else R)  # flat buffer before, at i's all-gather
-    around = (P[i], flat, prefetch, retained, gathered_before)
+    gathered_before = flat * (G[i - 1] if i > 0 else Q)  # flat buffer before, at i's all-gather
+    around = (G[i], flat, prefetch, retained, gathered_before)
     fwd, bwd = _with_buffers(ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.xbar_bytes, *around)
     # (the early stop's shorter recompute is not modelled per rank: the whole forward)
     # a checkpoint's first forward: the measured no-save peak, with the same buffers on top
@@ -197,9 +203,9 @@ def _unit_layer(ly, i: int, P: list[int], R: int, W: int):
                    grad_bytes=_shard(P[i], W) if ly.grad_bytes else 0,
                    early_xbar_bytes=None, early_fwd_tmp_bytes=None,
                    nosave_peak_bytes=nosave, options=tuple(options),
-                   held_bytes=P[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
+                   held_bytes=G[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
                    held_bwd_tmp_bytes=ly.bwd_tmp_bytes + retained,
-                   gather_bytes=flat * P[i], retained_bytes=P[i])
+                   gather_bytes=flat * G[i], retained_bytes=P[i])
 
 
 def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:
@@ -212,14 +218,27 @@ def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:
     return layers, profile.pre.param_bytes + profile.post.param_bytes
 
 
+def param_dtype_ratio(profile: Profile, kind: str) -> float:
+    """Bytes of a parameter in FSDP2's MixedPrecisionPolicy dtype over its fp32 master's: 0.5
+    for a profile made in bf16/fp16 (``Profile.param_dtype``), else 1."""
+    if profile.param_dtype is None:
+        return 1.0
+    if kind != "fsdp":
+        raise UsageError(f"the profile ran in FSDP2's MixedPrecisionPolicy ({profile.param_dtype} parameters), "
+                         f"which {kind} does not have", tip="plan it with --parallel fsdp")
+    return 0.5
+
+
 def per_rank_chain_from_profile(profile: Profile, world_size: int, kind: str) -> Chain:
     """``per_rank_chain`` of the profile's single-process chain, parameter sizes from its rows."""
     if profile.accum != 1:
         raise UsageError(f"--world-size plans assume train.accum 1, the profile has accum {profile.accum}",
                          tip="profile with train.accum: 1")
-    layers, root = unit_param_bytes(profile)
+    ratio = param_dtype_ratio(profile, kind)
+    layers, root = unit_param_bytes(profile)  # in the profile's dtype: the masters' are 1 / ratio as large
     return per_rank_chain(chain_from_profile(profile), world_size=world_size, kind=kind,
-                          layer_param_bytes=layers, root_param_bytes=root)
+                          layer_param_bytes=[round(b / ratio) for b in layers], root_param_bytes=round(root / ratio),
+                          param_dtype_ratio=ratio)
 
 
 @dataclass(frozen=True)
@@ -287,8 +306,8 @@ def comm_ms(profile: Profile, world_size: int, kind: str, device: DeviceModel | 
     nodes = -(-world_size // DEVICES_PER_NODE)
     if (device.network_bw if nodes > 1 else device.link_bw) <= 0:
         return None
-    params = profile.totals.param_bytes
-    grads = profile.totals.grad_bytes
+    params = profile.totals.param_bytes  # all-gathered in the profile's dtype
+    grads = round(profile.totals.grad_bytes / param_dtype_ratio(profile, kind))  # reduced in fp32
     if kind == "ddp":
         return allreduce_ms(device, grads, world_size, nodes=nodes)
     return (2 * gather_ms(device, params, world_size, nodes=nodes)

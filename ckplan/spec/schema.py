@@ -147,6 +147,9 @@ class ParallelSpec(_Strict):
 
     world_size: int = Field(default=1, gt=0)
     kind: Literal["fsdp", "ddp"] = "fsdp"
+    # FSDP2's MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32): all-gathers and compute
+    # in this dtype, fp32 shards, optimizer state and gradient reduction (torchtitan's default)
+    param_dtype: Optional[Literal["bf16", "fp16"]] = None
 
 
 class Spec(_Strict):
@@ -157,6 +160,19 @@ class Spec(_Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _param_dtype_is_fsdp2s(self):
+        dtype = self.parallel.param_dtype
+        if dtype is not None and self.parallel.kind != "fsdp":
+            raise ValueError(f"parallel.param_dtype {dtype} is FSDP2's MixedPrecisionPolicy, but parallel.kind is "
+                             f"{self.parallel.kind}: set kind: fsdp, or drop param_dtype and use train.precision "
+                             "(autocast)")
+        if dtype is not None and self.train.precision != "fp32":
+            raise ValueError(f"parallel.param_dtype {dtype} (FSDP2 computes in {dtype}) and train.precision "
+                             f"{self.train.precision} (autocast) are two kinds of mixed precision: keep one, "
+                             "train.precision: fp32 with param_dtype")
+        return self
 
     def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,
                        precision: str | None = None, optimizer: str | None = None,

@@ -127,7 +127,8 @@ class Rotary(nn.Module):
         T = x.shape[-2]  # x: (B, nh, T, hd)
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat((-x2, x1), dim=-1)
-        return x * self.cos[:T] + rotated * self.sin[:T]
+        # in x's dtype, as Hugging Face's Llama does (a bf16 model's fp32 tables would promote q and k)
+        return x * self.cos[:T].to(x.dtype) + rotated * self.sin[:T].to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
