@@ -56,11 +56,15 @@ TESTS: dict[str, tuple[str, list[str]]] = {
         "tests/test_meta_autocast.py::test_meta_under_bf16_equals_the_cpu_measurement",
         "tests/test_sdpa.py"]),
     "fsdp2": ("FSDP2 (from torch 2.9 on CPU ranks) and DDP per-rank peaks on 2 gloo ranks, multi-layer "
-              "checkpoints included; a plan exported under fully_shard", [
+              "checkpoints, bf16 autocast, FSDP2's MixedPrecisionPolicy and dropout included; a plan "
+              "exported under fully_shard", [
         "tests/test_distributed.py::test_fsdp_per_rank_model_matches_measured_peak",
         "tests/test_distributed.py::test_fsdp_gradients_equal_one_process",
         "tests/test_distributed.py::test_fsdp_multi_layer_checkpoints_per_rank",
         "tests/test_distributed.py::test_ddp_per_rank_model_and_gradients",
+        "tests/test_distributed.py::test_bf16_autocast_per_rank",
+        "tests/test_distributed.py::test_fsdp_mixed_precision_policy_per_rank",
+        "tests/test_distributed.py::test_dropout_rows_are_judged_against_the_ranks_own_run",
         "tests/test_export.py::test_fsdp_snippet_under_fully_shard"]),
     "mixed-precision": ("every plan's peak under bf16 autocast equal to the tracker's: this torch's autocast "
                         "cache (parameters' copies, not views'), unsaved copies, the sums of shared "

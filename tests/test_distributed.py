@@ -420,6 +420,21 @@ def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path):
     assert per_rank_chain_from_profile(mp, 2, "fsdp") == rank_chain(mp, sp, 2, "fsdp")
 
 
+def test_one_process_computes_as_one_rank_under_the_policy(tmp_path):
+    """The policy's one-process stand-in (``ckplan.param_dtype.cast_like_fsdp``: bf16 parameters,
+    inputs cast per unit) against FSDP2 with that policy on one rank: the same gradients, bit for
+    bit, and the per-rank model at one rank (fp32 masters) exact."""
+    _needs_fsdp_on_cpu()
+    p = tmp_path / "mp.yaml"
+    p.write_text(SPEC + "parallel: {kind: fsdp, param_dtype: bf16}\n")
+    sp = load(p)
+    res = bench_distributed(sp, nproc=1, kind="fsdp", strategies=["none", "every-k", "dp"], k=1, steps=0,
+                            warmup=1, timeout_s=60, profile=profile(sp, device="cpu", repeats=1, warmup=0))
+    for r in res.rows:
+        assert r.status == OK and r.max_grad_diff == 0.0, (r.strategy, r.max_grad_diff)
+        assert r.measured_peak_bytes == r.predicted_peak_bytes, (r.strategy, r.measured_peak_bytes)
+
+
 def test_param_dtype_is_refused_where_it_has_no_meaning(tmp_path):
     p = tmp_path / "mp.yaml"
     p.write_text(SPEC + "parallel: {kind: fsdp, param_dtype: bf16}\n")
