@@ -9,7 +9,7 @@ from ..records import Profile
 from ..units import format_bytes, format_flops, format_ms
 from . import consoles
 from .consoles import escape
-from .tables import Col, cell_len, print_table, width_limit
+from .tables import Col, cell_len, precision, print_table, width_limit
 
 
 def profile_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
@@ -23,7 +23,7 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
              format_ms(r.fwd_ms), format_ms(r.bwd_ms), format_flops(r.fwd_flops),
              format_bytes(r.fwd_tmp_bytes), format_bytes(r.bwd_tmp_bytes)] for r in prof.layers]
     print_table(out, cols, rows, wide, title=escape(f"ckplan profile: {prof.model} | {prof.device} | batch "
-                                                     f"{prof.batch_size} | {prof.precision} | {prof.optimizer}{est}"))
+                                                     f"{prof.batch_size} | {precision(prof)} | {prof.optimizer}{est}"))
     tt = prof.totals
     s = Table(show_header=False, box=None, title="totals", title_justify="left")
     s.add_column(justify="left")

@@ -86,6 +86,12 @@ def print_table(console: Console, cols: list[Col], rows: list[list[str]], wide: 
         console._width = saved
 
 
+def precision(prof) -> str:
+    """A profile's precision for a header: autocast's, or FSDP2's policy parameter dtype."""
+    dtype = getattr(prof, "param_dtype", None)
+    return f"{dtype} params (FSDP2 policy)" if dtype else prof.precision
+
+
 def pct(x):
     return "-" if x is None else f"{x * 100:.1f}%"
 
