@@ -314,7 +314,7 @@ def _write_bench(out_dir: Path, res, started: float) -> int:
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,
                        out_dir, fmt, wide, options, force) -> None:
     api.check_nproc(nproc, device, force=force)  # before the "running" line: an error is then the only line
-    with working(f"running {nproc} ranks ({parallel})") as (_progress, note):
+    with working(f"running {nproc} rank{'s' if nproc != 1 else ''} ({parallel})") as (_progress, note):
         res = api.bench_distributed(s, nproc=nproc, parallel=parallel, strategies=strategies, budget=budget, k=k,
                                     steps=steps, warmup=warmup, device=device, memory_limit=memory_limit,
                                     note=note, options=options, force=force)

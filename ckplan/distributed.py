@@ -124,8 +124,9 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
     if device == "cuda":
         torch.cuda.empty_cache()  # the profile's blocks would stay reserved beside the ranks
     chain = rank_chain(profile, spec, nproc, kind)
-    notes = [f"{kind} on {nproc} ranks; every chain layer is one FSDP unit, the root holds the rest"
-             if kind == "fsdp" else f"ddp on {nproc} ranks (bucket_cap_mb 25, gradient_as_bucket_view off)",
+    ranks = f"{nproc} rank{'s' if nproc != 1 else ''}"
+    notes = [f"{kind} on {ranks}; every chain layer is one FSDP unit, the root holds the rest"
+             if kind == "fsdp" else f"ddp on {ranks} (bucket_cap_mb 25, gradient_as_bucket_view off)",
              f"each rank runs its own micro-batch of {profile.batch_size} (global batch "
              f"{profile.batch_size * nproc})", *machine_notes]
     notes += _precision_notes(profile, chain, kind)

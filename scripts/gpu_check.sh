@@ -9,7 +9,7 @@
 # queued behind the forward; meta's plan for this GPU benched beside its own profile's; meta's bf16
 # autocast and the options' unkept autocast copies against a bf16 bench; the whole-model compile of
 # bert-large with dp's min-cut candidate; what SAC recomputes and costs per layer), and the others:
-# tests bert profile gpt2 compile regions seed.
+# tests bert profile gpt2 compile regions rank seed.
 # Each runs under its own time limit (LIMIT_<stage> in seconds overrides it, '-' as '_': LIMIT_gpt2_b8)
 # and logs to OUTDIR/<stage>.log; the bench reports go to reports/cuda/ (kept) and everything is packed
 # into $TARBALL (default OUTDIR/cuda.tgz) after every stage. A failing stage does not stop the next.
@@ -164,6 +164,20 @@ run_regions() {
 # (the meta device model prices them 8-12 points below what an H100 measured): kernels counted per step
 run_sac-probe() {
   stage sac-probe 120 $PY scripts/sac_probe.py --device cuda --batch-size 8 --rounds 5
+}
+
+# one NCCL rank under FSDP2 (the GPU has no peer here): the small GPT of configs/gpt-small-dist.yaml
+# in fp32, with bf16 autocast, and under FSDP2's MixedPrecisionPolicy (param_dtype bf16), per-rank
+# peaks from torch.cuda.max_memory_allocated against the per-rank model
+run_rank() {
+  { cat configs/gpt-small-dist.yaml; echo "parallel: {kind: fsdp, param_dtype: bf16}"; } \
+    > "$OUTDIR/gpt-small-dist-policy.yaml"
+  stage rank 240 bash -c "$CK bench configs/gpt-small-dist.yaml --device cuda --nproc 1 --compare none,every-k,dp \
+      --steps 5 --out-dir $REP/rank --wide --debug; \
+    $CK bench configs/gpt-small-dist.yaml --device cuda --nproc 1 --precision bf16 --compare none,every-k,dp \
+      --steps 5 --out-dir $REP/rank-bf16 --wide --debug; \
+    $CK bench $OUTDIR/gpt-small-dist-policy.yaml --device cuda --nproc 1 --compare none,every-k,dp \
+      --steps 5 --out-dir $REP/rank --wide --debug"
 }
 
 run_seed() {
