@@ -83,7 +83,10 @@ def model_errors(meta: bool):
         dtype = any(w in text for w in ("BFloat16", "bfloat16", "Half", "float16", "expected scalar type"))
         raise ModelRunError(f"the model raised {type(e).__name__} during the profiled step: {text}",
                             tip=("the model's code does not run in this precision here: profile with "
-                                 "--precision fp32 (or the other 16-bit one)") if dtype else None) from e
+                                 "--precision fp32 (or the other 16-bit one); under parallel.param_dtype its "
+                                 "parameters are 16-bit and its buffers fp32, as FSDP2's MixedPrecisionPolicy "
+                                 "runs it: drop param_dtype, or train with autocast (train.precision)")
+                            if dtype else None) from e
 
 
 @contextmanager
