@@ -62,6 +62,12 @@ def prof(spec):
     return profile(spec, device="cpu", repeats=1, warmup=0)
 
 
+def _reshards_after_recompute() -> bool:
+    """torch 2.9's FSDP2 reshards a unit right after its recompute: multi-layer checkpoints measure
+    below the per-rank model there (docs/distributed.md, Limits)."""
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10)
+
+
 def _needs_fsdp_on_cpu(kind: str = "fsdp") -> None:
     if kind == "fsdp" and not fsdp_runs_on_cpu():
         pytest.skip(f"FSDP2 on CPU ranks needs torch 2.9 (this is {torch.__version__})")
@@ -257,7 +263,7 @@ def _run(spec, prof, kind: str, strategies: list[str], k: int, budget: int):
     # torch 2.9's FSDP2 reshards a unit right after its recompute, where later torch keeps it
     # unsharded until its own backward (what the per-rank model counts): there the model is above
     # the measured peak of multi-layer checkpoints (13% on every-k k=3 of the 6-block GPT), never below
-    reshards = kind == "fsdp" and tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10)
+    reshards = kind == "fsdp" and _reshards_after_recompute()
     timing = GLOO_TIMING_TOL if kind == "fsdp" else 0.0
     # and at most one more unit's unsharded parameters than FSDP2's order of frees, when a gloo
     # worker thread frees an all-gather buffer late (docs/distributed.md, Limits)
@@ -364,7 +370,8 @@ def test_bf16_autocast_per_rank(spec, prof, kind, k, tmp_path):
     for r in res.rows:
         assert r.status == OK, (r.strategy, r.rank, r.message)
         got, want = r.measured_peak_bytes, r.predicted_peak_bytes
-        assert want - 64 <= got <= want + late, (r.strategy, r.rank, got, want)
+        low = 0.05 * want if kind == "fsdp" and _reshards_after_recompute() else 64
+        assert want - low <= got <= want + late, (r.strategy, r.rank, got, want)
         assert r.grad_ok, (r.strategy, r.rank, r.max_grad_diff)
 
 
@@ -409,7 +416,10 @@ def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path):
     for r in res.rows:
         assert r.status == OK, (r.strategy, r.rank, r.message)
         got, want = r.measured_peak_bytes, r.predicted_peak_bytes
-        assert got == want or got == want + late, (r.strategy, r.rank, got, want)
+        if _reshards_after_recompute() and r.strategy == "every-k":  # one checkpoint over the chain
+            assert 0.95 * want <= got <= want + late, (r.strategy, r.rank, got, want)
+        else:
+            assert got == want or got == want + late, (r.strategy, r.rank, got, want)
         assert r.grad_ok and r.grad_reference == ONE_PROCESS, (r.strategy, r.rank, r.max_grad_diff)
     assert any("MixedPrecisionPolicy(param_dtype=bf16" in n for n in res.notes)
     fp32 = rank_chain(prof, spec, 2, "fsdp")
