@@ -46,6 +46,11 @@ measured peaks of ``ckplan.distributed``):
   the prefetched last layer (``post.fwd_tmp``, ``post.bwd_tmp += P[n-1]``).
 * optimizer step: on the shards: persistent + sharded gradients + the single-process
   temporaries scaled by the shard ratio.
+* FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)`` (``param_dtype_ratio`` 0.5,
+  the profile made in the param dtype: ``ckplan.param_dtype``): the all-gather buffers, the
+  unsharded parameters and the prefetch are ``G[i] = P[i] / 2``, the root's ``R / 2``; the
+  shards, the optimizer state (the profile's, measured on the param dtype, doubled), the
+  reduce-scatter inputs and the sharded gradients stay fp32.
 
 DDP: parameters, gradients and optimizer state are replicated, and the reducer's buckets
 (``bucket_cap_mb`` 25, ``gradient_as_bucket_view`` False) are a second copy of every gradient,
