@@ -206,6 +206,10 @@ def export(rep, target: str):
     layer_class = prof.chain_layers[0].type if prof.chain_layers else None
     ex = export_plan(rep.chosen.plan, str(target), chain_path=prof.chain, layer_class=layer_class,
                      model_name=prof.model)
+    if str(target).strip().lower() == "torchtitan" and prof.param_dtype is None:
+        ex = replace(ex, message=f"{ex.message} On sharded ranks torchtitan trains under FSDP2's "
+                     "MixedPrecisionPolicy by default (mixed_precision_param bfloat16): plan with "
+                     "`parallel: {param_dtype: bf16}` in the spec for what it runs.".strip())
     closest_peak = simulate(chain_from_profile(prof), ex.closest_plan).peak_bytes
     return ex, closest_peak
 

@@ -193,3 +193,15 @@ def test_per_rank_bf16_plan_names_autocast_copies_unsharded(tiny_gpt_spec, tmp_p
     assert f"({format_bytes(analytic)} of the chain's per rank)" in note, note
     chain = per_rank_chain_from_profile(rep.profile, 4, "fsdp")
     assert sum(ly.cast_bytes for ly in chain.layers) == analytic
+
+
+def test_torchtitan_export_says_when_the_plan_is_not_for_its_default_policy(tiny_gpt_spec, tmp_path):
+    """torchtitan shards with MixedPrecisionPolicy(bf16) by default: a plan made without the policy
+    says so; one made with it does not."""
+    path = tiny_gpt_spec(tmp_path)
+    plain = api.plan(path, device="meta")
+    assert "mixed_precision_param bfloat16" in api.export(plain, "torchtitan")[0].message
+    assert "mixed_precision_param" not in api.export(plain, "hf")[0].message
+    mp = tmp_path / "mp.yaml"
+    mp.write_text(path.read_text() + "parallel: {kind: fsdp, param_dtype: bf16}\n")
+    assert "mixed_precision_param" not in api.export(api.plan(mp, device="meta"), "torchtitan")[0].message
