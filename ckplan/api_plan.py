@@ -114,7 +114,8 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
     layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE)))
-    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain, prof.param_dtype),
+    notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain, prof.param_dtype,
+                                             prof.reduce_dtype),
                               no_gain_reason(chain),
                               compiled, no_link, *layer_notes) if n)
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
@@ -154,9 +155,9 @@ def _chain_for(prof: Profile, world_size: int, parallel: str):
 
 
 def _parallel_note(world_size: int, parallel: str, precision: str = "fp32", chain=None,
-                   param_dtype: str | None = None) -> str | None:
+                   param_dtype: str | None = None, reduce_dtype: str | None = None) -> str | None:
     policy = (f"; FSDP2's MixedPrecisionPolicy: parameters all-gathered and computed in {param_dtype}, fp32 "
-              "shards, optimizer state and reduce-scatter" if param_dtype else "")
+              f"shards and optimizer state, reduce-scatter in {reduce_dtype or 'fp32'}" if param_dtype else "")
     if world_size == 1:
         return f"one rank of FSDP2{policy}" if param_dtype else None
     casts = 0 if chain is None else chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)
@@ -204,8 +205,9 @@ def export(rep, target: str):
     fsdp), or the closest plan it can express (:func:`ckplan.export.export_plan`)."""
     prof = rep.profile
     layer_class = prof.chain_layers[0].type if prof.chain_layers else None
+    policy = (prof.param_dtype, prof.reduce_dtype or "fp32") if prof.param_dtype else None
     ex = export_plan(rep.chosen.plan, str(target), chain_path=prof.chain, layer_class=layer_class,
-                     model_name=prof.model)
+                     model_name=prof.model, policy=policy)
     if str(target).strip().lower() == "torchtitan" and prof.param_dtype is None:
         ex = replace(ex, message=f"{ex.message} On sharded ranks torchtitan trains under FSDP2's "
                      "MixedPrecisionPolicy by default (mixed_precision_param bfloat16): plan with "

@@ -60,7 +60,8 @@ def preflight(spec: Spec, device: str | Device | None = "auto", *, force: bool =
         meta = profile_model(model, args, kwargs, name=spec.name or type(model).__name__,
                              chain=spec.chain, device="meta", optimizer=spec.train.optimizer,
                              precision=spec.train.precision, accum=spec.train.accum, lr=spec.train.lr,
-                             repeats=1, warmup=0, meta_target=dev.type, param_dtype=spec.parallel.param_dtype)
+                             repeats=1, warmup=0, meta_target=dev.type, param_dtype=spec.parallel.param_dtype,
+                             reduce_dtype=spec.parallel.reduce_dtype)
     except (SpecError, UsageError, DependencyError):
         raise  # the same mistake would stop the real run: say it now
     except Exception as e:  # the model cannot run on fake tensors; the real run may still work
@@ -143,7 +144,8 @@ def profile(spec: Spec, *, device: str | Device | None = "auto", repeats: int = 
                          device=dev, optimizer=spec.train.optimizer, precision=spec.train.precision,
                          accum=spec.train.accum, lr=spec.train.lr, repeats=repeats, warmup=warmup,
                          spec=spec.model_dump(mode="json"), options=names, compile=compile,
-                         meta_target=meta_target, param_dtype=spec.parallel.param_dtype)
+                         meta_target=meta_target, param_dtype=spec.parallel.param_dtype,
+                         reduce_dtype=spec.parallel.reduce_dtype)
     for text in held:
         note_or_warn(note, text)
     return prof
@@ -153,7 +155,8 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
                   precision: str = "fp32", accum: int = 1, lr: float = 1e-4, repeats: int = 3,
                   warmup: int = 1, spec: dict | None = None, loss_fn=to_loss,
                   meta_target: str | None = None, options: bool | Sequence[str] = False,
-                  compile: bool = False, param_dtype: str | None = None) -> Profile:
+                  compile: bool = False, param_dtype: str | None = None,
+                  reduce_dtype: str | None = None) -> Profile:
     """Profile any model on a sample batch; the model is not changed.
 
     On ``device="meta"``, ``meta_target`` ('cpu' or 'cuda'; default: cuda when this machine has
@@ -164,9 +167,13 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     not on meta), their options compiled in: the plans are then for compiled layers, to be run
     inside ``ckplan.compiled_layers(model)``.
     ``param_dtype``: the model's parameters are in FSDP2's MixedPrecisionPolicy dtype
-    (:func:`ckplan.param_dtype.cast_like_fsdp`), recorded for the per-rank model.
+    (:func:`ckplan.param_dtype.cast_like_fsdp`), recorded for the per-rank model with the
+    policy's ``reduce_dtype`` (default fp32).
     """
     check_train_args(optimizer=optimizer, precision=precision, accum=accum)
+    if reduce_dtype not in (None, "fp32") and reduce_dtype != param_dtype:
+        raise UsageError(f"reduce_dtype={reduce_dtype!r} with param_dtype={param_dtype!r}: the policy's reduce is "
+                         "planned in fp32 or in the param dtype", tip="pass reduce_dtype='fp32' or the param dtype")
     optimizer = OPTIMIZER_ALIASES.get(str(optimizer), str(optimizer))
     precision = str(precision)
     dev = torch.device(str(device)) if not isinstance(device, torch.device) else device
@@ -225,6 +232,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         notes=tuple(notes), spec=spec or {}, compiled=compile, side_inputs=m.side_inputs,
         chain_breaks=m.chain_breaks, flops_estimated=m.flops_estimated,
         host_bw=_host_link(dev, device_model if kind == "cuda" else None), param_dtype=param_dtype,
+        reduce_dtype=(reduce_dtype or "fp32") if param_dtype else None,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
 

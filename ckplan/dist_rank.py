@@ -182,7 +182,8 @@ class _Rank:
     def wrap(self, mesh) -> None:
         """FSDP2 on ``mesh``, or DDP when there is none; then this rank's micro-batch."""
         if mesh is not None:
-            _fully_shard(self.model, self.spec.chain, mesh, self.spec.parallel.param_dtype)
+            _fully_shard(self.model, self.spec.chain, mesh, self.spec.parallel.param_dtype,
+                         self.spec.parallel.reduce_dtype)
         else:
             ids = [self.device.index] if self.cuda else None
             self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
@@ -345,16 +346,18 @@ def _rank_run(job: Job, rank: int) -> None:
             tracker.__exit__(None, None, None)
 
 
-def _fully_shard(model, chain_path: str | None, mesh, param_dtype: str | None = None) -> None:
+def _fully_shard(model, chain_path: str | None, mesh, param_dtype: str | None = None,
+                 reduce_dtype: str | None = None) -> None:
     """FSDP2: ``fully_shard`` every chain layer (one unit each), then the root; with
-    ``param_dtype``, under that MixedPrecisionPolicy."""
+    ``param_dtype``, under that MixedPrecisionPolicy (reducing in ``reduce_dtype``, default fp32)."""
     from torch.distributed.fsdp import fully_shard  # torch builds without distributed lack it
     _, container, _ = resolve_chain(model, chain_path)
     layers = list(container)
     kw = {}
-    if param_dtype is not None:  # parallel.param_dtype: torchtitan's policy, fp32 reduce-scatter
+    if param_dtype is not None:  # parallel.param_dtype: torchtitan's policy, fp32 reduce-scatter by default
         from torch.distributed.fsdp import MixedPrecisionPolicy
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=torch.float32)
+        reduce = torch.float32 if reduce_dtype in (None, "fp32") else DTYPES[reduce_dtype]
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=reduce)
     for layer in layers:
         fully_shard(layer, mesh=mesh, **kw)
     fully_shard(model, mesh=mesh, **kw)

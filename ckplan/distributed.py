@@ -80,8 +80,9 @@ from .dist_records import (  # noqa: F401  (re-exported)
 from .dist_rows import collect_rows as _collect
 from .dist_rows import read_error as _read_error
 from .errors import InfeasibleBudgetError, UsageError
+from .param_dtype import policy_text
 from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate, trace
-from .planner.parallel import KINDS, param_dtype_ratio, per_rank_chain, per_rank_chain_from_profile
+from .planner.parallel import KINDS, param_dtype_ratio, per_rank_chain, per_rank_chain_from_profile, reduce_dtype_ratio
 from .preflight import available_memory
 from .records import Profile
 from .spec import Spec, build_model
@@ -167,7 +168,7 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
 def _precision_notes(profile: Profile, chain, kind: str) -> list[str]:
     """What the ranks' mixed precision is: FSDP2's policy, or autocast and the copies it caches."""
     if profile.param_dtype is not None:
-        return [f"FSDP2's MixedPrecisionPolicy(param_dtype={profile.param_dtype}, reduce_dtype=fp32) on every "
+        return [f"FSDP2's {policy_text(profile.param_dtype, profile.reduce_dtype)} on every "
                 f"unit; one process's reference gradients computed in {profile.param_dtype} as well"]
     if profile.precision == "fp32":
         return []
@@ -279,7 +280,8 @@ def rank_chain(profile: Profile, spec: Spec | None, world_size: int, kind: str):
     layers, root = fsdp_unit_bytes(meta, profile.chain, world_size)
     return per_rank_chain(_single_chain(profile), world_size=world_size, kind=kind,
                           layer_param_bytes=layers, root_param_bytes=root,
-                          param_dtype_ratio=param_dtype_ratio(profile, kind))
+                          param_dtype_ratio=param_dtype_ratio(profile, kind),
+                          reduce_dtype_ratio=reduce_dtype_ratio(profile))
 
 
 def _single_chain(profile: Profile):

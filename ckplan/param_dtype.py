@@ -1,8 +1,9 @@
-"""FSDP2's ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)`` on one process.
+"""FSDP2's ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...)`` on one process.
 
 Under the policy every FSDP unit all-gathers its parameters in ``param_dtype``, casts the floating
-tensors its forward receives to it (``cast_forward_inputs``), and computes in it; the shards, the
-optimizer state and the reduce-scatter stay fp32. One process reproduces what a rank computes by
+tensors its forward receives to it (``cast_forward_inputs``), and computes in it; the shards and
+the optimizer state stay fp32, and the reduce-scatter runs in ``reduce_dtype`` (fp32 by default
+here, or the param dtype), its output cast to the fp32 sharded gradient. One process reproduces what a rank computes by
 casting the parameters (not the buffers: FSDP2 leaves them) and hooking the same input casts on
 each chain layer and on the model (the root unit): the profile of that model is what
 ``planner.parallel`` turns into a rank's chain, and the distributed bench's one-process reference
@@ -16,6 +17,11 @@ from torch.utils._pytree import tree_map
 from .chainfind import resolve_chain
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def policy_text(param_dtype: str, reduce_dtype: str | None) -> str:
+    """The policy as a user writes it: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``."""
+    return f"MixedPrecisionPolicy(param_dtype={param_dtype}, reduce_dtype={reduce_dtype or 'fp32'})"
 
 
 def cast_like_fsdp(model: torch.nn.Module, chain_path: str | None, param_dtype: str) -> torch.nn.Module:

@@ -275,6 +275,9 @@ class Profile:
     # its parameters and gradients are in it; per rank the shards, optimizer state and the
     # reduce-scatter are fp32 (planner.parallel). None: parameters in their own dtype.
     param_dtype: str | None = None
+    # That policy's reduce dtype (fp32, or the param dtype): the reduce-scatter's buffers per rank.
+    # None: fp32 (or no policy).
+    reduce_dtype: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -398,19 +398,22 @@ def test_dropout_rows_are_judged_against_the_ranks_own_run(kind, tmp_path, monke
             assert "its own run's without checkpointing" in r.message
 
 
-def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path):
-    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (``parallel.param_dtype``):
-    the profile runs the model as a rank computes it (bf16 parameters, floating inputs cast per
-    unit), the per-rank model keeps fp32 shards, optimizer state and reduce-scatter. Measured to
-    the byte, or up to one all-gather buffer above, which a gloo thread may free late (at one
-    rank, with no gloo thread, exact: the next test); gradients against one process computing in
-    bf16, within bf16's tolerance; below fp32's per-rank peak."""
+@pytest.mark.parametrize("reduce", ["fp32", "bf16"])
+def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path, reduce):
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32 or bf16)
+    (``parallel.param_dtype``, ``reduce_dtype``): the profile runs the model as a rank computes it
+    (bf16 parameters, floating inputs cast per unit), the per-rank model keeps fp32 shards and
+    optimizer state, and reduce-scatters in the reduce dtype. Measured to the byte, or up to one
+    all-gather buffer above, which a gloo thread may free late (at one rank, with no gloo thread,
+    exact: the next test); gradients against one process computing in bf16, within bf16's
+    tolerance; below fp32's per-rank peak."""
     _needs_fsdp_on_cpu()
     p = tmp_path / "mp.yaml"
-    p.write_text(SPEC + "parallel: {kind: fsdp, param_dtype: bf16}\n")
+    p.write_text(SPEC + f"parallel: {{kind: fsdp, param_dtype: bf16, reduce_dtype: {reduce}}}\n")
     sp = load(p)
     mp = profile(sp, device="cpu", repeats=1, warmup=0)
-    assert mp.param_dtype == "bf16" and 2 * mp.totals.param_bytes == prof.totals.param_bytes
+    assert mp.param_dtype == "bf16" and mp.reduce_dtype == reduce
+    assert 2 * mp.totals.param_bytes == prof.totals.param_bytes
     res = bench_distributed(sp, nproc=2, kind="fsdp", strategies=["none", "every-k", "dp"], k=3, steps=0,
                             warmup=1, timeout_s=60, profile=mp)
     late = sum(q.numel() for q in build_model(sp, "cpu").blocks[0].parameters()) * 2  # one bf16 unit
@@ -421,7 +424,7 @@ def test_fsdp_mixed_precision_policy_per_rank(spec, prof, tmp_path):
         low = want if _reshards_after_recompute() and r.strategy == "every-k" else 0
         assert want - low <= got <= want + late, (r.strategy, r.rank, got, want)
         assert r.grad_ok and r.grad_reference == ONE_PROCESS, (r.strategy, r.rank, r.max_grad_diff)
-    assert any("MixedPrecisionPolicy(param_dtype=bf16" in n for n in res.notes)
+    assert any(f"MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype={reduce})" in n for n in res.notes)
     fp32 = rank_chain(prof, spec, 2, "fsdp")
     none = next(r for r in res.rows if r.strategy == "none")
     assert none.predicted_peak_bytes < plan_chain(fp32, "none").score.peak_bytes
@@ -463,3 +466,7 @@ def test_param_dtype_is_refused_where_it_has_no_meaning(tmp_path):
         validate({**d, "train": {**d["train"], "precision": "bf16"}})
     with pytest.raises(SpecError, match="two kinds of mixed precision"):
         sp.with_overrides(precision="bf16")
+    with pytest.raises(SpecError, match=r"reduce_dtype bf16 is part of FSDP2.s MixedPrecisionPolicy: set param_dtype"):
+        validate({**d, "parallel": {"kind": "fsdp", "reduce_dtype": "bf16"}})
+    with pytest.raises(SpecError, match=r"reduce_dtype fp16 with param_dtype bf16.*set reduce_dtype: fp32 or bf16"):
+        validate({**d, "parallel": {"kind": "fsdp", "param_dtype": "bf16", "reduce_dtype": "fp16"}})

@@ -164,6 +164,30 @@ def test_messages_name_the_difference():
     assert 'mode = "full"' in t and "model.layers" in t
 
 
+@pytest.mark.parametrize("policy", [("bf16", "fp32"), ("bf16", "bf16"), ("fp16", "fp32")])
+def test_the_policy_a_plan_was_made_for_is_written(policy):
+    """A plan made under FSDP2's MixedPrecisionPolicy: the fsdp snippet shows the wrapping with that
+    policy (its commented lines build the policy with the same dtypes), torchtitan's TOML sets it,
+    and a reduce torchtitan does not run is said."""
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    plan = plan_every_k(4, 1)
+    code = [ln[4:] for ln in export_plan(plan, "fsdp", chain_path="blocks", policy=policy).text.splitlines()
+            if ln.startswith("#   ")]
+    assert "    fully_shard(layer, mp_policy=policy)" in code and code[2] == "for layer in model.blocks:"
+    scope = {"torch": torch}
+    exec("\n".join(code[:2]), scope)  # the import and the policy
+    assert (scope["policy"].param_dtype, scope["policy"].reduce_dtype) == (dtypes[policy[0]], dtypes[policy[1]])
+    tomllib = pytest.importorskip("tomllib")
+    e = export_plan(plan, "torchtitan", chain_path="layers", policy=policy)
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    assert tomllib.loads(e.text)["training"] == {"mixed_precision_param": names[policy[0]],
+                                                 "mixed_precision_reduce": names[policy[1]]}
+    assert ("torchtitan reduces in float32" in e.message) == (policy[1] != "fp32")
+    # no policy: no wrapping lines, no [training]
+    assert "MixedPrecisionPolicy" not in export_plan(plan, "fsdp", chain_path="blocks").text
+    assert "training" not in tomllib.loads(export_plan(plan, "torchtitan", chain_path="layers").text)
+
+
 def test_bad_target_and_chain_path():
     with pytest.raises(UsageError, match="megatron"):
         export_plan(plan_none(3), "megatron", chain_path="h")

@@ -138,6 +138,32 @@ def test_fsdp_mixed_precision_policy_by_hand():
     assert one.param_bytes == 3 * P + R and one.optimizer_bytes == 2 * (3 * P + R)
 
 
+def test_fsdp_policy_reducing_in_the_param_dtype_by_hand():
+    """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16): as the fp32-reduce policy
+    above but for the reduce-scatter inputs, now bf16 (P / 2 per unit, R / 2 for the root); the
+    sharded gradients (the reduce output cast to fp32) and everything else unchanged."""
+    G, Q = P // 2, R // 2
+    base = chain3()
+    bf16 = replace(base, param_bytes=3 * G + Q, total_grad_bytes=3 * G + Q, optimizer_bytes=2 * (3 * G + Q),
+                   layers=tuple(replace(ly, grad_bytes=G) for ly in base.layers),
+                   persistent_bytes=4 + 3 * (3 * G + Q), opt_step_peak_bytes=4 + 4 * (3 * G + Q) + 5)
+    kw = dict(world_size=W, kind="fsdp", layer_param_bytes=[P] * 3, root_param_bytes=R, param_dtype_ratio=0.5)
+    fp32 = per_rank_chain(bf16, **kw)
+    ch = per_rank_chain(bf16, **kw, reduce_dtype_ratio=0.5)
+    assert [ly.retained_bytes for ly in ch.layers] == [G] * 3  # the bf16 reduce-scatter input
+    assert [ly.bwd_tmp_bytes for ly in ch.layers] == [3 + G + G, 3 + 2 * G + G, 3 + 2 * G]
+    assert [ly.held_bwd_tmp_bytes for ly in ch.layers] == [3 + G, 3 + G, 3]
+    assert ch.pre.bwd_tmp_bytes == max(2 + G, 8 + Q)
+    assert [ly.grad_bytes for ly in ch.layers] == [P // W] * 3  # fp32 sharded gradients all the same
+    same = ("persistent_bytes", "param_bytes", "optimizer_bytes", "total_grad_bytes", "opt_step_peak_bytes")
+    assert all(getattr(ch, f) == getattr(fp32, f) for f in same)
+    assert [ly.fwd_tmp_bytes for ly in ch.layers] == [ly.fwd_tmp_bytes for ly in fp32.layers]
+    # smaller reduce-scatter inputs: no plan peaks higher, and the backward-bound ones lower
+    for plan in (plan_none(3), plan_every_k(3, 1)):
+        assert simulate(ch, plan).peak_bytes <= simulate(fp32, plan).peak_bytes
+    assert simulate(ch, plan_every_k(3, 1)).peak_bytes < simulate(fp32, plan_every_k(3, 1)).peak_bytes
+
+
 def test_ddp_adds_buckets_only():
     base = chain3()
     ch = per_rank_chain(base, world_size=8, kind="ddp", layer_param_bytes=[P] * 3, root_param_bytes=R)
@@ -442,3 +468,10 @@ def test_world_size_rows_price_the_collectives_by_hand():
     assert rows[8].step_ms == pytest.approx(per_rank_chain_from_profile(prof, 8, "fsdp").base_step_ms
                                             * (1 + rows[8].overhead))
     assert world_size_table(prof, [8], "fsdp", "dp", None)[0].comm_ms is None  # no device model
+    # under MixedPrecisionPolicy(bf16): all-gathers of bf16 parameters, the gradients reduced in
+    # fp32 (twice the bf16 gradients' bytes) or, with reduce_dtype bf16, in bf16
+    for reduce, grads in (("fp32", P), ("bf16", P // 2)):
+        mp = replace(prof, param_dtype="bf16", reduce_dtype=reduce,
+                     totals=replace(prof.totals, param_bytes=P // 2, grad_bytes=P // 2))
+        row = world_size_table(mp, [8], "fsdp", "dp", None, device=h100)[0]
+        assert row.comm_ms == pytest.approx((2 * P // 2 + grads) * 7 / 8 / h100.link_bw * 1e3), reduce

@@ -35,3 +35,6 @@ class Ctx:
     chain_path: str
     layer_class: str | None
     model_name: str
+    # FSDP2's MixedPrecisionPolicy the plan was made under: (param dtype, reduce dtype), as
+    # ckplan names them ("bf16", "fp32"); None: no policy
+    policy: tuple[str, str] | None = None

@@ -9,12 +9,14 @@ from .targets import EXPORTERS
 
 
 def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | None = None,
-                model_name: str = "") -> Export:
+                model_name: str = "", policy: tuple[str, str] | None = None) -> Export:
     """Render ``plan`` for ``target`` (one of :data:`TARGETS`).
 
     ``chain_path``: the dotted path of the layer container in the user's model (``Profile.chain``,
     e.g. ``"transformer.h"``); ``layer_class``: the chain layers' class name (``Block``), used where
-    a framework selects layers by class; ``model_name``: shown in the header comment only.
+    a framework selects layers by class; ``model_name``: shown in the header comment only;
+    ``policy``: FSDP2's MixedPrecisionPolicy the plan is for, ``(param dtype, reduce dtype)``
+    (``("bf16", "fp32")``), written into the fsdp and torchtitan snippets.
     """
     plan = getattr(plan, "plan", plan)  # a PlanResult
     if not isinstance(plan, Plan):
@@ -26,7 +28,7 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     if not chain_path or not isinstance(chain_path, str):
         raise UsageError("export needs the chain path (the dotted path of the layer container), "
                          f"got {chain_path!r}", tip="take it from the profile: Profile.chain, e.g. 'transformer.h'")
-    ctx = Ctx(chain_path, layer_class, model_name)
+    ctx = Ctx(chain_path, layer_class, model_name, policy)
     return _copies_said(plan, _export(plan, key, ctx))
 
 

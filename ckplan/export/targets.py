@@ -51,6 +51,23 @@ def _per_layer_start(plan: Plan, ctx: Ctx, target: str):
     return closest, exact, msg, layers, lines
 
 
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _policy_lines(ctx: Ctx) -> list[str]:
+    """The FSDP2 wrapping the plan was made for, under its MixedPrecisionPolicy (commented)."""
+    if ctx.policy is None:
+        return []
+    param, reduce = (_TORCH_DTYPES[d] for d in ctx.policy)
+    return ["# Planned per rank for FSDP2 with this MixedPrecisionPolicy on every unit (each chain layer,",
+            "# then the model); a plan for another policy holds other buffers:",
+            "#   from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
+            f"#   policy = MixedPrecisionPolicy(param_dtype=torch.{param}, reduce_dtype=torch.{reduce})",
+            f"#   for layer in model.{ctx.chain_path}:",
+            "#       fully_shard(layer, mp_policy=policy)",
+            "#   fully_shard(model, mp_policy=policy)"]
+
+
 def _export_fsdp(plan: Plan, ctx: Ctx) -> Export:
     closest, exact, msg, layers, lines = _per_layer_start(plan, ctx, "fsdp")
     if layers:
@@ -60,6 +77,7 @@ def _export_fsdp(plan: Plan, ctx: Ctx) -> Export:
         lines += ["", "", "ckplan_checkpoint(model)"]
         if len(layers) == plan.n_layers and ctx.layer_class:
             lines.append(f"# (every layer: the same as check_fn=lambda m: isinstance(m, {ctx.layer_class}))")
+    lines += _policy_lines(ctx)
     return Export("fsdp", "\n".join(lines) + "\n", exact, closest, msg)
 
 
@@ -184,6 +202,13 @@ def _export_torchtitan(plan: Plan, ctx: Ctx) -> Export:
         lines += ['mode = "selective"', f'selective_ac_option = "{n}"  # blocks {n - 1}, {2 * n - 1}, ...',
                   f"# CLI: --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option {n}",
                   "# torchtitan >= 0.3 removed this option; use ckplan.apply_plan in a custom trainer there."]
+    if ctx.policy is not None:
+        param, reduce = (_TORCH_DTYPES[d] for d in ctx.policy)
+        lines += ["", "# the MixedPrecisionPolicy the plan was made for (torchtitan's FSDP2 wrapping)", "[training]",
+                  f'mixed_precision_param = "{param}"', f'mixed_precision_reduce = "{reduce}"']
+        if reduce != "float32":
+            msg += (f" The plan is for a {reduce} reduce-scatter; torchtitan reduces in float32 "
+                    "(mixed_precision_reduce), whose buffers are twice as large: plan with reduce_dtype: fp32.")
     return Export("torchtitan", "\n".join(lines) + "\n", exact, closest, msg)
 
 

@@ -50,7 +50,9 @@ measured peaks of ``ckplan.distributed``):
   the profile made in the param dtype: ``ckplan.param_dtype``): the all-gather buffers, the
   unsharded parameters and the prefetch are ``G[i] = P[i] / 2``, the root's ``R / 2``; the
   shards, the optimizer state (the profile's, measured on the param dtype, doubled), the
-  reduce-scatter inputs and the sharded gradients stay fp32.
+  reduce-scatter inputs and the sharded gradients stay fp32. With ``reduce_dtype`` the param
+  dtype (``reduce_dtype_ratio`` 0.5: the policy without a reduce_dtype) the reduce-scatter
+  inputs are ``P[i] / 2`` and ``R / 2`` too; its output is cast to fp32, the sharded gradient.
 
 DDP: parameters, gradients and optimizer state are replicated, and the reducer's buckets
 (``bucket_cap_mb`` 25, ``gradient_as_bucket_view`` False) are a second copy of every gradient,
@@ -116,12 +118,15 @@ def _with_buffers(fwd_tmp: int, bwd_tmp: int, xbar: int, own: int, flat: int, pr
 
 
 def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_bytes: Sequence[int],
-                   root_param_bytes: int, param_dtype_ratio: float = 1.0) -> Chain:
+                   root_param_bytes: int, param_dtype_ratio: float = 1.0,
+                   reduce_dtype_ratio: float = 1.0) -> Chain:
     """The chain one rank runs under ``kind`` on ``world_size`` ranks (see the module doc).
 
     ``chain`` is the single-process chain at one rank's micro-batch; ``layer_param_bytes[i]``
     the (padded) unsharded parameter bytes of chain layer i, ``root_param_bytes`` those of
     everything outside the chain. DDP needs neither (pass the profile's values anyway).
+    ``param_dtype_ratio`` and ``reduce_dtype_ratio``: bytes of FSDP2's MixedPrecisionPolicy
+    param and reduce dtypes over the fp32 masters' (1: no policy).
     """
     if kind not in KINDS:
         raise UsageError(f"--parallel {kind!r} is not one of {', '.join(KINDS)}")
@@ -143,6 +148,9 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     # dtype (G, Q), shards, reduce-scatter buffers and sharded gradients in the master dtype (P, R)
     G = [int(b * param_dtype_ratio) for b in P]
     Q = int(R * param_dtype_ratio)
+    # the reduce-scatter inputs, in the reduce dtype
+    S = [int(b * reduce_dtype_ratio) for b in P]
+    T = int(R * reduce_dtype_ratio)
     full_params = sum(P) + R
     sharded_params = sum(_shard(b, W) for b in P) + _shard(R, W)
     # Optimizer state follows the local shard; rank 0 holds the largest (padded) one.
@@ -162,12 +170,12 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     opt_peak = persistent + sharded_grads + int(round(opt_tmp * ratio))
     n = chain.n_layers
     flat = 1 if W > 1 else 0  # the flat all-gather buffer (none on one rank: _unit_layer)
-    layers = [_unit_layer(ly, i, P, R, W, G, Q) for i, ly in enumerate(chain.layers)]
+    layers = [_unit_layer(ly, i, P, W, G, Q, S) for i, ly in enumerate(chain.layers)]
     pre = replace(chain.pre, retained_bytes=chain.pre.retained_bytes + Q,
                   fwd_tmp_bytes=chain.pre.fwd_tmp_bytes + flat * Q,
                   # the last reduce-scatter input (layer 0's) is held until the root's own
-                  # reduce-scatter, whose input R holds the root's gradients
-                  bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + P[0], chain.pre.grad_bytes + R),
+                  # reduce-scatter, whose input T holds the root's gradients
+                  bwd_tmp_bytes=max(chain.pre.bwd_tmp_bytes + S[0], chain.pre.grad_bytes + T),
                   grad_bytes=0)
     post = replace(chain.post, fwd_tmp_bytes=chain.post.fwd_tmp_bytes + flat * G[n - 1],
                    bwd_tmp_bytes=chain.post.bwd_tmp_bytes + flat * G[n - 1])
@@ -177,15 +185,16 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
                    opt_ms=chain.opt_ms / W)  # each rank steps its shard only
 
 
-def _unit_layer(ly, i: int, P: list[int], R: int, W: int, G: list[int], Q: int):
-    """Chain layer ``i`` as one FSDP2 unit on ``W`` ranks (``P``: every unit's unsharded
-    parameter bytes, ``R``: the root's; ``G``, ``Q``: the same in the all-gather's dtype)."""
+def _unit_layer(ly, i: int, P: list[int], W: int, G: list[int], Q: int, S: list[int]):
+    """Chain layer ``i`` as one FSDP2 unit on ``W`` ranks (``P``: every unit's unsharded fp32
+    parameter bytes; ``G``, ``Q``: the units' and the root's in the all-gather's dtype; ``S``:
+    the units' reduce-scatter inputs, in the reduce dtype)."""
     n = len(P)
     # On one rank FSDP2 copies the shard into the unsharded parameters without a collective:
     # no flat all-gather buffer, and a prefetch allocates nothing until the copy.
     flat = 1 if W > 1 else 0
     prefetch = flat * G[i - 1] if i > 0 else 0  # layer 0 needs none: the root stays unsharded
-    retained = P[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
+    retained = S[i + 1] if i < n - 1 else 0  # reduce-scatter input of the layer after
     gathered_before = flat * (G[i - 1] if i > 0 else Q)  # flat buffer before, at i's all-gather
     around = (G[i], flat, prefetch, retained, gathered_before)
     fwd, bwd = _with_buffers(ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.xbar_bytes, *around)
@@ -210,7 +219,7 @@ def _unit_layer(ly, i: int, P: list[int], R: int, W: int, G: list[int], Q: int):
                    nosave_peak_bytes=nosave, options=tuple(options),
                    held_bytes=G[i], held_fwd_tmp_bytes=ly.fwd_tmp_bytes,
                    held_bwd_tmp_bytes=ly.bwd_tmp_bytes + retained,
-                   gather_bytes=flat * G[i], retained_bytes=P[i])
+                   gather_bytes=flat * G[i], retained_bytes=S[i])
 
 
 def unit_param_bytes(profile: Profile) -> tuple[tuple[int, ...], int]:
@@ -234,6 +243,12 @@ def param_dtype_ratio(profile: Profile, kind: str) -> float:
     return 0.5
 
 
+def reduce_dtype_ratio(profile: Profile) -> float:
+    """Bytes of the policy's reduce dtype over the fp32 masters': 0.5 when it reduces in the
+    param dtype (``Profile.reduce_dtype`` bf16/fp16), else 1."""
+    return 0.5 if profile.param_dtype is not None and profile.reduce_dtype in ("bf16", "fp16") else 1.0
+
+
 def per_rank_chain_from_profile(profile: Profile, world_size: int, kind: str) -> Chain:
     """``per_rank_chain`` of the profile's single-process chain, parameter sizes from its rows."""
     if profile.accum != 1:
@@ -243,7 +258,7 @@ def per_rank_chain_from_profile(profile: Profile, world_size: int, kind: str) ->
     layers, root = unit_param_bytes(profile)  # in the profile's dtype: the masters' are 1 / ratio as large
     return per_rank_chain(chain_from_profile(profile), world_size=world_size, kind=kind,
                           layer_param_bytes=[round(b / ratio) for b in layers], root_param_bytes=round(root / ratio),
-                          param_dtype_ratio=ratio)
+                          param_dtype_ratio=ratio, reduce_dtype_ratio=reduce_dtype_ratio(profile))
 
 
 @dataclass(frozen=True)
@@ -312,7 +327,8 @@ def comm_ms(profile: Profile, world_size: int, kind: str, device: DeviceModel | 
     if (device.network_bw if nodes > 1 else device.link_bw) <= 0:
         return None
     params = profile.totals.param_bytes  # all-gathered in the profile's dtype
-    grads = round(profile.totals.grad_bytes / param_dtype_ratio(profile, kind))  # reduced in fp32
+    # reduced in the reduce dtype: fp32, or the policy's param dtype
+    grads = round(profile.totals.grad_bytes / param_dtype_ratio(profile, kind) * reduce_dtype_ratio(profile))
     if kind == "ddp":
         return allreduce_ms(device, grads, world_size, nodes=nodes)
     return (2 * gather_ms(device, params, world_size, nodes=nodes)

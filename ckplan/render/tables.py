@@ -89,7 +89,10 @@ def print_table(console: Console, cols: list[Col], rows: list[list[str]], wide: 
 def precision(prof) -> str:
     """A profile's precision for a header: autocast's, or FSDP2's policy parameter dtype."""
     dtype = getattr(prof, "param_dtype", None)
-    return f"{dtype} params (FSDP2 policy)" if dtype else prof.precision
+    if not dtype:
+        return prof.precision
+    reduce = getattr(prof, "reduce_dtype", None)
+    return f"{dtype} params, {reduce} reduce (FSDP2 policy)" if reduce == dtype else f"{dtype} params (FSDP2 policy)"
 
 
 def pct(x):

@@ -37,7 +37,8 @@ def plan_doc(rep) -> dict[str, Any]:
     return envelope("plan", {
         "model": prof.model, "device": prof.device, "chain": prof.chain,
         "n_layers": len(prof.chain_layers), "batch_size": prof.batch_size,
-        "precision": prof.precision, "param_dtype": prof.param_dtype, "optimizer": prof.optimizer,
+        "precision": prof.precision, "param_dtype": prof.param_dtype,
+        "reduce_dtype": prof.reduce_dtype, "optimizer": prof.optimizer,
         "accum": prof.accum, "strategy": c.strategy, "budget_bytes": rep.budget_bytes,
         "budget_source": rep.budget_source,
         "fits": c.fits, "predicted_peak_bytes": c.score.peak_bytes,

@@ -150,6 +150,10 @@ class ParallelSpec(_Strict):
     # FSDP2's MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32): all-gathers and compute
     # in this dtype, fp32 shards, optimizer state and gradient reduction (torchtitan's default)
     param_dtype: Optional[Literal["bf16", "fp16"]] = None
+    # The policy's reduce_dtype: fp32 (the default here, torchtitan's), or the param dtype (what
+    # MixedPrecisionPolicy(param_dtype=torch.bfloat16) with no reduce_dtype does): the
+    # reduce-scatter's buffers in it, the sharded gradients fp32 all the same
+    reduce_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = None
 
 
 class Spec(_Strict):
@@ -172,6 +176,13 @@ class Spec(_Strict):
             raise ValueError(f"parallel.param_dtype {dtype} (FSDP2 computes in {dtype}) and train.precision "
                              f"{self.train.precision} (autocast) are two kinds of mixed precision: keep one, "
                              "train.precision: fp32 with param_dtype")
+        reduce = self.parallel.reduce_dtype
+        if reduce is not None and dtype is None:
+            raise ValueError(f"parallel.reduce_dtype {reduce} is part of FSDP2's MixedPrecisionPolicy: set "
+                             "param_dtype (bf16 or fp16) too, or drop reduce_dtype")
+        if reduce is not None and reduce not in ("fp32", dtype):
+            raise ValueError(f"parallel.reduce_dtype {reduce} with param_dtype {dtype}: ckplan plans a reduce in "
+                             f"fp32 or in the param dtype ({dtype}); set reduce_dtype: fp32 or {dtype}")
         return self
 
     def with_overrides(self, *, batch_size: int | None = None, seq_len: int | None = None,
