@@ -197,20 +197,7 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
     inputs = batch_bytes(args, kwargs)
     notes = list(m.notes)
     if dev.type == "meta":
-        rnns = sorted({type(mod).__name__ for mod in model.modules() if isinstance(mod, torch.nn.RNNBase)})
-        notes.append(meta_time_note(device_model) if not rnns else meta_time_note(device_model).replace(
-            "sizes and FLOPs are exact", f"sizes and FLOPs are exact but for the {', '.join(rnns)} layers"))
-        if rnns:
-            notes.append(f"meta device: {', '.join(rnns)} sizes are a lower bound: the device's fused kernel "
-                         "(oneDNN's LSTM on a CPU, cuDNN's recurrent kernels on CUDA) keeps a workspace for its "
-                         "backward that fake tensors cannot size (an LSTM on a CPU saves about twice the meta "
-                         "bytes); profile this model on the device")
-        if precision != "fp32":
-            notes.append(f"meta device: autocast ({precision}) replayed as {kind}'s autocast casts (torch's own "
-                         "rules, asked once per function on fake tensors; ckplan.meta_autocast)")
-        if kind == "cuda":
-            notes.append(meta_cuda_note(any("memory-efficient" in n for n in m.notes), runtime,
-                                        device_model.name if device_model is not None else "cuda"))
+        notes += _meta_notes(model, m.notes, device_model, kind, precision, runtime)
     totals = Totals(
         param_bytes=param_bytes, buffer_bytes=buffer_bytes,
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
@@ -235,6 +222,26 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         reduce_dtype=(reduce_dtype or "fp32") if param_dtype else None,
     )
     return replace(prof, totals=replace(totals, predicted_peak_bytes=predicted_peak_none(prof)))
+
+
+def _meta_notes(model, measured_notes, device_model: DeviceModel | None, kind: str, precision: str,
+                runtime: int) -> list[str]:
+    """What a meta profile says of its times, of the sizes fake tensors cannot know, and of autocast."""
+    rnns = sorted({type(mod).__name__ for mod in model.modules() if isinstance(mod, torch.nn.RNNBase)})
+    notes = [meta_time_note(device_model) if not rnns else meta_time_note(device_model).replace(
+        "sizes and FLOPs are exact", f"sizes and FLOPs are exact but for the {', '.join(rnns)} layers")]
+    if rnns:
+        notes.append(f"meta device: {', '.join(rnns)} sizes are a lower bound: the device's fused kernel "
+                     "(oneDNN's LSTM on a CPU, cuDNN's recurrent kernels on CUDA) keeps a workspace for its "
+                     "backward that fake tensors cannot size (an LSTM on a CPU saves about twice the meta "
+                     "bytes); profile this model on the device")
+    if precision != "fp32":
+        notes.append(f"meta device: autocast ({precision}) replayed as {kind}'s autocast casts (torch's own "
+                     "rules, asked once per function on fake tensors; ckplan.meta_autocast)")
+    if kind == "cuda":
+        notes.append(meta_cuda_note(any("memory-efficient" in n for n in measured_notes), runtime,
+                                    device_model.name if device_model is not None else "cuda"))
+    return notes
 
 
 def _host_link(dev: torch.device, device_model: DeviceModel | None) -> tuple[float, float]:
