@@ -152,7 +152,7 @@ class SdpaOnMeta(TorchFunctionMode):
 
     def __enter__(self):
         # A stack: the profiler enters the same mode again around a recompute in the backward.
-        self._undo.append(_unpacked_on_meta())
+        self._undo.append(_unpacked_on_meta(self.target))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -199,7 +199,7 @@ class SdpaOnMeta(TorchFunctionMode):
                 "(meta_target= in the API) to change")
 
 
-def _unpacked_on_meta():
+def _unpacked_on_meta(target: str = "cuda"):
     """Hugging Face's masks (transformers 4.5x and 5) read three values that meta tensors do not have:
     whether the position ids pack several sequences into one row (``find_packed_sequence_indices``),
     whether the padding mask is all ones (``fast_all``, which decides whether SDPA can run with
@@ -207,7 +207,8 @@ def _unpacked_on_meta():
     token (a warning only); transformers 4's older masks ask the second too
     (``_older_masks_on_meta``). ckplan's batches hold one unpadded sequence per row (position ids
     0..T-1, no padding, no attention mask), so on meta the answers are what a real device gives
-    for them: not packed, all ones, no warning. Returns the undo."""
+    for them: not packed, all ones, no warning. Mixture-of-experts matmuls run as on ``target``
+    (:func:`_experts_matmul_as_on`). Returns the undo."""
     undo = []
 
     def patch(owner, name, make):
@@ -234,6 +235,7 @@ def _unpacked_on_meta():
 
     undo.extend(_older_masks_on_meta())
     undo.append(_grouped_mm_on_meta())
+    undo.append(_experts_matmul_as_on(target))
     undo.append(meta_autocast.on_meta_device())
 
     def undo_all() -> None:
@@ -292,6 +294,30 @@ def _packed(orig, ids, *args, **kwargs):
         return orig(ids, *args, **kwargs)
     stand_in = torch.arange(ids.shape[-1], dtype=ids.dtype).expand(ids.shape)
     return None if orig(stand_in, *args, **kwargs) is None else orig(ids, *args, **kwargs)
+
+
+def _experts_matmul_as_on(target: str):
+    """transformers 5 picks its experts' matmul by the weights' device
+    (``integrations.moe._can_use_grouped_mm``): ``torch._grouped_mm``, or, on a CPU with torch
+    <= 2.8 (no CPU kernel there), a loop of ``mm`` in a custom op that keeps its tensors for
+    backward otherwise. On meta the weights' device is meta, so for a CPU target the question is
+    asked of CPU stand-ins (one element each, expanded to the tensors' shapes and dtypes); a CUDA
+    target keeps transformers' answer for meta (``_grouped_mm``, as on an H100). Returns the undo."""
+    moe = sys.modules.get("transformers.integrations.moe")
+    can = getattr(moe, "_can_use_grouped_mm", None)
+    if target != "cpu" or can is None:
+        return lambda: None
+
+    def stand_in(t):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            return torch.empty(1, dtype=t.dtype).expand(t.shape)
+        return t
+
+    def as_on_cpu(*args, **kwargs):
+        return can(*(stand_in(a) for a in args), **{k: stand_in(v) for k, v in kwargs.items()})
+
+    moe._can_use_grouped_mm = as_on_cpu
+    return lambda: setattr(moe, "_can_use_grouped_mm", can)
 
 
 def _grouped_mm_on_meta():

@@ -1,6 +1,7 @@
 """The kernels a meta profile replays for its target (ckplan.sdpa): dropout as CUDA fuses it."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -54,3 +55,25 @@ def test_dropout_off_or_in_place_as_cuda_runs_it():
         y = F.dropout(x, 0.1, inplace=True)
         assert y is x
         assert F.dropout(x, 0.0).shape == x.shape
+
+
+def test_experts_matmul_is_chosen_as_on_the_target(monkeypatch):
+    """transformers 5 picks its experts' matmul by the weights' device (a loop of mm on a CPU with
+    torch <= 2.8, torch._grouped_mm elsewhere): on meta a CPU target is asked with CPU tensors of
+    the same shapes and dtypes, a CUDA target as transformers asks of meta; restored on exit."""
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(moe, "_can_use_grouped_mm"):
+        pytest.skip("this transformers picks no experts' matmul")
+    asked = []
+    monkeypatch.setattr(moe, "_can_use_grouped_mm", lambda *ts: asked.append(
+        [(t.device.type, t.dtype, tuple(t.shape)) for t in ts]) or True)
+    mine = moe._can_use_grouped_mm
+    x, w = torch.empty(6, 4, device="meta"), torch.empty(3, 4, 5, device="meta", dtype=torch.bfloat16)
+    offs = torch.empty(3, device="meta", dtype=torch.int32)
+    for target, device in (("cpu", "cpu"), ("cuda", "meta")):
+        asked.clear()
+        with SdpaOnMeta(target):
+            assert moe._can_use_grouped_mm(x, w, offs) is True
+        assert asked == [[(device, torch.float32, (6, 4)), (device, torch.bfloat16, (3, 4, 5)),
+                          (device, torch.int32, (3,))]], target
+        assert moe._can_use_grouped_mm is mine
