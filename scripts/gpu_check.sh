@@ -167,16 +167,20 @@ run_sac-probe() {
 }
 
 # one NCCL rank under FSDP2 (the GPU has no peer here): the small GPT of configs/gpt-small-dist.yaml
-# in fp32, with bf16 autocast, and under FSDP2's MixedPrecisionPolicy (param_dtype bf16), per-rank
-# peaks from torch.cuda.max_memory_allocated against the per-rank model
+# in fp32, with bf16 autocast, and under FSDP2's MixedPrecisionPolicy (param_dtype bf16, reducing in
+# fp32 and in bf16), per-rank peaks from torch.cuda.max_memory_allocated against the per-rank model
 run_rank() {
   { cat configs/gpt-small-dist.yaml; echo "parallel: {kind: fsdp, param_dtype: bf16}"; } \
     > "$OUTDIR/gpt-small-dist-policy.yaml"
-  stage rank 240 bash -c "$CK bench configs/gpt-small-dist.yaml --device cuda --nproc 1 --compare none,every-k,dp \
+  { cat configs/gpt-small-dist.yaml; echo "parallel: {kind: fsdp, param_dtype: bf16, reduce_dtype: bf16}"; } \
+    > "$OUTDIR/gpt-small-dist-policy-bf16-reduce.yaml"
+  stage rank 300 bash -c "$CK bench configs/gpt-small-dist.yaml --device cuda --nproc 1 --compare none,every-k,dp \
       --steps 5 --out-dir $REP/rank --wide --debug; \
     $CK bench configs/gpt-small-dist.yaml --device cuda --nproc 1 --precision bf16 --compare none,every-k,dp \
       --steps 5 --out-dir $REP/rank-bf16 --wide --debug; \
     $CK bench $OUTDIR/gpt-small-dist-policy.yaml --device cuda --nproc 1 --compare none,every-k,dp \
+      --steps 5 --out-dir $REP/rank --wide --debug; \
+    $CK bench $OUTDIR/gpt-small-dist-policy-bf16-reduce.yaml --device cuda --nproc 1 --compare none,every-k,dp \
       --steps 5 --out-dir $REP/rank --wide --debug"
 }
 

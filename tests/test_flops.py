@@ -177,3 +177,28 @@ def test_a_composite_op_that_reaches_the_counter_is_still_decomposed():
         with c, torch._C._AutoDispatchBelowAutograd():
             torch.ops.aten.matmul.default(a, b)
         assert c.get_total_flops() == 2 * 4 * 5 * 3, cls
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_experts_are_counted_whichever_way_transformers_runs_them(device):
+    """A Hugging Face Mixtral's experts run as torch._grouped_mm or, where that has no kernel (a
+    CPU with torch <= 2.8), as a loop of mm inside a custom op the counter sees whole: either way
+    each layer's forward FLOPs are those of its shapes (2 T x the weights a token meets, two of
+    four experts, plus SDPA's 4 b s^2 h), on the CPU and on meta."""
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers 4's experts pick their tokens with nonzero(): no value on meta")
+    cfg = transformers.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = transformers.MixtralForCausalLM(cfg)
+    ids = torch.randint(0, 128, (2, 32), device=device)
+    prof = api.profile_model(model, (), {"input_ids": ids, "labels": ids}, name="moe", chain="model.layers",
+                             device=device, repeats=1, warmup=0, loss_fn=lambda out: out.loss,
+                             meta_target="cpu" if device == "meta" else None)
+    b, s, h, kv, ffn = 2, 32, 64, 32, 96
+    per_token = 2 * h * h + 2 * h * kv + 4 * h + 2 * 3 * h * ffn  # q, o; k, v; router; 2 experts
+    for layer in prof.chain_layers:
+        assert layer.fwd_flops == 2 * b * s * per_token + 4 * b * s * s * h, layer.name

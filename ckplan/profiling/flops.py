@@ -15,6 +15,7 @@ arithmetic); the backward recomputes ``Q K^T`` and does four more: ``2 b h s_q s
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,6 +129,7 @@ class FlopCounter(FlopCounterMode):
     not count to what counted it instead ("ckplan's formula" or "not counted")."""
 
     def __init__(self) -> None:
+        _register_experts_loop_flops()  # before the counter copies the registry
         super().__init__(display=False)
         if hasattr(self, "mod_tracker"):
             self.mod_tracker = _GlobalOnly()
@@ -201,6 +203,30 @@ def _register_grouped_mm_flops() -> None:
         m, k, n = mat_a.shape[-2], mat_a.shape[-1], mat_b.shape[-1]
         groups = mat_a.shape[0] if mat_a.dim() == 3 and mat_b.dim() == 3 else 1
         return 2 * groups * m * k * n
+
+
+def _register_experts_loop_flops() -> None:
+    """transformers 5's experts fall back to a loop of ``mm`` inside a custom op where
+    ``torch._grouped_mm`` cannot run (a CPU with torch <= 2.8): the counter sees the op, not its
+    matmuls. Count them as ``_grouped_mm``'s: 2 S K N forward, twice that backward (the input's and
+    the weights' gradients). Registered once that module is loaded."""
+    if "transformers.integrations.moe" not in sys.modules or not hasattr(fc, "register_flop_formula"):
+        return
+    try:
+        fwd = torch.ops.transformers.grouped_mm_fallback
+        bwd = torch.ops.transformers.grouped_mm_fallback_backward
+    except (AttributeError, RuntimeError):  # a transformers without the loop
+        return
+    if fwd in fc.flop_registry:
+        return
+
+    @fc.register_flop_formula(fwd, get_raw=True)
+    def _fwd(inp, weight, *args, out_val=None, **kwargs) -> int:
+        return 2 * inp.shape[0] * inp.shape[1] * weight.shape[-1]
+
+    @fc.register_flop_formula(bwd, get_raw=True)
+    def _bwd(inp, weight, *args, out_val=None, **kwargs) -> int:
+        return 4 * inp.shape[0] * inp.shape[1] * weight.shape[-1]
 
 
 _register_cpu_flash_flops()
