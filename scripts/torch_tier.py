@@ -41,10 +41,11 @@ TESTS: dict[str, tuple[str, list[str]]] = {
                       "tests/test_torch_compat.py"]),
     "peaks": ("predicted peak equal to the measured one (a small GPT, every strategy)", [
         "tests/test_bench.py::test_measured_peak_matches_prediction[gpt]"]),
-    "flops": ("FLOPs counted, grouped-query attention included (a Hugging Face Llama with GQA)", [
+    "flops": ("FLOPs counted, grouped-query attention included (a Hugging Face Llama with GQA), and a "
+              "Mixtral's experts however this torch runs them, on cpu and meta", [
         "tests/test_flops.py"]),
     "meta": ("profile on meta equal to the CPU profile (attention kernels, GQA), the same with and "
-             "without the meta kernel cache; a mixture of experts (torch._grouped_mm) on meta", [
+             "without the meta kernel cache; Mixtral-8x7B on meta (its experts run as on the CPU)", [
         "tests/test_profile.py::test_meta_follows_the_cpu_attention_kernel",
         "tests/test_meta_kernels.py",
         "tests/test_configs.py::test_mixtral_8x7b_plans_on_meta"]),
