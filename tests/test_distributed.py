@@ -272,11 +272,11 @@ def _run(spec, prof, kind: str, strategies: list[str], k: int, budget: int):
     for r in res.rows:
         late = r.status == OVER_BUDGET and r.measured_peak_bytes <= (1 + timing) * budget + unit
         assert r.status == OK or late, (r.strategy, r.status, r.message)
-        if reshards:
-            assert r.measured_peak_bytes <= (1 + PEAK_TOL) * r.predicted_peak_bytes, (r.strategy, r.plan)
+        hi = (1 + max(PEAK_TOL, timing)) * r.predicted_peak_bytes + unit
+        if reshards:  # below by any amount; above only as the gloo timing allows everywhere
+            assert r.measured_peak_bytes <= hi, (r.strategy, r.plan, r.predicted_peak_bytes, r.measured_peak_bytes)
             continue
         lo = (1 - PEAK_TOL) * r.predicted_peak_bytes
-        hi = (1 + max(PEAK_TOL, timing)) * r.predicted_peak_bytes + unit
         assert lo <= r.measured_peak_bytes <= hi, (kind, r.strategy, r.plan, r.predicted_peak_bytes,
                                                    r.measured_peak_bytes)
         if r.strategy == "dp":
