@@ -131,8 +131,10 @@ def _rank_main(job: Job) -> None:
     watchdog = threading.Timer(job.timeout_s, _time_out, args=(job, rank))
     watchdog.daemon = True
     watchdog.start()
+    ok = False
     try:
         _rank_run(job, rank)
+        ok = True
     except BaseException as err:
         text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
         Path(job.out_dir, f"error{rank}.txt").write_text(text + "\n\n" + traceback.format_exc()[-4000:])
@@ -140,7 +142,27 @@ def _rank_main(job: Job) -> None:
     finally:
         watchdog.cancel()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _tear_down(ok)
+
+
+# Seconds a rank may spend destroying its process group once its results are written.
+TEARDOWN_S = 10.0
+
+
+def _tear_down(ok: bool) -> None:
+    """Destroy the process group: after a barrier when the run went well (every rank's
+    collectives done), and never for more than ``TEARDOWN_S``: gloo's destructor joins worker
+    threads that can wait on a peer that has gone (pytorch/pytorch#75097; one run in two of a
+    DDP bench on torch 2.6), and this rank's results are on disk by then, so the process ends."""
+    stuck = threading.Timer(TEARDOWN_S, os._exit, args=(0 if ok else 1,))
+    stuck.daemon = True
+    stuck.start()
+    try:
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        stuck.cancel()
 
 
 def _time_out(job: Job, rank: int) -> None:
