@@ -57,7 +57,8 @@ def dist_bench_table(res, *, wide: bool = False, console: Console | None = None)
     """``bench --nproc N``: predicted and measured peak per strategy and rank."""
     out = console or consoles.stdout
     budget = format_bytes(res.budget_bytes) if res.budget_bytes else "none"
-    out.print(escape(f"ckplan bench: {res.model} | {res.kind} on {res.world_size} ranks ({res.backend}, "
+    ranks = f"{res.world_size} rank{'s' if res.world_size != 1 else ''}"
+    out.print(escape(f"ckplan bench: {res.model} | {res.kind} on {ranks} ({res.backend}, "
                      f"{res.device}) | batch {res.batch_size} per rank | {res.optimizer} | budget {budget} per "
                      f"rank | one process without checkpointing: {format_bytes(res.single_process_peak_bytes)}"),
               soft_wrap=True)
