@@ -64,6 +64,9 @@ def profile(
     options: bool = OPTIONS_OPT,
     compile: bool = COMPILE_OPT,
     target: Optional[str] = TARGET_OPT,
+    out_dir: Path = typer.Option(commands.SAVED, "--out-dir", help="Where the profile is saved as "
+                                 "profile-NAME-DEVICE.json, which `ckplan plan` and `ckplan bench` read when "
+                                 "given no SPEC."),
     force: bool = FORCE_OPT,
     wide: bool = WIDE_OPT,
     debug: bool = DEBUG_OPT,
@@ -72,15 +75,21 @@ def profile(
     """Per-layer parameter, output and saved-for-backward bytes, times, FLOPs and the predicted peak."""
     if output is not None:
         api.check_output_file(output, inputs={"SPEC": spec})
-    s = api.load(spec, **given(overrides))
-    with working(f"profiling {s.name}") as (progress, note):
-        prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
-                           options=options, compile=compile, meta_target=target)
+    with new_folder_removed_on_error(out_dir):
+        report.check_output_dir(out_dir)  # before the run: a finished profile is never lost
+        s = api.load(spec, **given(overrides))
+        with working(f"profiling {s.name}") as (progress, note):
+            prof = api.profile(s, device=device, repeats=repeats, force=force, progress=progress, note=note,
+                               options=options, compile=compile, meta_target=target)
     doc = report.profile_doc(prof)
+    emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof, wide=wide))
     if output is not None:
         write_out(output, doc, report.profile_frame(prof))
         render.info(f"wrote {output}")
-    emit(fmt, doc, report.profile_frame(prof), lambda: render.profile_table(prof, wide=wide))
+    saved = report.profile_path(out_dir, prof)
+    if output is None or not saved.exists() or not saved.samefile(output):
+        render.info(f"wrote {report.write_profile(out_dir, prof)} (`ckplan plan` and `ckplan bench` with no "
+                    "SPEC read it)")
 
 
 @app.command()
@@ -131,6 +140,11 @@ def plan(
     **overrides,
 ):
     """Pick checkpoint boundaries under a memory budget (optimal dp, or a baseline), or sweep budgets."""
+    if spec is None and profile_file is None:
+        changed = [f"--{k.replace('_', '-')} {v}" for k, v in given(overrides).items()] + \
+                  [f"{f} {getattr(v, 'value', v)}" for f, v in (("--device", device), ("--target", target)) if v]
+        profile_file, line = commands.plan_without_spec(changed)
+        render.info(line)
     common = dict(profile_path=profile_file, device=device, overrides=given(overrides), force=force,
                   meta_target=target)
     if sweep:
@@ -222,7 +236,10 @@ def calibrate(
 @guarded
 @with_overrides
 def bench(
-    spec: Path = SPEC_ARG,
+    spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); without it, the spec "
+                                          "of the newest profile that `ckplan profile` saved under reports/. "
+                                          "A spec is code: `target:` imports and calls any callable; run only "
+                                          "specs you trust."),
     compare: str = typer.Option("none,sqrtn,every-k,chen,dp", "--compare", "-c",
                                 help="Comma-separated strategies to run, and peers: hf (per-layer, as "
                                 "gradient_checkpointing_enable), sac-policy (PyTorch SAC), offload-all (saved "
@@ -258,7 +275,10 @@ def bench(
         render.info(f"note: --compare lists {', '.join(twice)} more than once; each strategy runs once")
     with new_folder_removed_on_error(out_dir):
         report.check_output_dir(out_dir)  # before the run: a finished run's results are never lost
-        s = api.load(spec, **given(overrides))
+        if spec is None:
+            saved, line = commands.bench_without_spec()
+            render.info(line)
+        s = api.load(saved if spec is None else spec, **given(overrides))
         nproc, kind = commands.bench_ranks(s, nproc, parallel, plan_file)
         if nproc is not None:
             return _bench_distributed(s, nproc, kind, strategies, budget, k, steps, warmup, device, memory_limit,

@@ -1,20 +1,74 @@
 """The library behind ``ckplan plan`` and ``ckplan bench``: each of their modes as one function
 (a sweep, a per-rank table over several world sizes, one plan; the one-process and the
-distributed bench), with the option combinations a mode would ignore refused before anything
-runs, and the exit each result calls for (:class:`ckplan.errors.InfeasibleBudgetError`,
-:class:`ckplan.errors.WrongResultError`). Nothing here prints; ``ckplan.cli`` renders.
+distributed bench), the saved profile they read when given no SPEC, with the option
+combinations a mode would ignore refused before anything runs, and the exit each result calls
+for (:class:`ckplan.errors.InfeasibleBudgetError`, :class:`ckplan.errors.WrongResultError`).
+Nothing here prints; ``ckplan.cli`` renders.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from . import api, report
 from .bench_records import OVER_BUDGET
 from .errors import InfeasibleBudgetError, UsageError, WrongResultError
 from .options import PEERS, Strategy, StrategyOrAll
+from .spec import Spec, validate
 from .units import format_bytes
 
 STRATEGY_NAMES = Strategy.names()
+SAVED = Path("reports")  # where ``ckplan profile`` saves its profile (its --out-dir's default)
+
+
+# ---- no SPEC: the newest saved profile ---------------------------------------------------------
+
+def newest_profile(folder: Path = SAVED) -> Path | None:
+    """The newest ``profile-*.json`` that ``ckplan profile`` saved in ``folder``; None when none."""
+    try:
+        found = [(p.stat().st_mtime, str(p), p) for p in Path(folder).glob(report.PROFILE_GLOB) if p.is_file()]
+    except OSError:
+        return None
+    return max(found)[2] if found else None
+
+
+def saved_profile(command: str, folder: Path = SAVED) -> tuple[Path, str]:
+    """The profile ``command`` uses when given no SPEC, and the line that says so (stderr)."""
+    path = newest_profile(folder)
+    if path is None:
+        raise UsageError(f"{command} was given no SPEC, and {folder}/ holds no profile-*.json from `ckplan profile`",
+                         tip=f"give a spec: ckplan {command} configs/gpt2-small.yaml; or run `ckplan profile "
+                             f"SPEC` first (it saves {folder}/profile-NAME-DEVICE.json), then `ckplan {command}`")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    return path, f"the newest profile under {folder}/ (saved {when} by `ckplan profile`)"
+
+
+def plan_without_spec(changed: list[str], folder: Path = SAVED) -> tuple[Path, str]:
+    """``ckplan plan`` with no SPEC and no --profile: the newest saved profile, which fixes the
+    model, batch and device, so ``changed`` (the options that would change them) are refused."""
+    path, what = saved_profile("plan", folder)
+    if changed:
+        flags = " ".join(changed)
+        raise UsageError(f"{flags}: plan was given no SPEC, so it plans from {path}, {what}, whose model, batch "
+                         "and device are fixed; profiling them again needs the spec",
+                         tip=f"give the spec: ckplan plan SPEC {flags} --budget ...")
+    return path, f"no SPEC: planning from {path}, {what}; give SPEC or --profile FILE for another"
+
+
+def bench_without_spec(folder: Path = SAVED) -> tuple[Spec, str]:
+    """``ckplan bench`` with no SPEC: the spec of the newest saved profile, and the line saying so."""
+    path, what = saved_profile("bench", folder)
+    spec = spec_of_saved_profile(path)
+    return spec, f"no SPEC: benchmarking {spec.name}, the spec in {path}, {what}; give SPEC for another"
+
+
+def spec_of_saved_profile(path: Path) -> Spec:
+    """The spec a saved profile was made from (its overrides applied), to run it again."""
+    prof = api.load_profile(path)
+    if not prof.spec:
+        raise UsageError(f"{path} holds no spec (a profile of a model given in Python, not a spec file)",
+                         tip="give the spec: ckplan bench SPEC")
+    return validate(prof.spec, source=str(path))
 
 
 # ---- plan --------------------------------------------------------------------------------------

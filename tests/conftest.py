@@ -16,8 +16,11 @@ CONFIGS = ROOT / "configs"
 
 
 @pytest.fixture(autouse=True)
-def _no_planner_prints(monkeypatch):
+def _each_test_alone(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("COLUMNS", "200")
+    # Each test runs in its own empty folder: what a command saves under reports/ by default
+    # (`ckplan profile`'s profile, bench's files) stays out of the checkout and out of other tests.
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 def _write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:

@@ -57,6 +57,56 @@ def test_profile_saved_json_feeds_plan(tiny_gpt_spec, tmp_path):
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["n_layers"] == 3
 
 
+def test_profile_saves_what_plan_and_bench_use_without_a_spec(tiny_gpt_spec, tmp_path):
+    """The design card's flow: `ckplan profile SPEC`, then `ckplan plan --budget ...` and `ckplan
+    bench --compare ...` with no SPEC. Oracles: the saved file is the document `-f json` printed; plan
+    from it equals plan --profile of it; bench runs the spec it was made from, overrides included."""
+    spec = tiny_gpt_spec(tmp_path)
+    r = run("profile", spec, "--device", "cpu", "--repeats", "1", "--batch-size", "3", "-f", "json")
+    assert r.exit_code == 0, r.output
+    saved = Path("reports/profile-tiny-gpt-cpu.json")
+    assert json.loads(saved.read_text()) == json.loads(r.stdout)
+    got = run("plan", "-f", "json")
+    assert got.exit_code == 0, got.output
+    assert f"planning from {saved}" in got.stderr
+    want = run("plan", "--profile", saved, "-f", "json")
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    assert json.loads(got.stdout)["batch_size"] == 3
+    b = run("bench", "--compare", "none,every-k", "--steps", "1", "--warmup", "0", "-f", "json")
+    assert b.exit_code == 0, b.output
+    doc = json.loads(b.stdout)
+    assert doc["model"] == "tiny-gpt" and doc["batch_size"] == 3
+    assert [row["status"] for row in doc["rows"]] == ["ok", "ok"]
+    assert Path("reports/bench-tiny-gpt-cpu.json").is_file()
+
+
+def test_plan_without_a_spec_reads_the_newest_profile(tiny_gpt_spec, tmp_path):
+    older, newer = tiny_gpt_spec(tmp_path, n_layer=3), tmp_path / "four.yaml"
+    newer.write_text(older.read_text().replace("n_layer': 3", "n_layer': 4"))
+    for s in (older, newer):
+        assert run("profile", s, "--device", "meta", "--no-options").exit_code == 0
+    files = sorted(Path("reports").glob("profile-*.json"))
+    assert [f.name for f in files] == ["profile-four-meta.json", "profile-tiny-gpt-meta.json"]
+    os.utime(files[1], (1, 1))  # tiny-gpt's is now the older one
+    r = run("plan", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_layers"] == 4 and "profile-four-meta.json" in r.stderr
+
+
+def test_plan_and_bench_without_spec_or_profile_exit_2(tmp_path):
+    for command in ("plan", "bench"):
+        r = run(command, "--budget", "1GB")
+        assert r.exit_code == 2 and f"{command} was given no SPEC" in r.output and "ckplan profile" in r.output
+    assert not Path("reports").exists()  # bench's --out-dir, made before the check, is gone again
+
+
+def test_plan_without_a_spec_refuses_what_would_profile_again(tiny_gpt_spec, tmp_path):
+    assert run("profile", tiny_gpt_spec(tmp_path), "--device", "meta", "--no-options").exit_code == 0
+    r = run("plan", "--budget", "90%", "--batch-size", "4", "--device", "cpu")
+    assert r.exit_code == 2 and "--batch-size 4 --device cpu: plan was given no SPEC" in r.output
+    assert "ckplan plan SPEC --batch-size 4 --device cpu" in r.output
+
+
 def test_csv_output(tiny_gpt_spec, tmp_path):
     r = run("profile", tiny_gpt_spec(tmp_path), "--device", "meta", "--format", "csv")
     assert r.exit_code == 0

@@ -21,6 +21,13 @@ def _slug(text: str) -> str:
     return f"{slug[:SLUG_MAX - 9].rstrip('-.')}-{digest}"
 
 
+PROFILE_GLOB = "profile-*.json"  # the profiles ``ckplan profile`` saves under its --out-dir
+
+
+def profile_basename(model: str, device: str) -> str:
+    return f"profile-{_slug(model)}-{_slug(device)}"
+
+
 def sweep_basename(model: str) -> str:
     return f"sweep-{_slug(model)}"
 

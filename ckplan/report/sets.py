@@ -3,11 +3,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .documents import bench_doc, dist_bench_doc, to_json
+from .documents import bench_doc, dist_bench_doc, profile_doc, to_json
 from .files import write_files
 from .frames import bench_frame, sweep_frame
-from .names import bench_basename, frontier_basename, sweep_basename
+from .names import bench_basename, frontier_basename, profile_basename, sweep_basename
 from .plots import plot_bench, plot_frontier, plot_sweep
+
+
+def profile_device_tag(prof) -> str:
+    """The device part of a saved profile's name: cpu, cuda or meta (``-compiled`` when it was)."""
+    return f"{prof.device}-compiled" if prof.compiled else prof.device
+
+
+def profile_path(out_dir: str | Path, prof) -> Path:
+    return Path(out_dir) / f"{profile_basename(prof.model, profile_device_tag(prof))}.json"
+
+
+def write_profile(out_dir: str | Path, prof) -> Path:
+    """profile-<model>-<device>.json: the document ``ckplan profile -f json`` prints, which ``ckplan
+    plan`` (and ``ckplan bench``) read when they are given no SPEC."""
+    text = to_json(profile_doc(prof))
+    return write_files([(profile_path(out_dir, prof), lambda p: p.write_text(text))], "--out-dir")[0]
 
 
 def write_sweep(out_dir: str | Path, model: str, points) -> list[Path]:
