@@ -37,7 +37,9 @@ target then allows these sets of checkpointed layers:
   ``GradientCheckpointingLayer``s (no vision tower or encoder before them); the per-layer form
   always is. Models whose layers do not subclass ``GradientCheckpointingLayer`` (some older
   architectures still checkpoint from the model's loop) only have every layer or none; the
-  snippet checks and points to ``--export fsdp`` then.
+  snippet checks and points to ``--export fsdp`` then. transformers 4.5x has the same per-layer
+  flag under ``gradient_checkpointing_enable(gradient_checkpointing_kwargs)`` and no
+  ``every_n_layers``: the per-layer form calls whichever name the model has.
 * ``torchtitan`` -- torchtitan <= 0.2.2 (TOML job config): ``[activation_checkpoint] mode =
   "none" | "full" | "selective"`` with ``selective_ac_option = "N"`` wrapping the blocks of
   ``model.layers`` whose 1-based count is a multiple of N, i.e. layers N-1, 2N-1, ... (0-based;

@@ -122,11 +122,14 @@ def _export_hf(plan: Plan, ctx: Ctx) -> Export:
         if n == 1:
             lines += ["# transformers 4.x: model.gradient_checkpointing_enable("
                       f"gradient_checkpointing_kwargs={kw})"]
+        else:
+            lines += ["# transformers 4.x has no every_n_layers: the snippet of `ckplan plan --export fsdp` "
+                      "checkpoints these layers"]
     else:
         lines += [
-            "# transformers >= 5: each GradientCheckpointingLayer reads its own `gradient_checkpointing` flag.",
+            "# Each GradientCheckpointingLayer reads its own `gradient_checkpointing` flag (transformers 4.5x and 5).",
             "# With Trainer: call this before Trainer(...) and keep TrainingArguments(activation_checkpointing=False)",
-            "# (the default); with True, Trainer.train() re-enables checkpointing on every layer.",
+            "# (4.x: gradient_checkpointing=False; the default); with True, Trainer.train() re-enables every layer.",
             "from transformers.modeling_layers import GradientCheckpointingLayer",
             "",
             "",
@@ -137,7 +140,10 @@ def _export_hf(plan: Plan, ctx: Ctx) -> Export:
             "        raise TypeError(f\"{type(layers[0]).__name__} is not a GradientCheckpointingLayer: \"",
             "                        \"use the snippet of `ckplan plan --export fsdp`\")",
             f"    chosen = {{layers[i] for i in {_tuple_text(layers)}}}",
-            f"    model.activation_checkpointing_enable(activation_checkpointing_kwargs={kw})",
+            '    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5',
+            f"        model.activation_checkpointing_enable(activation_checkpointing_kwargs={kw})",
+            "    else:  # transformers 4.x",
+            f"        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={kw})",
             "    for m in model.modules():",
             "        if isinstance(m, GradientCheckpointingLayer):",
             "            m.gradient_checkpointing = m in chosen",
