@@ -205,8 +205,11 @@ def profile_model(model, args, kwargs, *, name: str, chain: str | None, device, 
         input_bytes=inputs, activation_bytes=sum(r.saved_bytes for r in m.rows)
         + sum(si.bytes for si in m.side_inputs if si.saved_by),
         predicted_peak_bytes=0,
+        # With accumulation the measured micro-batch is a later one, which starts with every
+        # gradient held (ckplan.profiler): the peak above its start sits on top of them.
         measured_peak_bytes=None if dev.type == "meta" else
-        param_bytes + buffer_bytes + inputs + opt_state + runtime + m.measured_peak_rel,
+        param_bytes + buffer_bytes + inputs + opt_state + runtime + m.measured_peak_rel
+        + (m.grad_bytes if accum > 1 else 0),
         optimizer_ms=optimizer_step_ms(trainable, optimizer, lr, dev, priced_by=priced),
         optimizer_scalar_bytes=opt_scalars, runtime_bytes=runtime,
     )

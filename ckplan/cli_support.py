@@ -137,9 +137,13 @@ def guarded(fn):
         except CkplanError as e:
             if debug:
                 raise
-            # an error raised from another (the model's own) has a traceback worth seeing
+            # an error raised from another (the model's own) has a traceback worth seeing; one
+            # ckplan error re-raised with more context has not
+            cause = e.__cause__
+            while isinstance(cause, CkplanError):
+                cause = cause.__cause__
             failed(type(e).__name__, e.message, e.tip, e.exit_code,
-                   str(e) + (" (run with --debug for the traceback)" if e.__cause__ is not None else ""))
+                   str(e) + (" (run with --debug for the traceback)" if cause is not None else ""))
         except KeyboardInterrupt as e:
             what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
             failed("Interrupted", f"{what}; no partial report was written", None, interrupt_code(e),

@@ -269,6 +269,7 @@ def model_that_must_not_run(write_spec, tmp_path, monkeypatch):
     (["plan", "--budget", "12 parsecs"], "budget '12 parsecs'"),
     (["plan", "--budget", "1e400"], "larger than any machine"),
     (["plan", "--budget", "nan%"], "not a percentage"),
+    (["plan", "--budget", "-5%"], "budget '-5%': a share must be above 0%"),
     (["bench", "--budget", "1e400GB"], "larger than any machine"),
     (["bench", "--memory-limit", "lots"], "memory_limit 'lots'"),
 ])

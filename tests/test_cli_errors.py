@@ -81,6 +81,12 @@ def test_bench_exits_3_when_the_budget_is_infeasible_after_writing(mlp_spec, tmp
     assert (out / "bench-mlp3-cpu.json").is_file()
 
 
+def test_an_infeasible_budget_is_a_users_error_not_a_crash(mlp_spec):
+    r = run("plan", mlp_spec, "--device", "meta", "--budget", "1KB")
+    assert r.exit_code == 3, r.output
+    assert "below the smallest feasible peak" in one_line(r) and "--debug" not in r.output
+
+
 def test_plan_world_sizes_exit_3_when_no_world_size_fits(mlp_spec):
     r = run("plan", mlp_spec, "--device", "meta", "--world-size", "2,4", "--budget", "1KB")
     assert r.exit_code == 3, r.output

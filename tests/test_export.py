@@ -155,6 +155,8 @@ def test_messages_name_the_difference():
     e = export_plan(plan_every_k(6, 3), "fsdp", chain_path="h")
     assert "[0,3) [3,6)" in e.message and "layers 0-5" in e.message
     assert "inputs of layers 1-2, 4-5 are kept too" in e.message
+    one = export_plan(Plan("dp", 4, items_from_ranges(4, [(0, 2)])), "hf", chain_path="h").message
+    assert "inputs of layer 1 are kept too" in one and "layers 0-1 checkpointed" in one
     # per-layer checkpoints hold more for backward, but recompute one layer at a time, so their
     # peak can be lower than the plan's: the message must not claim which way it goes
     assert "higher than planned" not in e.message

@@ -267,6 +267,19 @@ def test_meta_predicts_the_cpu_measurement_on_shipped_configs(configs, config, o
     assert abs(_activation_peak(meta) / _activation_peak(cpu) - 1) < 0.02
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("accum", [1, 3])
+def test_the_measured_peak_of_a_step_is_the_predicted_one(tiny_gpt_spec, tmp_path, accum, precision):
+    """Two independent numbers: the tracker's peak of the measured micro-batch (with accumulation,
+    a later one, which starts with the gradients held) and the simulator's; and bench's `none`
+    row, which runs the whole step, measures the same."""
+    spec = api.load(tiny_gpt_spec(tmp_path), accum=accum, precision=precision, optimizer="adamw")
+    prof = api.profile(spec, device="cpu", repeats=1, warmup=0)
+    assert prof.totals.measured_peak_bytes == prof.totals.predicted_peak_bytes
+    row = api.bench(spec, strategies=["none"], steps=1, warmup=0, device="cpu").rows[0]
+    assert row.measured_peak_bytes == prof.totals.measured_peak_bytes
+
+
 def test_meta_target_cuda_takes_the_fused_kernels():
     from torch.nn.attention import SDPBackend
 

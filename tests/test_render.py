@@ -187,3 +187,15 @@ def test_side_inputs_row_counts_those_no_layer_saves():
     render.profile_table(prof, console=Console(file=buf, width=200, color_system=None))
     row = next(line for line in buf.getvalue().splitlines() if "side inputs" in line)
     assert row.split()[-2:] == ["3", "MiB"]  # the saved one is among the activations
+
+
+def test_headers_name_gradient_accumulation():
+    from dataclasses import replace
+    base = make_profile()
+    prof = replace(base, accum=4, totals=replace(base.totals, measured_peak_bytes=base.totals.predicted_peak_bytes))
+    profile = _render(render.profile_table, 200, prof=prof)
+    assert "| batch 8 | accum 4 |" in profile.splitlines()[0]
+    assert "a later micro-batch's forward+backward, gradients held" in profile
+    plan = _render(render.plan_tables, 200, rep=replace(make_plan_report(), profile=prof))
+    assert "| accum 4 |" in plan.splitlines()[0]
+    assert "accum" not in _render(render.profile_table, 200, prof=make_profile()).splitlines()[0]

@@ -82,13 +82,18 @@ def per_layer_difference(plan: Plan) -> str:
     """How checkpointing the recomputed layers one by one differs from ``plan``."""
     extra = [i for it in plan.items if isinstance(it, Checkpoint) for i in range(it.start + 1, it.stop)]
     multi = [d.layer for d in plan.per_layer() if d.depth > 1]
-    out = f"the same {len(recomputed_layers(plan))} layers recomputed"
+    n = len(recomputed_layers(plan))
+    out = f"the same {n} layer{'s' if n != 1 else ''} recomputed"
     if multi:
-        out += f", each once where the plan recomputes layers {span_text(multi)} more than once"
+        out += f", each once where the plan recomputes {_layers(multi)} more than once"
     if extra:
-        out += (f", but the inputs of layers {span_text(extra)} are kept too (more held for backward; the "
-                "peak can go either way: compare the predicted peaks)")
+        out += (f", but the inputs of {_layers(extra)} are kept too, so more is held for backward and the "
+                "peak can go either way: compare the predicted peaks")
     return out
+
+
+def _layers(indices: tuple[int, ...] | list[int]) -> str:
+    return f"layer{'s' if len(indices) != 1 else ''} {span_text(indices)}"
 
 
 def header(plan: Plan, ctx: Ctx) -> list[str]:
@@ -103,14 +108,14 @@ def closest_per_layer(plan: Plan, target: str) -> tuple[Plan, bool, str, str]:
     """(closest plan, exact, comment line for the text, message) for the any-subset targets."""
     layers = per_layer_set(plan)
     if layers is not None:
-        msg = (f"{target} applies this plan exactly: checkpoint layers {span_text(layers)} one by one. "
+        msg = (f"{target} applies this plan exactly: checkpoint {_layers(layers)} one by one. "
                + FALLBACK)
         return plan, True, "", msg
     layers = recomputed_layers(plan)
     closest = per_layer_plan(plan.n_layers, layers, source=plan.strategy, target=target)
     line = (f"# Not exact: {target} wraps one layer at a time; this applies the closest plan, "
-            f"layers {span_text(layers)} checkpointed one by one.")
+            f"{_layers(layers)} checkpointed one by one.")
     msg = (f"{target} wraps one module per checkpoint, so it cannot express this {plan.strategy} plan: it "
-           f"{why_not_per_layer(plan)}. Closest {target} can express: layers {span_text(layers)} checkpointed "
+           f"{why_not_per_layer(plan)}. Closest {target} can express: {_layers(layers)} checkpointed "
            f"one by one ({per_layer_difference(plan)}). " + FALLBACK)
     return closest, False, line, msg

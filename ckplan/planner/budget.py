@@ -116,6 +116,9 @@ def _share_of(raw: str, what: str) -> tuple[Fraction, bool, str]:
     """(percentage, of the activations?, the number as written) of a share budget, limits checked."""
     m = _PCT_RE.match(raw)
     if not m:
+        negative = re.match(r"^\s*-\s*([0-9.]+)\s*%\s*(act)?\s*$", raw, re.IGNORECASE)
+        if negative:
+            raise UsageError(f"{what} {raw!r}: a share must be above 0%", tip=f"use {ACCEPTED_BUDGETS}")
         raise UsageError(f"{what} {raw!r} is not a percentage", tip=f"use {ACCEPTED_BUDGETS}")
     pct = Fraction(m.group(1))
     of_act = m.group(2) is not None

@@ -9,7 +9,7 @@ from ..planner.plan_items import is_offloaded, kept_option
 from ..units import format_bytes, format_ms
 from . import consoles
 from .consoles import clean, escape
-from .tables import Col, pct, precision, print_table
+from .tables import Col, batch, pct, precision, print_table
 
 
 def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> None:
@@ -17,7 +17,7 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
     prof = rep.profile
     budget = "none" if rep.budget_bytes is None else f"{format_bytes(rep.budget_bytes)} ({rep.budget_bytes} bytes)"
     out.print(escape(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
-                     f"batch {prof.batch_size} | {precision(prof)} | {prof.optimizer} | device {prof.device}"),
+                     f"{batch(prof)} | {precision(prof)} | {prof.optimizer} | device {prof.device}"),
               soft_wrap=True)
     out.print(escape(f"budget: {budget} ({rep.budget_source}); no checkpointing peaks at "
                      f"{format_bytes(rep.none_peak_bytes)}"), soft_wrap=True)
@@ -95,7 +95,7 @@ def world_size_table(prof, rows, *, wide: bool = False, console: Console | None 
     """``plan --world-size 8,16,...``: what one rank needs at each world size."""
     out = console or consoles.stdout
     kind = rows[0].kind if rows else ""
-    out.print(escape(f"ckplan plan: {prof.model} per rank under {kind} | batch {prof.batch_size} per rank | "
+    out.print(escape(f"ckplan plan: {prof.model} per rank under {kind} | {batch(prof, per_rank=True)} | "
                      f"{precision(prof)} | {prof.optimizer} | device {prof.device}"), soft_wrap=True)
     cols = [Col("ranks"), Col("fixed / rank", 1), Col("none peak"), Col("plan peak"), Col("lowest peak", 2),
             Col("fits"), Col("overhead"), Col("step", 4), Col("comm", 5), Col("plan", 3, left=True, fold=True)]

@@ -9,7 +9,7 @@ from ..records import Profile
 from ..units import format_bytes, format_flops, format_ms
 from . import consoles
 from .consoles import escape
-from .tables import Col, cell_len, precision, print_table, width_limit
+from .tables import Col, batch, cell_len, precision, print_table, width_limit
 
 
 def profile_table(prof: Profile, *, wide: bool = False, console: Console | None = None) -> None:
@@ -22,8 +22,8 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
              format_bytes(r.param_bytes), format_bytes(r.output_bytes), format_bytes(r.saved_bytes),
              format_ms(r.fwd_ms), format_ms(r.bwd_ms), format_flops(r.fwd_flops),
              format_bytes(r.fwd_tmp_bytes), format_bytes(r.bwd_tmp_bytes)] for r in prof.layers]
-    print_table(out, cols, rows, wide, title=escape(f"ckplan profile: {prof.model} | {prof.device} | batch "
-                                                     f"{prof.batch_size} | {precision(prof)} | {prof.optimizer}{est}"))
+    print_table(out, cols, rows, wide, title=escape(f"ckplan profile: {prof.model} | {prof.device} | {batch(prof)} | "
+                                                     f"{precision(prof)} | {prof.optimizer}{est}"))
     tt = prof.totals
     s = Table(show_header=False, box=None, title="totals", title_justify="left")
     s.add_column(justify="left")
@@ -45,7 +45,8 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
         if side_grads:  # held from the last reader's backward to the maker's, recomputes between
             totals.insert(-1, ("side-input gradients (held through recomputes)", side_grads))
     if tt.measured_peak_bytes is not None:
-        totals.append(("measured peak, forward+backward (optimizer state included)", tt.measured_peak_bytes))
+        what = "forward+backward" if prof.accum == 1 else "a later micro-batch's forward+backward, gradients held"
+        totals.append((f"measured peak, {what} (optimizer state included)", tt.measured_peak_bytes))
     for k, v in totals:
         s.add_row(k, format_bytes(v))
     if tt.optimizer_ms is not None:

@@ -86,6 +86,13 @@ def print_table(console: Console, cols: list[Col], rows: list[list[str]], wide: 
         console._width = saved
 
 
+def batch(prof, per_rank: bool = False) -> str:
+    """A profile's batch for a header, with its gradient-accumulation micro-batches when there are several."""
+    accum = getattr(prof, "accum", 1)
+    return (f"batch {prof.batch_size}{' per rank' if per_rank else ''}"
+            + (f" | accum {accum}" if accum > 1 else ""))
+
+
 def precision(prof) -> str:
     """A profile's precision for a header: autocast's, or FSDP2's policy parameter dtype."""
     dtype = getattr(prof, "param_dtype", None)
