@@ -121,7 +121,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     return PlanReport(profile=prof, budget_bytes=budget_bytes, budget_source=source, strategy=strategy,
                       k=k, results=tuple(results), chosen=chosen, none_peak_bytes=none.score.peak_bytes,
                       none_step_ms=none.score.step_ms, infeasible=infeasible, infeasible_tip=infeasible_tip,
-                      notes=notes)
+                      notes=notes, world_size=world_size, parallel=str(parallel) if world_size > 1 else None)
 
 
 def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | None = None,

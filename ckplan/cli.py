@@ -96,7 +96,9 @@ def profile(
 @guarded
 @with_overrides
 def plan(
-    spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile instead."),
+    spec: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="Model spec (YAML); or give --profile; "
+                                          "with neither, the newest profile `ckplan profile` saved under "
+                                          "reports/."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget: 12GB (10^9), 12GiB (2^30), "
                                          "500MB, plain bytes, 40% of the no-checkpoint peak, or 50%act "
                                          "(the no-checkpoint peak with 50% of its activations: 100%act is "

@@ -62,6 +62,12 @@ def bench_without_spec(folder: Path = SAVED) -> tuple[Spec, str]:
     return spec, f"no SPEC: benchmarking {spec.name}, the spec in {path}, {what}; give SPEC for another"
 
 
+def _saved_parallel(path: Path):
+    """The ``parallel:`` of the spec a saved profile was made from; None without a spec."""
+    prof = api.load_profile(path)
+    return validate(prof.spec, source=str(path)).parallel if prof.spec else None
+
+
 def spec_of_saved_profile(path: Path) -> Spec:
     """The spec a saved profile was made from (its overrides applied), to run it again."""
     prof = api.load_profile(path)
@@ -109,9 +115,11 @@ def plan_layout(spec, profile_path, world_size: str | None, parallel, export, ou
     """The world sizes and parallel kind a plan is for (the spec's own ``parallel`` when
     ``--world-size`` is not given), the options they would ignore refused, and ``-o`` checked."""
     given_parallel = parallel
-    if world_size is None and spec is not None and profile_path is None:  # the spec's own parallel:
-        par = api.load(spec).parallel
-        world_size, parallel = str(par.world_size), parallel or par.kind
+    if world_size is None:  # the spec's own parallel: the file's, or the one a saved profile was made from
+        par = (api.load(spec).parallel if profile_path is None and spec is not None else
+               _saved_parallel(profile_path) if profile_path is not None else None)
+        if par is not None:
+            world_size, parallel = str(par.world_size), parallel or par.kind
     sizes = world_sizes_of(world_size)
     check_world_size_options(sizes, given_parallel, export, output)
     if output is not None:

@@ -23,6 +23,8 @@ class PlanReport:
     infeasible: str | None = None  # --strategy all below the smallest peak: why (the CLI exits 3)
     notes: tuple[str, ...] = ()  # e.g. why no plan can lower the peak
     infeasible_tip: str | None = None
+    world_size: int = 1  # > 1: the plan, the budget and every peak are for one rank of ``parallel``
+    parallel: str | None = None  # fsdp | ddp when world_size > 1
 
     def summary_rows(self) -> list[dict[str, Any]]:
         rows = []

@@ -93,6 +93,19 @@ def test_plan_without_a_spec_reads_the_newest_profile(tiny_gpt_spec, tmp_path):
     assert json.loads(r.stdout)["n_layers"] == 4 and "profile-four-meta.json" in r.stderr
 
 
+def test_a_saved_profile_plans_per_rank_as_its_spec_says(tiny_gpt_spec, tmp_path):
+    spec = tiny_gpt_spec(tmp_path)
+    spec.write_text(spec.read_text() + "parallel: {world_size: 4, kind: fsdp}\n")
+    want = run("plan", spec, "--device", "meta", "-f", "json")
+    assert want.exit_code == 0, want.output
+    assert run("profile", spec, "--device", "meta", "-f", "json").exit_code == 0
+    for args in ((), ("--profile", "reports/profile-tiny-gpt-meta.json")):
+        got = run("plan", *args, "-f", "json")
+        assert got.exit_code == 0, got.output
+        assert json.loads(got.stdout) == json.loads(want.stdout)
+    assert json.loads(want.stdout)["world_size"] == 4
+
+
 def test_plan_and_bench_without_spec_or_profile_exit_2(tmp_path):
     for command in ("plan", "bench"):
         r = run(command, "--budget", "1GB")

@@ -16,9 +16,10 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
     out = console or consoles.stdout
     prof = rep.profile
     budget = "none" if rep.budget_bytes is None else f"{format_bytes(rep.budget_bytes)} ({rep.budget_bytes} bytes)"
-    out.print(escape(f"ckplan plan: {prof.model} | {len(prof.chain_layers)} layers in {prof.chain} | "
-                     f"{batch(prof)} | {precision(prof)} | {prof.optimizer} | device {prof.device}"),
-              soft_wrap=True)
+    ranks = f" per rank of {rep.world_size} ({rep.parallel})" if rep.world_size > 1 else ""
+    out.print(escape(f"ckplan plan: {prof.model}{ranks} | {len(prof.chain_layers)} layers in {prof.chain} | "
+                     f"{batch(prof, per_rank=bool(ranks))} | {precision(prof)} | {prof.optimizer} | "
+                     f"device {prof.device}"), soft_wrap=True)
     out.print(escape(f"budget: {budget} ({rep.budget_source}); no checkpointing peaks at "
                      f"{format_bytes(rep.none_peak_bytes)}"), soft_wrap=True)
     cols = [Col("strategy", left=True), Col("predicted peak"), Col("saved vs none", 1), Col("recompute", 2),
