@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .api_profile import profile
+from .api_profile import META_TIMES, profile
 from .api_whole import plan_spec_whole
 from .arguments import Note, Progress, check_budget, check_positive, load, note_or_warn, tick
 from .device_model import target_device
@@ -29,8 +29,8 @@ from .planner import (
     simulate,
 )
 from .planner import sweep as _sweep
+from .planner.frontier import check_sweep_points
 from .planner.parallel import KINDS, per_rank_chain_from_profile, world_size_table
-from .planner.strategies import check_sweep_points
 from .profiling.notes import CHANGES_INPUT_NOTE, CONTAINER_NOTE
 from .records import Profile
 from .sac import OFFLOAD_OPTIONS
@@ -113,7 +113,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     none = plan_chain(chain, "none")
     compiled = ("planned for the compiled chain layers (profiled with --compile): apply the plan inside "
                 "`with ckplan.compiled_layers(model):`, entered before `ckplan.apply_plan`") if prof.compiled else None
-    layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE)))
+    layer_notes = tuple(n for n in prof.notes if n.startswith((CHANGES_INPUT_NOTE, CONTAINER_NOTE, META_TIMES)))
     notes = tuple(n for n in (_parallel_note(world_size, parallel, prof.precision, chain, prof.param_dtype,
                                              prof.reduce_dtype),
                               no_gain_reason(chain),

@@ -257,16 +257,19 @@ def _host_link(dev: torch.device, device_model: DeviceModel | None) -> tuple[flo
     return 0.0, 0.0
 
 
+META_TIMES = "meta device: sizes and FLOPs are exact; times "  # how meta_time_note begins, for plan's notes
+
+
 def meta_time_note(device: DeviceModel | None) -> str:
     """What a meta profile's times are: the device model that priced them, or the assumed rate."""
     if device is None:
-        return ("meta device: sizes and FLOPs are exact; times are estimated from FLOPs at an assumed "
+        return (META_TIMES + "are estimated from FLOPs at an assumed "
                 "100 TFLOP/s (no device model for a CPU: --target FILE from `ckplan calibrate` prices "
                 "this machine's ops)")
-    return (f"meta device: sizes and FLOPs are exact; times come from the {device.name} device model "
+    return (f"{META_TIMES}come from the {device.name} device model "
             f"(each op's roofline: max of FLOPs at {device.rate('matmul', 'float32') / 1e12:.3g} TFLOP/s "
-            f"fp32 matmul x {device.matmul_eff:g} (attention x {device.attention_eff:g}), bytes at "
-            f"{device.memory_bw / 1e9:.4g} GB/s x {device.memory_eff:g}, {device.dispatch_ms * 1e3:.3g} us "
+            f"fp32 matmul x {device.matmul_eff:.3g} (attention x {device.attention_eff:.3g}), bytes at "
+            f"{device.memory_bw / 1e9:.4g} GB/s x {device.memory_eff:.3g}, {device.dispatch_ms * 1e3:.3g} us "
             f"dispatch, {device.view_ms * 1e3:.3g} us per view; SAC "
             f"+{device.sac_dispatch_ms * 1e3:.3g} us per op; checkpoint hooks {device.ckpt_hook_ms * 1e3:.3g} us "
             f"per saved tensor and call; {device.source}), not measured")

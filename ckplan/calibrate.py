@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .device_model import DeviceModel
+from .measure import device_info
 from .sac import SAC_KWARGS, context_fn
 
 GiB = 2**30
@@ -199,9 +200,11 @@ def runtime_bytes(device: torch.device) -> int:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (as the profile's header shows it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    name = device_info(device).name
+    return name if name and name != "cpu" else platform.processor() or platform.machine() or "cpu"
 
 
 def calibrate(device: str | torch.device = "cpu", *, quick: bool = False,

@@ -106,6 +106,14 @@ def test_a_saved_profile_plans_per_rank_as_its_spec_says(tiny_gpt_spec, tmp_path
     assert json.loads(want.stdout)["world_size"] == 4
 
 
+@pytest.mark.parametrize("target,says", [("h100", "times come from the h100 device model"),
+                                         ("cpu", "times are estimated from FLOPs")])
+def test_a_meta_plan_says_where_its_times_come_from(tiny_gpt_spec, tmp_path, target, says):
+    r = run("plan", tiny_gpt_spec(tmp_path), "--device", "meta", "--target", target, "--no-options", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert any(says in n for n in json.loads(r.stdout)["notes"])
+
+
 def test_plan_and_bench_without_spec_or_profile_exit_2(tmp_path):
     for command in ("plan", "bench"):
         r = run(command, "--budget", "1GB")

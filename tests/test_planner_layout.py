@@ -19,7 +19,7 @@ ORDER = ["limits", "layer", "chain", "plan_items", "plan", "boundaries", "transf
          "solve.common", "solve.lowest", "solve.solver", "solve.improve", "solve.near_min", "solve.band",
          "solve.coarse", "solve.unkept", "solve.portfolio", "solve.held_fallback", "solve.offload_passes",
          "solve.offload", "solve.entry", "solve",
-         "dp", "strategies", "budget", "regions", "whole", "parallel", "synthetic"]
+         "dp", "strategies", "frontier", "budget", "regions", "whole", "parallel", "synthetic"]
 
 
 def _name(path: Path) -> str:

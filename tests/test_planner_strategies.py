@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from brute_plans import brute_best, brute_scores
 
 from ckplan.errors import UsageError
 from ckplan.planner import (
     STRATEGIES,
+    compare,
     min_peak,
     plan_chain,
     plan_chen,
@@ -18,7 +20,6 @@ from ckplan.planner import (
     plan_none,
     plan_sqrtn,
     simulate,
-    sweep,
 )
 from ckplan.planner.baselines import chen_grid, plan_chen_threshold
 from ckplan.planner.plan import Checkpoint, Plan, Store
@@ -90,55 +91,6 @@ def test_plan_chain_results():
         plan_chain(ch, "magic")
 
 
-def test_sweep_frontiers():
-    ch = random_chain(20, 9)
-    rows = sweep(ch, STRATEGIES, n_points=8)
-    by = {s: [r for r in rows if r.strategy == s] for s in STRATEGIES}
-    assert len(by["none"]) == 1 and by["none"][0].recompute_ms == 0
-    assert len(by["sqrtn"]) == 1 and len(by["chen"]) == len(chen_grid(ch))
-    assert [r.k for r in by["every-k"]] == list(range(1, 17)) + [20]
-    dp = by["dp"]
-    assert len(dp) >= 8 and dp[0].budget_bytes == min_peak(ch)
-    # dp is also evaluated exactly at every affordable baseline point's own peak
-    lo, hi = min_peak(ch), simulate(ch, plan_none(20)).peak_bytes
-    assert {r.peak_bytes for r in rows if r.strategy != "dp" and lo <= r.peak_bytes <= hi} <= \
-        {d.budget_bytes for d in dp}
-    assert dp[-1].budget_bytes == simulate(ch, plan_none(20)).peak_bytes and dp[-1].recompute_ms == 0
-    assert all(r.peak_bytes <= r.budget_bytes for r in dp)
-    assert all(a.recompute_ms >= b.recompute_ms for a, b in zip(dp, dp[1:]))
-    # the DP frontier lies on or below every baseline point it can afford
-    for r in rows:
-        if r.strategy != "dp":
-            affordable = [d.recompute_ms for d in dp if d.budget_bytes >= r.peak_bytes]
-            assert not affordable or min(affordable) <= r.recompute_ms + 1e-9
-    assert set(dp[0].to_dict()) >= {"strategy", "budget_bytes", "peak_bytes", "recompute_ms"}
-
-
-@pytest.mark.parametrize("n_layers,banded", [(6, False), (70, True)])
-def test_sweep_solves_once_per_distinct_plan(monkeypatch, n_layers, banded):
-    # Oracle: the DP at each budget alone. Many more points than plans cost one DP per plan.
-    from ckplan.planner import dp as dp_module
-    from ckplan.planner import strategies
-    ch = random_chain(n_layers, 3, scale=1000)
-    calls = []
-    solve, plan_chain_ = dp_module.DPSolver.solve, strategies.plan_chain
-    monkeypatch.setattr(dp_module.DPSolver, "solve", lambda self, b: calls.append(b) or solve(self, b))
-    monkeypatch.setattr(strategies, "plan_chain", lambda *a, **k: calls.append(a) or plan_chain_(*a, **k))
-    points = 2000 if not banded else 300
-    rows = [r for r in sweep(ch, ["dp"], n_points=points) if r.strategy == "dp"]
-    distinct = {(r.peak_bytes, r.recompute_ms) for r in rows}
-    assert len(rows) >= points * 0.9 and len(calls) <= 2 * len(distinct) + 2
-    for r in rows[:: max(1, len(rows) // 12)]:
-        alone = plan_chain_(ch, "dp", r.budget_bytes)
-        assert r.peak_bytes <= r.budget_bytes and r.recompute_ms <= alone.score.recompute_ms + 1e-9
-
-
-@pytest.mark.parametrize("points", [1, 10_001, 10**8])
-def test_sweep_points_outside_the_limit_are_refused(points):
-    with pytest.raises(UsageError, match=f"n_points {points} is not a number of budgets from 2 to 10000"):
-        sweep(uniform_chain(4, x_bytes=100), ["dp"], n_points=points)
-
-
 def test_planner_does_not_import_torch():
     code = ("import sys, ckplan.planner as p; "
             "from ckplan.planner.synthetic import random_chain; "
@@ -192,3 +144,20 @@ def test_safety_net_returns_what_simulating_every_baseline_returns():
             assert got.items == best.items, (seed, f)
             swapped += best is not start
     assert swapped  # the net had something to do
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_below_the_floor_dp_shows_the_cheapest_plan_reaching_the_smallest_peak(seed):
+    """Brute force over every plan: ``compare``'s dp row at a budget no plan fits is the least
+    recompute among the plans reaching the smallest peak; where the optimizer step sets that peak,
+    every plan reaches it, so the row recomputes nothing."""
+    from dataclasses import replace
+    chain = random_chain(5, seed)
+    scores = brute_scores(chain)
+    lowest = min(p for p, _, _ in scores)
+    (row,) = compare(chain, ["dp"], 1)
+    assert not row.fits and row.score.peak_bytes == lowest
+    assert row.score.recompute_ms == pytest.approx(brute_best(scores, lowest))
+    step_bound = replace(chain, opt_step_peak_bytes=10**6)
+    for row in compare(step_bound, ["dp", "dp-layer"], 1):
+        assert not row.fits and row.score.peak_bytes == 10**6 and row.plan.n_checkpoints == 0, row.strategy

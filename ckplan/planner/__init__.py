@@ -22,7 +22,8 @@ Modules, imports flowing one way (each imports only those above it; ``tests/test
 * ``solve/``: the solvers (exact, slot and grouped tables, banded DP, coarse bound, near-minimum
   search, unkept boundaries, held fallback) and their entry points (plan_dp, min_peak, min_peak_plan).
 * ``dp``: the entry points under their long-standing names.
-* ``strategies``: plan_chain, compare, sweep (``selective``: one SAC policy on every layer).
+* ``strategies``: plan_chain, compare (``selective``: one SAC policy on every layer).
+* ``frontier``: sweep, each strategy's memory/time frontier.
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
 * ``parallel``: what one rank holds under FSDP2 / DDP (the per-rank chain).
 * ``synthetic``: synthetic chains for tests and benchmarks.
@@ -41,18 +42,17 @@ from .calibrate import calibrate, chain_from_profile, predicted_peak_none
 from .chain import Chain, Layer, Post, Pre
 from .dp import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
 from .floor import Floor, floor_of, infeasible_error
+from .frontier import FrontierPoint, sweep
 from .plan import Checkpoint, LayerDecision, Plan, RecomputedRange, Store
 from .simulate import Score, TraceEvent, simulate, trace, with_releases
 from .strategies import (
     ALL_STRATEGIES,
     STRATEGIES,
-    FrontierPoint,
     PlanResult,
     compare,
     infeasible_budget,
     plan_chain,
     plan_selective,
-    sweep,
 )
 
 __all__ = [

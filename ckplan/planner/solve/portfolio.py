@@ -143,15 +143,15 @@ def plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = None
         return _plan_unheld(chain, budget_bytes, **kw)
     try:
         found: DPResult | None = _plan_unheld(chain, budget_bytes, **kw)
-    except InfeasibleBudgetError as e:
-        found, error = None, e
+    except InfeasibleBudgetError:
+        found = None
     relaxed = _side_relaxed(chain, budget_bytes, slack, found, kw)
     if relaxed is not None:
         return relaxed
     if found is not None:
         return found
     if budget_bytes < min_peak_unheld(chain):
-        raise infeasible_error(chain, budget_bytes, min_peak_unheld(chain)) from error
+        raise infeasible_error(chain, budget_bytes, min_peak_unheld(chain)) from None  # the same error, once
     # between the smallest peak a plan reaches and the tables' own (the side inputs' bytes)
     plan = min_peak_plan_kept(chain)
     plan = Plan("dp", plan.n_layers, plan.items, {**plan.params, "budget_bytes": budget_bytes})
