@@ -134,7 +134,7 @@ def _bench_problems(doc: dict) -> list[str]:
 def _run_cli(args: list[str]) -> dict:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        extra = ["--out-dir", tmp] if args[0] == "bench" else []
+        extra = ["--out-dir", tmp] if args[0] in ("bench", "profile") else []  # nothing left in reports/
         proc = subprocess.run([sys.executable, "-m", "ckplan", *args, *extra], cwd=ROOT,
                               capture_output=True, text=True)
     problems = [] if proc.returncode == 0 else [f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"]
