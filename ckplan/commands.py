@@ -62,19 +62,19 @@ def bench_without_spec(folder: Path = SAVED) -> tuple[Spec, str]:
     return spec, f"no SPEC: benchmarking {spec.name}, the spec in {path}, {what}; give SPEC for another"
 
 
-def _saved_parallel(path: Path):
-    """The ``parallel:`` of the spec a saved profile was made from; None without a spec."""
+def _saved_spec(path: Path) -> Spec | None:
+    """The spec a saved profile was made from (its overrides applied); None when it holds none."""
     prof = api.load_profile(path)
-    return validate(prof.spec, source=str(path)).parallel if prof.spec else None
+    return validate(prof.spec, source=str(path)) if prof.spec else None
 
 
 def spec_of_saved_profile(path: Path) -> Spec:
-    """The spec a saved profile was made from (its overrides applied), to run it again."""
-    prof = api.load_profile(path)
-    if not prof.spec:
+    """The spec of a saved profile, to run it again."""
+    spec = _saved_spec(path)
+    if spec is None:
         raise UsageError(f"{path} holds no spec (a profile of a model given in Python, not a spec file)",
                          tip="give the spec: ckplan bench SPEC")
-    return validate(prof.spec, source=str(path))
+    return spec
 
 
 # ---- plan --------------------------------------------------------------------------------------
@@ -116,9 +116,10 @@ def plan_layout(spec, profile_path, world_size: str | None, parallel, export, ou
     ``--world-size`` is not given), the options they would ignore refused, and ``-o`` checked."""
     given_parallel = parallel
     if world_size is None:  # the spec's own parallel: the file's, or the one a saved profile was made from
-        par = (api.load(spec).parallel if profile_path is None and spec is not None else
-               _saved_parallel(profile_path) if profile_path is not None else None)
-        if par is not None:
+        made_from = (api.load(spec) if profile_path is None and spec is not None else
+                     _saved_spec(profile_path) if profile_path is not None else None)
+        if made_from is not None:
+            par = made_from.parallel
             world_size, parallel = str(par.world_size), parallel or par.kind
     sizes = world_sizes_of(world_size)
     check_world_size_options(sizes, given_parallel, export, output)

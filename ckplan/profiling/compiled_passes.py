@@ -70,6 +70,8 @@ def compiled_run(inst: Instrument, step: Step, params: list[nn.Parameter], model
         for _ in range(max(1, warmup)):
             step.run(inst)  # compiles (one graph per layer class), then settles
             zero_grads(params)
+        if accum > 1:
+            step.run(inst)  # measure a later micro-batch, which adds into the gradients, as eager does
         measured = compiled_pass(inst, step, params, model, eager)
         zero_grads(params)
         times = timing_passes(inst, step, params, repeats)
