@@ -111,8 +111,9 @@ def plan(
                                                 "overrides or --device with it)."),
     sweep: bool = typer.Option(False, "--sweep", help="Every strategy's memory/overhead frontier: CSV and "
                                "PNG under --out-dir."),
-    points: int = typer.Option(20, "--points", min=2, help="Budgets in the dp frontier of --sweep (at most "
-                               "10000; the DP runs once per distinct plan)."),
+    points: int = typer.Option(20, "--points", min=2, help="Evenly spaced budgets in the dp frontier of --sweep "
+                               "(at most 10000; the DP runs once per distinct plan), plus one at each baseline "
+                               "point's peak; the baselines have their own grids."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where --sweep writes its files."),
     device: Optional[Device] = typer.Option(None, "--device", help="auto (the default), cpu, cuda or meta "
                                             "(fake tensors: no memory allocated" + META_CODE + ")."),
@@ -252,7 +253,8 @@ def bench(
                                          "default: halfway between the smallest feasible and the no-checkpoint peak."),
     k: int = typer.Option(2, "--k", min=1, help="Segment length for every-k."),
     steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per strategy."),
-    warmup: int = typer.Option(1, "--warmup", min=0, help="Warm-up steps per strategy."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Warm-up steps per strategy (at least one runs: the "
+                               "optimizer makes its state then)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="CPU only: treat a step whose "
                                                "live tensors pass this size as out of memory."),
     out_dir: Path = typer.Option(Path("reports"), "--out-dir", help="Where CSV, JSON and PNG go."),
@@ -294,7 +296,8 @@ def bench(
         api.check_bench_args(s, k=k, steps=steps, warmup=warmup, budget=budget, memory_limit=memory_limit,
                              device=device, plan_path=plan_file)
         n_plans = len(strategies) + (plan_file is not None)
-        with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1, "profiling") as bar:
+        # + 2 with --compile: the reference checked eager, and none measured as the compiled rows are
+        with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1 + 2 * compile, "profiling") as bar:
             res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                             device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
                             force=force, options=options, compile=compile, note=render.info,

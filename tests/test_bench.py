@@ -474,3 +474,39 @@ chain: stack
     assert rows["none"]["status"] == "ok"
     assert rows["every-k"]["status"] == "error"
     assert rows["every-k"]["message"].startswith("gradients not compared: none itself gave other gradients")
+    assert "set its dropout to 0" not in rows["every-k"]["message"]  # it has no dropout to set
+
+
+def test_a_model_that_counts_its_calls_is_told_it_keeps_state(write_spec, tmp_path, monkeypatch):
+    """A layer that scales by how often it ran: none's second run differs from its first, and the
+    message names state kept between runs (no dropout tip: every dropout is 0)."""
+    (tmp_path / "counting_net.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+
+        class Block(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.fc, self.drop, self.n = nn.Linear(d, d), nn.Dropout(0.0), 0
+
+            def forward(self, x):
+                self.n += 1
+                return x + self.drop(self.fc(x)) * (1 + 0.1 * self.n)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.stack = nn.ModuleList(Block(16) for _ in range(4))
+
+            def forward(self, x):
+                for blk in self.stack:
+                    x = blk(x)
+                return x
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, 'model: {target: "counting_net:Net"}\ninput: {batch_size: 8, shape: [16]}\n'
+                      "chain: stack\n", "counting.yaml")
+    r = CliRunner().invoke(app, ["bench", str(spec), "--device", "cpu", "--compare", "none,every-k", "--k", "1",
+                                 "--steps", "1", "--warmup", "0", "--out-dir", str(tmp_path / "o"), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    message = {row["strategy"]: row for row in json.loads(r.stdout)["rows"]}["every-k"]["message"]
+    assert "keeps state from one run to the next" in message and "dropout" not in message

@@ -273,10 +273,17 @@ def test_infeasible_message_names_the_floor_and_only_fixes_that_move_it():
                           "(the least any plan holds) 1 GiB. Tip: ")
     assert ("shard the optimizer state (ZeRO / FSDP) or offload it to CPU, a smaller optimizer "
             "(SGD keeps no state: train.optimizer sgd, --optimizer sgd), a smaller batch size or sequence "
-            "length (input.batch_size, input.shape; --batch-size, --seq-len: activations are 1 GiB of "
-            "the floor) and a budget of at least 5.8 GiB") in msg
+            "length (input.batch_size, input.shape; --batch-size, --seq-len: the least any plan holds is "
+            "1 GiB of the floor) and a budget of at least 5.8 GiB") in msg
     assert err.value.min_peak_bytes == lo and err.value.persistent_bytes == fixed
     assert err.value.exit_code == 3
+    # One micro-batch: the gradients are made in the backward, so part of what the plans hold, and
+    # the tip says that part does not shrink with the batch.
+    one = replace(ch, persistent_bytes=params + state, opt_step_peak_bytes=params + state, grads_in_persistent=False)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_chain(one, "dp", 2 * gib)
+    assert "of which up to 1 GiB are the gradients made so far, which do not shrink with the batch" in \
+        err.value.tip
 
 
 def test_infeasible_tips_fit_the_case():

@@ -280,6 +280,29 @@ def test_the_measured_peak_of_a_step_is_the_predicted_one(tiny_gpt_spec, tmp_pat
     assert row.measured_peak_bytes == prof.totals.measured_peak_bytes
 
 
+def test_where_the_optimizer_step_peaks_the_measured_step_is_the_predicted_forward_backward(tmp_path):
+    """A small MLP under AdamW: the step's peak is the optimizer's, above forward+backward; the
+    profile's measured forward+backward peak equals the simulator's forward+backward peak, and the
+    table shows both."""
+    import io
+
+    from rich.console import Console
+
+    from ckplan import render
+    from ckplan.planner import chain_from_profile, plan_none
+    from ckplan.planner.simulate import forward_backward_peak
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text("model: {builtin: mlp, args: {in_features: 64, depth: 4, width: 256}}\n"
+                    "input: {batch_size: 2, shape: [64], dtype: float32}\ntrain: {optimizer: adamw}\n")
+    prof = api.profile(api.load(spec), device="cpu", repeats=1, warmup=0)
+    chain = chain_from_profile(prof)
+    fwd_bwd = forward_backward_peak(chain, plan_none(chain.n_layers))
+    assert prof.totals.measured_peak_bytes == fwd_bwd < prof.totals.predicted_peak_bytes
+    con = Console(record=True, width=200, file=io.StringIO(), color_system=None)
+    render.profile_table(prof, console=con)
+    assert "predicted peak, forward+backward (the optimizer step peaks higher)" in con.export_text()
+
+
 def test_a_compiled_profile_measures_a_later_micro_batch_too(tiny_gpt_spec, tmp_path):
     """With the chain layers compiled and accum 3, the profile's peak is the whole step's, as
     bench's `none` row measures it (the first micro-batch's was 256 B off on a tiny GPT)."""

@@ -232,6 +232,21 @@ def test_sweep_file_names_keep_the_model_name(tmp_path):
     assert sorted(p.name for p in paths) == ["sweep-qwen2.5-0.5b.csv", "sweep-qwen2.5-0.5b.png"]
 
 
+def test_the_sweep_csv_keeps_integers_integers(tmp_path):
+    import csv
+
+    from fake_records import make_profile
+
+    from ckplan.planner import chain_from_profile, sweep
+    pts = sweep(chain_from_profile(make_profile()), ["none", "every-k", "chen", "dp"], 4)
+    rows = list(csv.DictReader(report.write_sweep(tmp_path, "m", pts)[0].read_text().splitlines()))
+    want = {p.strategy: p for p in pts}
+    for col in ("budget_bytes", "k", "threshold_bytes", "peak_bytes"):
+        cells = [r[col] for r in rows if r[col]]
+        assert cells and all(c.isdigit() for c in cells), (col, cells[:3])
+    assert int(next(r for r in rows if r["strategy"] == "none")["peak_bytes"]) == want["none"].peak_bytes
+
+
 def test_row_status_of_a_hand_built_failed_result():
     res = make_bench()
     assert [r.strategy for r in res.failed_rows] == ["dp"]

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 from ..bench_records import OK
 from ..peers import CompiledPeer
-from ..planner import Plan, trace
+from ..planner import Plan
+from ..planner.simulate import forward_backward_peak
 
 
 @dataclass
@@ -40,6 +41,4 @@ class Entry:
         return self.compiled is None and self.plan is not None and self.plan.n_checkpoints == 0
 
 
-def fwd_bwd_peak(chain, plan: Plan) -> int:
-    """The simulated peak of forward and backward alone (the optimizer step left out)."""
-    return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
+fwd_bwd_peak = forward_backward_peak  # the simulated peak of forward and backward alone

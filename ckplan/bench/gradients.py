@@ -150,9 +150,21 @@ def _reference_reproduced(run: Run, ref_entry: Entry, init: dict, ref: dict, ref
             e.status = ERROR
             e.message = (f"gradients not compared: {ref_entry.name} itself gave other gradients in a second run "
                          f"(max |dgrad| {diff:.3g}, loss {loss:.6g} vs {ref_loss:.6g}) from the same weights "
-                         "and seed: the model draws random numbers outside torch's seeded generators (a "
-                         "reseed from torch.seed() or the clock), so no plan can be checked against it; "
-                         "set its dropout to 0 to check the plans")
+                         "and seed, so no plan can be checked against it: the model keeps state from one run "
+                         "to the next (attributes or globals it changes in forward, such as a step counter), "
+                         "or draws random numbers outside torch's seeded generators (a reseed from "
+                         f"torch.seed() or the clock){_dropout_tip(run.model)}")
+
+
+def _dropout_tip(model: torch.nn.Module) -> str:
+    """The fix for a model whose dropout reseeds itself, when it has dropout at all: a dropout
+    module, or a float attribute (of a module or its config) named dropout, above 0."""
+    def on(owner) -> bool:
+        return any(isinstance(v, float) and v > 0 and "dropout" in k for k, v in vars(owner).items())
+    config = getattr(model, "config", None)
+    has = (any((isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0) or on(m) for m in model.modules())
+           or (config is not None and hasattr(config, "__dict__") and on(config)))
+    return "; set its dropout to 0 to check the plans" if has else ""
 
 
 def _non_finite(loss: float, grads: dict[str, torch.Tensor | None]) -> str:

@@ -99,8 +99,8 @@ def run_bench(model, batch, loss_fn, profile: Profile, *, strategies: list[str],
         remove_plan(model)
     if device.type == "cpu" and any("rss_peak" in e.mem for e in runnable):
         notes.append(RSS_NOTE)
-    return bench_result(profile, entries, chain, notes, steps=steps, warmup=warmup, budget_bytes=budget_bytes, k=k,
-                        explicit_budget=explicit, scope=scope)
+    return bench_result(profile, entries, chain, notes, steps=steps, warmup=max(warmup, 1),  # the steps run
+                        budget_bytes=budget_bytes, k=k, explicit_budget=explicit, scope=scope)
 
 
 def _silent(msg: str) -> None:

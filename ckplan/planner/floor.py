@@ -77,9 +77,12 @@ def infeasible_error(chain: Chain, budget_bytes: int, lowest: int) -> Infeasible
         if chain.optimizer != "sgd":
             fixes.append("a smaller optimizer (SGD keeps no state: train.optimizer sgd, --optimizer sgd)")
     if f.activation_bytes >= ACTIVATION_SHARE * lowest:
+        made = chain.total_grad_bytes - (chain.total_grad_bytes if chain.grads_in_persistent else 0)
+        grads = (f", of which up to {fb(min(made, f.activation_bytes))} are the gradients made so far, which "
+                 "do not shrink with the batch" if made else "")
         fixes.append("a smaller batch size or sequence length (input.batch_size, input.shape; "
-                     "--batch-size, --seq-len: activations are "
-                     f"{fb(f.activation_bytes)} of the floor)")
+                     "--batch-size, --seq-len: the least any plan holds is "
+                     f"{fb(f.activation_bytes)} of the floor{grads})")
     outside = chain.pre.retained_bytes + chain.post.xbar_bytes
     if f.activation_bytes and outside >= OUTSIDE_SHARE * f.activation_bytes:
         fixes.append(f"a chain that covers more of the model: {fb(outside)} of the activations are "

@@ -174,6 +174,12 @@ def trace(chain: Chain, plan: Plan) -> tuple[TraceEvent, ...]:
     return tuple(events)
 
 
+def forward_backward_peak(chain: Chain, plan: Plan) -> int:
+    """The simulated peak of forward and backward alone (the optimizer step left out): what one
+    micro-batch's step reaches, as a profile measures it."""
+    return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
+
+
 def _check(chain: Chain, plan: Plan) -> None:
     if plan.n_layers != chain.n_layers:
         raise SpecError(f"the plan is for {plan.n_layers} layers but the chain has {chain.n_layers}",

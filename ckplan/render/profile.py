@@ -4,7 +4,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..planner import plan_none
 from ..planner.calibrate import TIE_BYTES, TIE_FWD, chain_from_profile
+from ..planner.simulate import forward_backward_peak
 from ..records import Profile
 from ..units import format_bytes, format_flops, format_ms
 from . import consoles
@@ -46,6 +48,10 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
             totals.insert(-1, ("side-input gradients (held through recomputes)", side_grads))
     if tt.measured_peak_bytes is not None:
         what = "forward+backward" if prof.accum == 1 else "a later micro-batch's forward+backward, gradients held"
+        chain = chain_from_profile(prof)
+        fwd_bwd = forward_backward_peak(chain, plan_none(chain.n_layers))
+        if fwd_bwd != tt.predicted_peak_bytes:  # the optimizer step peaks higher: compare like with like
+            totals.append((f"predicted peak, {what} (the optimizer step peaks higher)", fwd_bwd))
         totals.append((f"measured peak, {what} (optimizer state included)", tt.measured_peak_bytes))
     for k, v in totals:
         s.add_row(k, format_bytes(v))

@@ -36,8 +36,14 @@ def profile_frame(prof: Profile):
 
 
 def sweep_frame(points):
+    """One row per frontier point; the columns only some strategies have (budget_bytes, k,
+    threshold_bytes) stay integers, empty where a strategy has none."""
     import pandas as pd
-    return pd.DataFrame([p.to_dict() for p in points])
+    frame = pd.DataFrame([p.to_dict() for p in points])
+    for col in ("budget_bytes", "k", "threshold_bytes"):
+        if col in frame:
+            frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 def bench_frame(result):

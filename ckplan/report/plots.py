@@ -11,9 +11,10 @@ def plot_sweep(frame, model: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     marks = {"chen": ("s", 6), "every-k": ("^", 7), "sqrtn": ("D", 8), "none": ("*", 12)}
+    unit, scale = ("GiB", 2**30) if len(frame) and frame["peak_bytes"].max() >= 2**30 else ("MiB", 2**20)
     for strategy, g in frame.groupby("strategy", sort=False):
         g = g.sort_values("peak_bytes")
-        x, y = g["peak_bytes"] / 2**30, g["overhead"] * 100
+        x, y = g["peak_bytes"] / scale, g["overhead"] * 100
         if strategy == "dp":
             # dp's frontier is a step function: a budget between two points gets the left one's plan.
             ax.step(x, y, where="post", color="tab:purple", lw=1.5, label="dp (optimal)", zorder=1)
@@ -22,7 +23,7 @@ def plot_sweep(frame, model: str, path: Path) -> None:
             m, size = marks.get(strategy, ("o", 5))
             ax.plot(x, y, m, markersize=size, markerfacecolor="none", markeredgewidth=1.3,
                     label=strategy, zorder=2)
-    ax.set_xlabel("predicted peak memory (GiB)")
+    ax.set_xlabel(f"predicted peak memory ({unit})")
     ax.set_ylabel("predicted recompute overhead (% of a step)")
     ax.set_title(f"{model}: memory vs recompute, every strategy")
     ax.grid(alpha=0.3)
