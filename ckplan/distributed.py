@@ -81,8 +81,9 @@ from .dist_rows import collect_rows as _collect
 from .dist_rows import read_error as _read_error
 from .errors import InfeasibleBudgetError, UsageError
 from .param_dtype import policy_text
-from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate, trace
+from .planner import Plan, chain_from_profile, min_peak, plan_chain, plan_none, simulate
 from .planner.parallel import KINDS, param_dtype_ratio, per_rank_chain, per_rank_chain_from_profile, reduce_dtype_ratio
+from .planner.simulate import forward_backward_peak
 from .preflight import available_memory
 from .records import Profile
 from .spec import Spec, build_model
@@ -206,7 +207,7 @@ def _plans(chain, strategies: list[str], budget_bytes: int | None, k: int) -> li
     for s in strategies:
         try:
             res = plan_chain(chain, s, budget_bytes, k)
-            plans.append((s, res.plan.to_dict(), res.score.peak_bytes, _fwd_bwd_peak(chain, res.plan), ""))
+            plans.append((s, res.plan.to_dict(), res.score.peak_bytes, forward_backward_peak(chain, res.plan), ""))
         except InfeasibleBudgetError as err:
             plans.append((s, None, None, None, err.message))
     return plans
@@ -290,10 +291,6 @@ def _single_chain(profile: Profile):
 
 def _none(profile: Profile) -> Plan:
     return plan_none(len(profile.chain_layers))
-
-
-def _fwd_bwd_peak(chain, plan: Plan) -> int:
-    return max(ev.peak_bytes for ev in trace(chain, plan) if ev.op != "opt")
 
 
 def _default_start_method(device_type: str) -> str:

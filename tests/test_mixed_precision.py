@@ -18,10 +18,10 @@ import torch
 from brute_plans import all_plans
 
 from ckplan import api
-from ckplan.bench.entry import fwd_bwd_peak
 from ckplan.execute import apply_plan
 from ckplan.measure import LiveTensorTracker
 from ckplan.planner import Plan, chain_from_profile
+from ckplan.planner.simulate import forward_backward_peak
 
 B, D = 4, 32
 
@@ -116,7 +116,7 @@ def _every_plan_exact(model, x, n: int, accum: int, precision: str) -> None:
     off = []
     for items in all_plans(n):
         plan = Plan("brute", n, items)
-        predicted = fwd_bwd_peak(chain, plan) - chain.persistent_bytes
+        predicted = forward_backward_peak(chain, plan) - chain.persistent_bytes
         measured = _last_micro_batch_peak(model, x, plan, accum, precision)
         if predicted != measured:
             off.append((plan.describe(), measured - predicted))
@@ -176,7 +176,7 @@ def test_a_tied_embedding_under_accumulation_never_peaks_above_the_prediction(pr
     chain = chain_from_profile(prof)
     for items in all_plans(4):
         plan = Plan("brute", 4, items)
-        predicted = fwd_bwd_peak(chain, plan) - chain.persistent_bytes
+        predicted = forward_backward_peak(chain, plan) - chain.persistent_bytes
         measured = _last_micro_batch_peak(model, ids, plan, 2, precision)
         assert 0 <= predicted - measured <= D * 4, (plan.describe(), predicted, measured)
 

@@ -300,7 +300,8 @@ def test_where_the_optimizer_step_peaks_the_measured_step_is_the_predicted_forwa
     assert prof.totals.measured_peak_bytes == fwd_bwd < prof.totals.predicted_peak_bytes
     con = Console(record=True, width=200, file=io.StringIO(), color_system=None)
     render.profile_table(prof, console=con)
-    assert "predicted peak, forward+backward (the optimizer step peaks higher)" in con.export_text()
+    text = con.export_text()
+    assert "predicted peak, forward+backward " in text and "measured peak, forward+backward " in text
 
 
 def test_a_compiled_profile_measures_a_later_micro_batch_too(tiny_gpt_spec, tmp_path):

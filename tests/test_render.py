@@ -195,7 +195,7 @@ def test_headers_name_gradient_accumulation():
     prof = replace(base, accum=4, totals=replace(base.totals, measured_peak_bytes=base.totals.predicted_peak_bytes))
     profile = _render(render.profile_table, 200, prof=prof)
     assert "| batch 8 | accum 4 |" in profile.splitlines()[0]
-    assert "a later micro-batch's forward+backward, gradients held" in profile
+    assert "measured peak, a later micro-batch's fwd+bwd (gradients held)" in profile
     plan = _render(render.plan_tables, 200, rep=replace(make_plan_report(), profile=prof))
     assert "| accum 4 |" in plan.splitlines()[0]
     assert "accum" not in _render(render.profile_table, 200, prof=make_profile()).splitlines()[0]

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from ..bench_records import OK
 from ..peers import CompiledPeer
 from ..planner import Plan
-from ..planner.simulate import forward_backward_peak
 
 
 @dataclass
@@ -40,5 +39,3 @@ class Entry:
         """Eager and without checkpoints: what the gradient check may judge the others against."""
         return self.compiled is None and self.plan is not None and self.plan.n_checkpoints == 0
 
-
-fwd_bwd_peak = forward_backward_peak  # the simulated peak of forward and backward alone

@@ -6,8 +6,9 @@ from ..chainfind import resolve_chain
 from ..peers import is_hf_model
 from ..planner import Plan, Store, chain_from_profile, held_for_backward_bytes, plan_chain, simulate
 from ..planner.plan import items_from_ranges
+from ..planner.simulate import forward_backward_peak
 from ..records import Profile
-from .entry import Entry, fwd_bwd_peak
+from .entry import Entry
 
 PEERS_NOTE = ("peers (kind peer): hf = every chain layer in its own non-reentrant checkpoint (ckplan's every-k "
               "k=1, as Hugging Face's gradient_checkpointing_enable does); sac-policy = torch selective "
@@ -31,10 +32,10 @@ def peer_entry(chain, name: str) -> Entry:
     plan = plan_chain(chain, "every-k", None, 1).plan
     if name == "hf":
         sc = simulate(chain, plan)
-        return Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(chain, plan), held_for_backward_bytes(chain, plan),
-                      sc.overhead, kind="peer",
-                      message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
-                              "as Hugging Face's gradient_checkpointing_enable does")
+        return Entry(name, plan, sc.peak_bytes, forward_backward_peak(chain, plan),
+                     held_for_backward_bytes(chain, plan), sc.overhead, kind="peer",
+                     message="ran as every-k k=1: each chain layer in its own non-reentrant checkpoint, "
+                             "as Hugging Face's gradient_checkpointing_enable does")
     if name == "offload-all":
         return Entry(name, plan_chain(chain, "none").plan, kind="peer",
                      message="every tensor the chain layers save offloaded to pinned host memory on a side stream, "
@@ -50,7 +51,7 @@ def peer_entry(chain, name: str) -> Entry:
         n = chain.n_layers
         sac = Plan("sac-policy", n, tuple(Store(i, "sac-compute") for i in range(n)))
         sc = simulate(chain, sac)
-        return Entry(name, sac, sc.peak_bytes, fwd_bwd_peak(chain, sac),
+        return Entry(name, sac, sc.peak_bytes, forward_backward_peak(chain, sac),
                       held_for_backward_bytes(chain, sac), sc.overhead, kind="peer",
                       message=message + "; predicted as ckplan's sac-compute option on every layer")
     return Entry(name, plan, kind="peer", message=message)
@@ -98,7 +99,7 @@ def _predict(e: Entry, chain, wrapped: tuple[int, ...]) -> None:
     """``e``'s plan and predictions: the ``wrapped`` chain layers each in a checkpoint."""
     e.plan = Plan("hf", chain.n_layers, items_from_ranges(chain.n_layers, [(i, i + 1) for i in wrapped]))
     sc = simulate(chain, e.plan)
-    e.predicted_peak, e.predicted_fb_peak = sc.peak_bytes, fwd_bwd_peak(chain, e.plan)
+    e.predicted_peak, e.predicted_fb_peak = sc.peak_bytes, forward_backward_peak(chain, e.plan)
     e.predicted_act, e.predicted_overhead = held_for_backward_bytes(chain, e.plan), sc.overhead
 
 

@@ -7,7 +7,8 @@ from ..errors import InfeasibleBudgetError, SpecError
 from ..peers import COMPILE_PEERS, PEER_NAMES
 from ..planner import Plan, default_budget, held_for_backward_bytes, no_gain_reason, plan_chain, simulate, with_releases
 from ..planner.plan import RELEASE
-from .entry import Entry, fwd_bwd_peak
+from ..planner.simulate import forward_backward_peak
+from .entry import Entry
 from .peer_rows import peer_entry
 
 
@@ -53,13 +54,13 @@ def plan_entries(chain, strategies: list[str], budget_bytes: int | None, k: int,
                 raise
             entries.append(Entry(s, None, status=ERROR, message=f"{err.message} ({err.tip})"))
             continue
-        entries.append(Entry(s, res.plan, res.score.peak_bytes, fwd_bwd_peak(chain, res.plan),
+        entries.append(Entry(s, res.plan, res.score.peak_bytes, forward_backward_peak(chain, res.plan),
                               held_for_backward_bytes(chain, res.plan), res.score.overhead))
     scoring = chain if extra_chain is None else extra_chain
     for name, plan in extra_plans.items():
         if RELEASE not in plan.params:  # its offloaded layers released where the profile's copies are done
             plan = with_releases(scoring, plan)
         sc = simulate(scoring, plan)
-        entries.append(Entry(name, plan, sc.peak_bytes, fwd_bwd_peak(scoring, plan),
+        entries.append(Entry(name, plan, sc.peak_bytes, forward_backward_peak(scoring, plan),
                               held_for_backward_bytes(scoring, plan), sc.overhead))
     return entries

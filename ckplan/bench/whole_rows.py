@@ -21,10 +21,11 @@ from ..compiled_model import CompiledModel, partitioner_budget, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
 from ..planner.plan import STORE
+from ..planner.simulate import forward_backward_peak
 from ..planner.whole import FULL, option_plan, plain_plan, whole_model_chain, whole_peak
 from ..profiling.whole_steps import dp_choice, whole_steps
 from ..units import format_bytes
-from .entry import Entry, fwd_bwd_peak
+from .entry import Entry
 from .plans import peer_row
 
 SCOPE_NOTE = ("--compile-scope model: ckplan's rows ran as one whole-model torch.compile each (TorchInductor), "
@@ -90,8 +91,9 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
             continue
         sc = simulate(chain, plan)
         own = checked.get(opts)  # its own step, measured while dp planned
-        e = Entry(s, plain_plan(plan), whole_peak(chain, plan, checked), fwd_bwd_peak(chain, plan) if own is None
-                  else own, held_for_backward_bytes(chain, plan), sc.overhead)
+        fwd_bwd = forward_backward_peak(chain, plan) if own is None else own
+        e = Entry(s, plain_plan(plan), whole_peak(chain, plan, checked), fwd_bwd, held_for_backward_bytes(chain, plan),
+                  sc.overhead)
         uniform = opts[0] if len(set(opts)) == 1 else ""
         e.compiled = made.get(uniform) or made.get(opts) or CompiledModel(model, plan, profile.chain)
         e.message = "whole-model torch.compile, one checkpoint region per layer" + (

@@ -47,12 +47,13 @@ def profile_table(prof: Profile, *, wide: bool = False, console: Console | None 
         if side_grads:  # held from the last reader's backward to the maker's, recomputes between
             totals.insert(-1, ("side-input gradients (held through recomputes)", side_grads))
     if tt.measured_peak_bytes is not None:
-        what = "forward+backward" if prof.accum == 1 else "a later micro-batch's forward+backward, gradients held"
+        what = "forward+backward" if prof.accum == 1 else "a later micro-batch's fwd+bwd"
         chain = chain_from_profile(prof)
         fwd_bwd = forward_backward_peak(chain, plan_none(chain.n_layers))
         if fwd_bwd != tt.predicted_peak_bytes:  # the optimizer step peaks higher: compare like with like
-            totals.append((f"predicted peak, {what} (the optimizer step peaks higher)", fwd_bwd))
-        totals.append((f"measured peak, {what} (optimizer state included)", tt.measured_peak_bytes))
+            totals.append((f"predicted peak, {what}", fwd_bwd))
+        held = "optimizer state included" if prof.accum == 1 else "gradients held"
+        totals.append((f"measured peak, {what} ({held})", tt.measured_peak_bytes))
     for k, v in totals:
         s.add_row(k, format_bytes(v))
     if tt.optimizer_ms is not None:
