@@ -42,6 +42,23 @@ def test_hf_keywords_a_config_reads_from_its_kwargs_are_fields():
     assert "kwargs" not in hf_config_fields(Config)
 
 
+def test_hf_fields_the_config_or_the_model_reads_by_name_are_taken():
+    # Hub configs carry them: GPT-NeoX's rotary_pct (transformers 5 pops it where it builds the
+    # rope parameters), DeBERTa-v2's position_buckets (read with getattr by the model only).
+    pytest.importorskip("transformers")
+    neox = build_model(hf({"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 1,
+                           "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 50,
+                           "rotary_pct": 0.25, "use_cache": False}), "meta")
+    assert neox.gpt_neox.rotary_emb.inv_freq.numel() == 16 // 4 // 2  # head 16, a quarter rotated
+    deb = build_model(hf({"model_type": "deberta-v2", "hidden_size": 32, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 50,
+                          "relative_attention": True, "position_buckets": 8, "max_relative_positions": -1}),
+                      "meta")
+    assert deb.deberta.encoder.rel_embeddings.weight.shape[0] == 2 * 8
+    with pytest.raises(SpecError, match="did you mean 'position_buckets'"):
+        build_model(hf({"model_type": "deberta-v2", "position_bucket": 8}), "meta")
+
+
 def test_hf_default_padding_id_outside_a_small_vocabulary_names_the_field():
     # Phi-3's config defaults pad_token_id to 32000; with vocab_size 512 the model's embedding
     # asserts inside transformers. ckplan names the field, the value, the limit and the fix.

@@ -97,3 +97,33 @@ def test_a_plain_classifier_benches_with_exact_peaks_and_gradients():
     prof = api.profile(spec, device="meta")
     assert prof.chain == "blocks"
     assert prof.totals.predicted_peak_bytes == res.rows[0].predicted_peak_bytes
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_mean_squared_error_step_is_measured_as_a_plain_loop_runs_it(accum):
+    # mse_loss on the CPU returns a scalar that keeps its (B, C) elementwise buffer alive with it.
+    # A plain loop holds the loss through backward: the oracle is that loop under the tracker,
+    # and bench's step must measure what it measures (and what the profile predicts); it measured
+    # one buffer low when it divided the loss by accum, dropping the loss before backward.
+    from ckplan.measure import LiveTensorTracker
+    from ckplan.training import make_optimizer
+
+    spec = _spec("ckmodels:PlainClassifier", [32], {"shape": [64], "dtype": "float32"}, n_layers=4, classes=64)
+    spec = api.load(spec, batch_size=64, accum=accum)
+    res = api.bench(spec, strategies=["none"], device="cpu", steps=1, warmup=0)
+    row = res.rows[0]
+    assert row.status == "ok", row.message
+    assert row.measured_peak_bytes == row.predicted_peak_bytes, accum
+    torch.manual_seed(0)
+    model = build_model(spec, "cpu")
+    (x,), kw = make_batch(spec, "cpu")
+    opt = make_optimizer(list(model.parameters()), "sgd", 1e-4, "cpu")
+    for _ in range(2):  # the second step: the optimizer's state and the allocator warm
+        with LiveTensorTracker() as tr:
+            for _ in range(accum):
+                loss = F.mse_loss(model(x), kw["labels"])
+                loss.backward()  # scaling by 1 / accum changes values, not bytes
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    resident = sum(p.numel() * 4 for p in model.parameters()) + x.nbytes + kw["labels"].nbytes
+    assert resident + tr.peak == res.rows[0].measured_peak_bytes

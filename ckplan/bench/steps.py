@@ -41,9 +41,13 @@ class Stepper:
             loss = forward_loss(self.model, args, kwargs, self.loss_fn, self.precision, self.device.type)
             if micro == 0 and after_forward is not None:
                 after_forward()
-            loss = loss / self.accum
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += float(loss.detach())
+            # 1 / accum enters as the gradient of the loss, not by dividing it: the loss tensor
+            # lives through backward as in a plain loop (mse_loss on the CPU returns a scalar
+            # that keeps its elementwise buffer), which is the step the profile predicts
+            scaled = self.scaler.scale(loss) if self.scaler else loss
+            scaled.backward(torch.full_like(scaled, 1 / self.accum) if self.accum > 1 else None)
+            del scaled
+            total += float(loss.detach()) / self.accum
             del loss
         return total
 

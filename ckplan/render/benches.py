@@ -7,7 +7,7 @@ from ..bench_records import OVER_BUDGET
 from ..units import format_bytes, format_ms
 from . import consoles
 from .consoles import escape
-from .tables import Col, pair, pct, print_table
+from .tables import Col, pair, peak_diff, print_table
 
 
 def bench_table(res, *, wide: bool = False, console: Console | None = None) -> None:
@@ -28,7 +28,8 @@ def bench_table(res, *, wide: bool = False, console: Console | None = None) -> N
         dgrad = "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}"
         rows.append([
             escape(r.strategy), r.status if r.status == "ok" else red(r.status),
-            format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes), pct(r.peak_error),
+            format_bytes(r.predicted_peak_bytes), format_bytes(r.measured_peak_bytes),
+            peak_diff(r.predicted_peak_bytes, r.measured_peak_bytes),
             pair(r.predicted_fwd_bwd_peak_bytes, r.measured_fwd_bwd_peak_bytes),
             pair(r.predicted_activation_bytes, r.measured_activation_bytes),
             "-" if r.measured_rss_growth_bytes is None else
@@ -69,7 +70,8 @@ def dist_bench_table(res, *, wide: bool = False, console: Console | None = None)
     for r in res.rows:
         status = r.status if r.status == "ok" else f"[red]{escape(r.status)}[/]"  # each rank's own
         body.append([r.strategy, str(r.rank), status, format_bytes(r.predicted_peak_bytes),
-                     format_bytes(r.measured_peak_bytes), pct(r.peak_error), format_ms(r.step_ms),
+                     format_bytes(r.measured_peak_bytes), peak_diff(r.predicted_peak_bytes, r.measured_peak_bytes),
+                     format_ms(r.step_ms),
                      "-" if r.max_grad_diff is None else f"{r.max_grad_diff:.1e}",
                      format_bytes(r.torch_tracker_peak_bytes)])
     print_table(out, cols, body, wide)

@@ -106,5 +106,19 @@ def pct(x):
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
+def peak_diff(predicted: int | None, measured: int | None) -> str:
+    """Measured minus predicted peak: ``0 B`` when equal; signed bytes while under 0.1% of the
+    prediction, so that a few bytes' difference shows; a signed share above that (``+`` is a
+    measurement above its prediction)."""
+    if predicted is None or measured is None:
+        return "-"
+    d = measured - predicted
+    if d == 0:
+        return "0 B"
+    if predicted and abs(d) >= predicted / 1000:
+        return f"{d / predicted:+.1%}"
+    return f"{'+' if d > 0 else '-'}{format_bytes(abs(d))}"
+
+
 def pair(a: int | None, b: int | None) -> str:
     return "-" if b is None else f"{format_bytes(a)} / {format_bytes(b)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib
 import inspect
 import re
 
@@ -148,7 +149,7 @@ def hf_config_fields(config_cls) -> set[str]:
               if isinstance(v, property) and v.fset is not None and not n.startswith("_")}
     if dataclasses.is_dataclass(config_cls):
         known |= {f.name for f in dataclasses.fields(config_cls)}
-    known |= _read_from_kwargs(config_cls)
+    known |= _read_from_kwargs(config_cls) | _read_by_model(config_cls)
     try:
         default = config_cls()
         known |= set(default.to_dict())
@@ -159,18 +160,32 @@ def hf_config_fields(config_cls) -> set[str]:
 
 
 def _read_from_kwargs(config_cls) -> set[str]:
-    """Keywords a config's own ``__init__``/``__post_init__`` takes out of ``**kwargs`` by name
-    (Gemma 4's ``global_head_dim``): ``kwargs.pop("name"`` or ``kwargs.get("name"`` in its source."""
+    """Keywords a config class takes out of ``**kwargs`` by name anywhere in its source (Gemma 4's
+    ``global_head_dim`` in ``__init__``, GPT-NeoX's ``rotary_pct`` where its rope parameters are
+    built): ``kwargs.pop("name"`` or ``kwargs.get("name"``."""
     names: set[str] = set()
     for cls in config_cls.__mro__:
-        for method in ("__init__", "__post_init__"):
-            fn = cls.__dict__.get(method)
-            try:
-                src = inspect.getsource(fn) if fn is not None else ""
-            except (OSError, TypeError):
-                continue
-            names |= set(re.findall(r"kwargs\.(?:pop|get)\(\s*[\"'](\w+)[\"']", src))
+        if cls is object:
+            continue
+        try:
+            src = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        names |= set(re.findall(r"kwargs\.(?:pop|get)\(\s*[\"'](\w+)[\"']", src))
     return names
+
+
+def _read_by_model(config_cls) -> set[str]:
+    """Attributes the model's own module reads from its config though the config class does not
+    declare them (DeBERTa-v2's ``position_buckets``: ``getattr(config, "position_buckets", -1)``)."""
+    module = config_cls.__module__.replace(".configuration_", ".modeling_")
+    if module == config_cls.__module__:
+        return set()
+    try:
+        src = inspect.getsource(importlib.import_module(module))
+    except Exception:  # no modeling module of that name, or it does not import here
+        return set()
+    return set(re.findall(r"getattr\(\s*config\s*,\s*[\"'](\w+)[\"']", src))
 
 
 # Read by the models from any config though no config class declares them (transformers 5).
