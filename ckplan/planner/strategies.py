@@ -111,9 +111,8 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
         plan, slot, exact, notes = res.plan, res.slot_bytes, res.exact, res.notes
         if budget_bytes is None:
             notes += ("no budget: planned for the smallest feasible peak",)
-        if not exact:
-            plan, extra = _safety_net(chain, plan, target, k)
-            notes += extra
+        plan, extra = _safety_net(chain, plan, target, k)
+        notes += extra
     else:
         raise UsageError(f"unknown strategy {strategy!r}",
                          tip=f"choose one of {', '.join(ALL_STRATEGIES)}")
@@ -197,20 +196,28 @@ def _baseline_score(chain: Chain, plan: Plan) -> Score:
 
 
 def _safety_net(chain: Chain, plan: Plan, budget: int, k: int) -> tuple[Plan, tuple[str, ...]]:
-    """When the DP is not exact (rounded slots, grouped layers), never return a plan that a
-    baseline beats at the same budget. Only baselines whose ``recompute_floor`` is below the
-    best plan's recompute are simulated (1000 layers: 38 simulations, 0.5 s, before)."""
+    """Never return a plan that a baseline beats at the same budget: one that recomputes less
+    (when the DP is not exact: rounded slots, grouped layers), or as little at a lower peak (a tie
+    the DP breaks either way). Only baselines whose ``recompute_floor`` is at most the best plan's
+    recompute are simulated (1000 layers: 38 simulations, 0.5 s, before)."""
     best, best_score = plan, simulate(chain, plan)
+    tied = False
     for cand, floor in _baselines(chain, k):
-        if floor * (1 - 1e-9) >= best_score.recompute_ms * (1 - 1e-12):
-            break  # least floor first: no baseline left recomputes less than the best
+        if floor * (1 - 1e-9) > best_score.recompute_ms * (1 + 1e-9):
+            break  # least floor first: no baseline left recomputes as little as the best
         sc = _baseline_score(chain, cand)
-        if sc.peak_bytes <= budget and sc.recompute_ms < best_score.recompute_ms * (1 - 1e-12):
-            best, best_score = cand, sc
+        if sc.peak_bytes > budget:
+            continue
+        if sc.recompute_ms < best_score.recompute_ms * (1 - 1e-9):
+            best, best_score, tied = cand, sc, False
+        elif sc.recompute_ms <= best_score.recompute_ms * (1 + 1e-9) and sc.peak_bytes < best_score.peak_bytes:
+            best, best_score, tied = cand, sc, True
     if best is plan:
         return plan, ()
     label = best.strategy + (f" (k={best.params['k']})" if "k" in best.params else "")
     won = Plan("dp", chain.n_layers, best.items, {**plan.params, "from": label})
+    if tied:
+        return won, (f"the {label} plan recomputes as little at a lower peak and is returned",)
     return won, (f"the {label} plan beat the rounded DP at this budget and is returned",)
 
 
