@@ -122,6 +122,9 @@ def test_target_errors(tmp_path, monkeypatch):
         build_model(spec("factories:needs_width", {"height": 3}), "meta")
     with pytest.raises(SpecError, match="has no attribute 'nope'"):
         build_model(spec("factories:nope"), "meta")
+    with pytest.raises(SpecError, match="has no attribute 'Needs_width'") as e:  # the case a user gets wrong
+        build_model(spec("factories:Needs_width"), "meta")
+    assert e.value.tip == "did you mean 'needs_width'?"
     with pytest.raises(SpecError, match="must look like"):
         spec("factories.nope")
     (tmp_path / "broken_factory.py").write_text("raise RuntimeError('boom at import')\n")

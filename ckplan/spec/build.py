@@ -6,6 +6,7 @@ package docstring: a spec is code).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import sys
 
@@ -115,9 +116,13 @@ def _build_target(target: str, args: dict):
                         tip=f"fix the module (python -c 'import {mod_name}' shows the traceback)") from e
     fn = mod
     for part in fn_name.split("."):
-        fn = getattr(fn, part, None)
+        owner, fn = fn, getattr(fn, part, None)
         if fn is None:
-            raise SpecError(f"model.target: module {mod_name!r} has no attribute {fn_name!r}")
+            names = [n for n in dir(owner) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+            raise SpecError(f"model.target: module {mod_name!r} has no attribute {fn_name!r}",
+                            tip=f"did you mean {close[0]!r}?" if close else
+                            f"name a class or function {mod_name!r} defines")
     try:
         return fn(**args)
     except TypeError as e:
