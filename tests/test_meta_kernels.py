@@ -139,3 +139,42 @@ def test_a_meta_profile_is_the_same_with_and_without_the_cache(config, configs, 
     cached = profile(spec, device="meta", options=True)
     assert used and sum(c.hits for c in used) > 0  # the cache was in the profile and saved kernels
     assert cached.to_dict() == plain.to_dict()
+
+
+def test_layer_norm_backward_lays_its_gradient_out_as_the_cpu_kernel_does():
+    # A pooled head (Swin, ViT-style mean pooling over a transposed sequence) hands the last layer
+    # norm a transposed gradient: the CPU and CUDA kernels still return a contiguous gradient,
+    # torch's meta kernel one with the incoming strides (the layer before then copied it on meta).
+    def run(device, mode=contextlib.nullcontext):
+        x = torch.randn(2, 16, 8, device=device)
+        g = torch.randn(2, 8, 16, device=device).transpose(1, 2)  # (2, 16, 8), not contiguous
+        mean, rstd = torch.zeros(2, 16, 1, device=device), torch.ones(2, 16, 1, device=device)
+        w, b = torch.ones(8, device=device), torch.zeros(8, device=device)
+        with mode():
+            return [aten.native_layer_norm_backward.default(g, x, [8], mean, rstd, w, b, [True, True, True])
+                    for _ in range(2)]  # the second from the cache
+    cpu = run("cpu")[0]
+    assert not torch.empty(2, 8, 16).transpose(1, 2).is_contiguous() and cpu[0].is_contiguous()
+    for meta in run("meta", MetaKernelCache):
+        assert [(t.shape, t.stride()) for t in meta] == [(t.shape, t.stride()) for t in cpu]
+
+
+def test_a_swin_meta_profile_equals_its_cpu_profile(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "swin.yaml"
+    path.write_text("""
+model:
+  hf: {model_type: swin, image_size: 32, patch_size: 4, embed_dim: 16, depths: [1, 1], num_heads: [2, 2],
+       window_size: 4, num_labels: 10}
+  task: image-classification
+input: {batch_size: 2, shape: [3, 32, 32], dtype: float32, name: pixel_values,
+        labels: {shape: [], dtype: int64, high: 10}}
+train: {optimizer: sgd}
+""")
+    spec = load_spec(path)
+    meta, cpu = profile(spec, device="meta", options=False), profile(spec, device="cpu", options=False, repeats=1)
+    for a, b in zip(meta.layers, cpu.layers):
+        for key, value in a.to_dict().items():
+            if key.endswith("_bytes"):
+                assert value == getattr(b, key), (a.name, key)
+    assert meta.totals.predicted_peak_bytes == cpu.totals.predicted_peak_bytes

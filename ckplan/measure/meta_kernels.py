@@ -15,6 +15,11 @@ returns a view its schema does not declare) and whose storages are exactly what
 The cache must sit below every mode that observes ops (the live-tensor tracker, the FLOP
 counter, selective checkpointing's caching modes): enter it first, so that they see each op
 and it only replaces the kernel.
+
+Where a meta kernel lays its output out otherwise than the CPU and CUDA kernels do, the output
+takes theirs (``REAL_LAYOUT``): layer norm's backward makes its input's gradient contiguous on
+both, while its meta kernel follows the strides of the incoming gradient, so that a transposed
+gradient (a pooled head's) cost the layer before it a copy on meta only.
 """
 from __future__ import annotations
 
@@ -84,18 +89,35 @@ class MetaKernelCache(TorchDispatchMode):
             # factory ops without a dtype follow the default dtype: part of the key
             key = (func, _key(args), _key(tuple(sorted(kwargs.items()))), torch.get_default_dtype())
         except _Uncacheable:
-            return func(*args, **kwargs)
+            return _real_layout(func, func(*args, **kwargs))
         if key in self._outs:
             outs = self._outs[key]
             if outs is None:
-                return func(*args, **kwargs)
+                return _real_layout(func, func(*args, **kwargs))
             self.hits += 1
             made = tuple(torch.empty_strided(shape, stride, dtype=dtype, device="meta")
                          for dtype, shape, stride in outs)
             return made if len(func._schema.returns) > 1 else made[0]
-        out = func(*args, **kwargs)
+        out = _real_layout(func, func(*args, **kwargs))
         self._outs[key] = _record(out, args, kwargs)
         return out
+
+
+# op -> the outputs the CPU and CUDA kernels make contiguous whatever their inputs' strides
+REAL_LAYOUT = {torch.ops.aten.native_layer_norm_backward.default: (0,)}
+
+
+def _real_layout(func: Any, out: Any) -> Any:
+    """``out`` with the layout the real kernels give it (``REAL_LAYOUT``)."""
+    which = REAL_LAYOUT.get(func)
+    if not which:
+        return out
+    outs = list(out)
+    for i in which:
+        o = outs[i]
+        if isinstance(o, torch.Tensor) and o.is_meta and not o.is_contiguous():
+            outs[i] = torch.empty(o.shape, dtype=o.dtype, device="meta")
+    return tuple(outs)
 
 
 def _record(out: Any, args: tuple, kwargs: dict) -> _Out | None:
