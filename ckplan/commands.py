@@ -112,15 +112,18 @@ def world_sizes_of(text: str | None) -> list[int]:
 
 
 def plan_layout(spec, profile_path, world_size: str | None, parallel, export, output) -> tuple[list[int], str]:
-    """The world sizes and parallel kind a plan is for (the spec's own ``parallel`` when
-    ``--world-size`` is not given), the options they would ignore refused, and ``-o`` checked."""
+    """The world sizes and parallel kind a plan is for (the spec's own ``parallel``, whose world
+    size ``--world-size`` and whose kind ``--parallel`` replace), the options they would ignore
+    refused, and ``-o`` checked."""
     given_parallel = parallel
-    if world_size is None:  # the spec's own parallel: the file's, or the one a saved profile was made from
-        made_from = (api.load(spec) if profile_path is None and spec is not None else
-                     _saved_spec(profile_path) if profile_path is not None else None)
-        if made_from is not None:
-            par = made_from.parallel
-            world_size, parallel = str(par.world_size), parallel or par.kind
+    # the spec's own parallel: the file's, or the one a saved profile was made from; --world-size
+    # replaces its world size only, --parallel its kind
+    made_from = (api.load(spec) if profile_path is None and spec is not None else
+                 _saved_spec(profile_path) if profile_path is not None else None)
+    if made_from is not None:
+        par = made_from.parallel
+        world_size = str(par.world_size) if world_size is None else world_size
+        parallel = parallel or par.kind
     sizes = world_sizes_of(world_size)
     check_world_size_options(sizes, given_parallel, export, output)
     if output is not None:

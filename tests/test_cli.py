@@ -441,6 +441,13 @@ def test_spec_parallel_field_plans_per_rank(tiny_gpt_spec, tmp_path):
     assert any("DDP on 4 ranks" in n for n in ddp["notes"])
     fsdp = json.loads(run("plan", spec, "--device", "meta", "--parallel", "fsdp", "-f", "json").stdout)
     assert fsdp["persistent_bytes"] < plain["persistent_bytes"]
+    # --world-size replaces the spec's world size, not its kind: still DDP, the same per rank at 2
+    # ranks as at 4 (it replicates); it planned FSDP when --world-size was given
+    two = json.loads(run("plan", spec, "--device", "meta", "--world-size", "2", "-f", "json").stdout)
+    assert two["parallel"] == "ddp" and two["persistent_bytes"] == ddp["persistent_bytes"]
+    spec.write_text(spec.read_text().replace("world_size: 4, ", ""))  # kind only: one process by default
+    table = json.loads(run("plan", spec, "--device", "meta", "--world-size", "2,4", "-f", "json").stdout)
+    assert {r["kind"] for r in table["rows"]} == {"ddp"}, table["rows"]
 
 
 def test_meta_target_picks_the_device_a_meta_profile_stands_for(tiny_gpt_spec, tmp_path):
