@@ -206,13 +206,15 @@ def export(rep, target: str):
     prof = rep.profile
     layer_class = prof.chain_layers[0].type if prof.chain_layers else None
     policy = (prof.param_dtype, prof.reduce_dtype or "fp32") if prof.param_dtype else None
+    chain = _chain_for(prof, rep.world_size, rep.parallel or "fsdp")  # the chain the plan was made on
+    fits = None if rep.budget_bytes is None else (lambda p: simulate(chain, p).peak_bytes <= rep.budget_bytes)
     ex = export_plan(rep.chosen.plan, str(target), chain_path=prof.chain, layer_class=layer_class,
-                     model_name=prof.model, policy=policy)
+                     model_name=prof.model, policy=policy, fits=fits)
     if str(target).strip().lower() == "torchtitan" and prof.param_dtype is None:
         ex = replace(ex, message=f"{ex.message} On sharded ranks torchtitan trains under FSDP2's "
                      "MixedPrecisionPolicy by default (mixed_precision_param bfloat16): plan with "
                      "`parallel: {param_dtype: bf16}` in the spec for what it runs.".strip())
-    closest_peak = simulate(chain_from_profile(prof), ex.closest_plan).peak_bytes
+    closest_peak = simulate(chain, ex.closest_plan).peak_bytes
     return ex, closest_peak
 
 

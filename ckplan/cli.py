@@ -205,7 +205,7 @@ def _plan_one(spec, common: dict, *, budget, exact, export, output, fmt, wide, *
         render.info(f"wrote {output}")
     emit(fmt, doc, rep.to_frame(), lambda: render.plan_tables(rep, wide=wide))
     if exported is not None and fmt == Fmt.table:
-        render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes)
+        render.export_text(exported, closest_peak, rep.chosen.score.peak_bytes, budget_bytes=rep.budget_bytes)
     if rep.infeasible is not None:  # the table is shown; the budget still cannot be met
         raise InfeasibleBudgetError(rep.infeasible, tip=rep.infeasible_tip)
 

@@ -142,6 +142,36 @@ def test_torchtitan_closest_is_the_fewest_blocks_at_least_as_many_as_recomputed(
         assert export_plan(e.closest_plan, "torchtitan", chain_path="layers").exact
 
 
+def test_torchtitan_closest_fits_the_budget_when_an_every_n_pattern_does():
+    # Oracle: every expressible torchtitan config simulated on the chain. With a budget, the one
+    # exported is the fewest checkpointed blocks that fits; the nearest by count may not fit (a
+    # dp plan with 2 of 4 layers recomputed, whose nearest every-N, blocks 1 and 3, was over).
+    from ckplan.planner import simulate
+    from ckplan.planner.synthetic import random_chain
+    moved = 0
+    for seed in range(30):
+        chain = random_chain(6, seed, max_size=5000)
+        hi = simulate(chain, plan_none(6)).peak_bytes
+        lo = simulate(chain, plan_every_k(6, 1)).peak_bytes
+        for budget in (lo + (hi - lo) * t // 6 for t in range(1, 6)):
+            plan = plan_chain(chain, "dp", budget).plan
+            def fits(p, budget=budget, chain=chain):
+                return simulate(chain, p).peak_bytes <= budget
+            e = export_plan(plan, "torchtitan", chain_path="layers", fits=fits)
+            if e.exact:
+                continue
+            c = len(_recomputed(plan))
+            titan = [(k, per_layer_plan(6, sorted(_titan_layers(6, "selective", str(k))))) for k in range(1, 7)]
+            fitting = [(k, p) for k, p in titan if fits(p)]
+            got = _recomputed(e.closest_plan)
+            if fitting:  # the largest N (fewest blocks) that fits, among those with at least c blocks
+                best = max(k for k, p in fitting if len(_recomputed(p)) >= c or k == 1)
+                assert got == _recomputed(dict(titan)[best]) and fits(e.closest_plan), (seed, budget)
+            nearest = max(k for k in range(1, 7) if 6 // k >= c)
+            moved += got != _titan_layers(6, "selective", str(nearest))
+    assert moved  # the budget changed the config somewhere: the oracle can fail
+
+
 @pytest.mark.parametrize("plan", [plan_none(12), plan_every_k(12, 1), per_layer_plan(12, [3, 7, 11]),
                                   NESTED_DP, *_dp_plans()[1:]])
 def test_torchtitan_toml_applies_the_closest_plan(plan):

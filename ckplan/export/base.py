@@ -1,6 +1,7 @@
 """What an export is: the targets, the result (:class:`Export`) and what every exporter is given."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,3 +39,6 @@ class Ctx:
     # FSDP2's MixedPrecisionPolicy the plan was made under: (param dtype, reduce dtype), as
     # ckplan names them ("bf16", "fp32"); None: no policy
     policy: tuple[str, str] | None = None
+    # whether a plan fits the budget the plan was made for (None: no budget to meet); a target
+    # that can express several plans near it takes one that fits
+    fits: Callable[[Plan], bool] | None = None

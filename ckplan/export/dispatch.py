@@ -1,6 +1,8 @@
 """``export_plan``: the plan checked, its target's exporter run, selective options stored whole."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import UsageError
 from ..planner.plan import STORE, Plan
 from .base import TARGETS, Ctx, Export
@@ -9,14 +11,17 @@ from .targets import EXPORTERS
 
 
 def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | None = None,
-                model_name: str = "", policy: tuple[str, str] | None = None) -> Export:
+                model_name: str = "", policy: tuple[str, str] | None = None,
+                fits: Callable[[Plan], bool] | None = None) -> Export:
     """Render ``plan`` for ``target`` (one of :data:`TARGETS`).
 
     ``chain_path``: the dotted path of the layer container in the user's model (``Profile.chain``,
     e.g. ``"transformer.h"``); ``layer_class``: the chain layers' class name (``Block``), used where
     a framework selects layers by class; ``model_name``: shown in the header comment only;
     ``policy``: FSDP2's MixedPrecisionPolicy the plan is for, ``(param dtype, reduce dtype)``
-    (``("bf16", "fp32")``), written into the fsdp and torchtitan snippets.
+    (``("bf16", "fp32")``), written into the fsdp and torchtitan snippets; ``fits``: whether a
+    plan fits the budget ``plan`` was made for, so that a target that cannot express ``plan`` takes
+    the nearest plan it can express that fits (torchtitan's every-N), not merely the nearest.
     """
     plan = getattr(plan, "plan", plan)  # a PlanResult
     if not isinstance(plan, Plan):
@@ -28,7 +33,7 @@ def export_plan(plan: Plan, target: str, *, chain_path: str, layer_class: str | 
     if not chain_path or not isinstance(chain_path, str):
         raise UsageError("export needs the chain path (the dotted path of the layer container), "
                          f"got {chain_path!r}", tip="take it from the profile: Profile.chain, e.g. 'transformer.h'")
-    ctx = Ctx(chain_path, layer_class, model_name, policy)
+    ctx = Ctx(chain_path, layer_class, model_name, policy, fits)
     return _copies_said(plan, _export(plan, key, ctx))
 
 

@@ -176,16 +176,25 @@ def _export_torchtitan(plan: Plan, ctx: Ctx) -> Export:
     else:
         exact = False
         c = len(recomputed_layers(plan))
-        n = max(k for k in range(1, n_layers + 1) if n_layers // k >= c)  # c >= 1 here
-        chosen = torchtitan_every_n(n_layers, n)
-        closest = per_layer_plan(n_layers, chosen, source=plan.strategy, target="torchtitan", every_n=n)
+        nearest = max(k for k in range(1, n_layers + 1) if n_layers // k >= c)  # c >= 1 here
+
+        def every(k: int) -> Plan:
+            return per_layer_plan(n_layers, torchtitan_every_n(n_layers, k), source=plan.strategy,
+                                  target="torchtitan", every_n=k)
+        # more blocks checkpointed (a smaller N) until the budget is met; the nearest if none meets it
+        n = next((k for k in range(nearest, 0, -1) if ctx.fits is None or ctx.fits(every(k))), nearest)
+        closest = every(n)
         why = why_not_per_layer(plan) or f"checkpoints layers {span_text(layers or ())}, not an every-N pattern"
         if plan.strategy == "every-k":
             why += ("; ckplan's every-k checkpoints segments of k layers and recomputes all of them, while "
                     "torchtitan's every-N checkpoints one block in N")
         msg = (f"{rule}, so it cannot express this {plan.strategy} plan: it {why}. It recomputes {c} of "
                f"{n_layers} layers ({span_text(recomputed_layers(plan))}); closest torchtitan can express: "
-               f"{_tt_what(n, n_layers)}, the fewest checkpointed blocks that are at least {c}.")
+               f"{_tt_what(n, n_layers)}, " + (f"the fewest checkpointed blocks that are at least {c}." if n == nearest
+                                                else f"the fewest checkpointed blocks that fit the budget "
+                                                     f"(selective_ac_option = \"{nearest}\" does not)."))
+        if ctx.fits is not None and not ctx.fits(closest):
+            msg += " No every-N pattern fits the budget, full included: use ckplan.apply_plan."
     if ctx.chain_path != "layers":
         msg += (f" torchtitan always checkpoints `model.layers`; this plan was made for `{ctx.chain_path}`, so "
                 "check that both count the same blocks.")

@@ -66,13 +66,16 @@ def plan_tables(rep, *, wide: bool = False, console: Console | None = None) -> N
         out.print(escape(f"note: {note}"), soft_wrap=True)
 
 
-def export_text(exported, closest_peak_bytes: int, planned_peak_bytes: int, *,
+def export_text(exported, closest_peak_bytes: int, planned_peak_bytes: int, *, budget_bytes: int | None = None,
                 console: Console | None = None) -> None:
-    """The framework snippet of ``plan --export``, with what it applies when it is not the plan."""
+    """The framework snippet of ``plan --export``, with what it applies when it is not the plan, and
+    whether that fits the budget."""
     out = console or consoles.stdout
     verdict = ("exact: applies this plan" if exported.exact else
                f"not exact: applies {exported.closest_plan.describe()}, predicted peak "
                f"{format_bytes(closest_peak_bytes)} (the plan: {format_bytes(planned_peak_bytes)})")
+    if budget_bytes is not None and closest_peak_bytes > budget_bytes:
+        verdict += f", above the budget {format_bytes(budget_bytes)}: it does not fit"
     out.print(escape(f"--export {exported.target}: {verdict}"), soft_wrap=True)
     if exported.message:
         out.print(escape(exported.message), soft_wrap=True)
