@@ -25,6 +25,23 @@ def over_budget(predicted: int | None, measured: int | None, budget_bytes: int |
             and predicted <= budget_bytes < measured)
 
 
+def above_budget_note(rows, budget_bytes: int | None, fmt, what: str = "--budget") -> str | None:
+    """The note for rows not planned to an explicit budget (none, every-k, sqrtn, peers) that
+    measured above it: said, not failed. ``rows``: bench or per-rank rows (the highest rank's peak
+    per strategy); ``fmt``: bytes as text."""
+    if budget_bytes is None:
+        return None
+    worst: dict[str, int] = {}
+    for r in rows:
+        if r.status == OK and r.measured_peak_bytes is not None and r.measured_peak_bytes > budget_bytes:
+            worst[r.strategy] = max(worst.get(r.strategy, 0), r.measured_peak_bytes)
+    if not worst:
+        return None
+    return (f"measured above {what} {fmt(budget_bytes)}: "
+            + ", ".join(f"{name} ({fmt(m)}, +{m / budget_bytes - 1:.1%})" for name, m in worst.items())
+            + "; they do not fit it")
+
+
 def peak_error(predicted: int | None, measured: int | None) -> float | None:
     """``|measured - predicted| / predicted``: how far the measurement is from the prediction, as
     a share of the prediction ("predicted 1.0 GB, measured 12.6% more")."""

@@ -62,6 +62,7 @@ from dataclasses import replace
 import torch
 
 from . import launch
+from .bench_records import above_budget_note
 from .dist_rank import RankTracker, _rank_main, fsdp_unit_bytes  # noqa: F401  (RankTracker re-exported)
 from .dist_records import (  # noqa: F401  (re-exported)
     ERROR,
@@ -159,10 +160,14 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
                      f"batch statistics; the ranks' runs without checkpointing differ from it by up to "
                      f"{max(unreproduced):.3g})")
     single = simulate(_single_chain(profile), _none(profile)).peak_bytes
+    rows = mark_over_budget(rows, explicit)
+    above = above_budget_note(rows, explicit, format_bytes, "the per-rank --budget")
+    if above:
+        notes.append(above)
     return DistBenchResult(model=profile.model, kind=kind, world_size=nproc,
                            backend="nccl" if device == "cuda" else "gloo", device=device,
                            batch_size=profile.batch_size, optimizer=profile.optimizer, budget_bytes=budget_bytes,
-                           k=k, steps=steps, warmup=warmup, rows=tuple(mark_over_budget(rows, explicit)),
+                           k=k, steps=steps, warmup=warmup, rows=tuple(rows),
                            single_process_peak_bytes=single, notes=tuple(notes))
 
 

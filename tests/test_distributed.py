@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -332,6 +333,16 @@ def test_a_row_predicted_to_fit_and_measured_above_the_budget_is_over_budget():
     assert [r.status for r in marked] == [OVER_BUDGET, OK, OK, ERROR]  # none was never predicted to fit
     assert "1 bytes over" in marked[0].message
     assert mark_over_budget(rows, None) == rows  # no explicit budget: nothing to break
+
+
+def test_rows_not_planned_to_the_per_rank_budget_that_land_above_it_get_a_note():
+    from ckplan.bench_records import above_budget_note
+    rows = mark_over_budget([_rank_row("none", 150, 160), replace(_rank_row("none", 150, 170), rank=1),
+                             _rank_row("dp", 100, 100), _rank_row("sqrtn", 90, 120, ERROR)], 100)
+    note = above_budget_note(rows, 100, lambda b: f"{b} B", "the per-rank --budget")
+    # the highest rank's peak, once per strategy; the failed row and the fitting one are not named
+    assert note == "measured above the per-rank --budget 100 B: none (170 B, +70.0%); they do not fit it"
+    assert above_budget_note(rows, None, str) is None and above_budget_note(rows, 200, str) is None
 
 
 def test_distributed_default_budget_note_in_units(tiny_gpt_spec, tmp_path, monkeypatch):

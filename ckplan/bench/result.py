@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..bench_records import OK, OVER_BUDGET, BenchResult, BenchRow, over_budget, peak_error
+from ..bench_records import OK, OVER_BUDGET, BenchResult, BenchRow, above_budget_note, over_budget, peak_error
 from ..errors import CkplanError
 from ..planner import sweep
 from ..planner.regions import scored_frontier
@@ -135,12 +135,9 @@ def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str]
     few = few_steps_note(steps, rows)
     if few:
         notes.append(few)
-    above = [r for r in rows if explicit_budget is not None and r.status == OK and r.measured_peak_bytes is not None
-             and r.measured_peak_bytes > explicit_budget]
-    if above:  # rows not planned to the budget (none, every-k, sqrtn, peers): said, not failed
-        notes.append(f"measured above --budget {format_bytes(explicit_budget)}: " + ", ".join(
-            f"{r.strategy} ({format_bytes(r.measured_peak_bytes)}, +{r.measured_peak_bytes / explicit_budget - 1:.1%})"
-            for r in above) + "; they do not fit it")
+    above = above_budget_note(rows, explicit_budget, format_bytes)
+    if above:
+        notes.append(above)
     return BenchResult(model=profile.model, device=profile.device, device_name=profile.device_name,
                        batch_size=profile.batch_size, precision=profile.precision,
                        optimizer=profile.optimizer, accum=profile.accum, steps=steps, warmup=warmup,
