@@ -405,6 +405,13 @@ def test_plan_world_sizes_table_is_per_rank(tiny_gpt_spec, tmp_path):
     assert fixed[0] > fixed[1] > fixed[2]  # FSDP shards parameters, gradients and optimizer state
     bad = run("plan", spec, "--device", "meta", "--world-size", "two")
     assert bad.exit_code == 2 and "--world-size 'two'" in bad.output
+    # a budget only 4 ranks meet: the table's plan column stays narrow, the reason is under it
+    lowest = {row["world_size"]: row["min_peak_bytes"] for row in doc["rows"]}
+    r = run("plan", spec, "--device", "meta", "--world-size", "1,2,4", "--budget", str(lowest[4]), "--wide")
+    assert r.exit_code == 0, r.output
+    below = [line for line in r.stdout.splitlines() if line.startswith("no plan at 1, 2 ranks; at 2: budget")]
+    assert len(below) == 1 and "is below the smallest feasible peak" in below[0], r.stdout
+    assert max(len(line) for line in r.stdout.splitlines() if line.startswith("│")) < 200
 
 
 def test_bench_nproc_two_fsdp_ranks_predicted_equals_measured(configs, tmp_path):

@@ -109,5 +109,14 @@ def world_size_table(prof, rows, *, wide: bool = False, console: Console | None 
         body.append([str(r.world_size), format_bytes(r.persistent_bytes), format_bytes(r.none_peak_bytes),
                      format_bytes(r.plan_peak_bytes), format_bytes(r.min_peak_bytes), fits, pct(r.overhead),
                      format_ms(r.step_ms) if r.step_ms is not None else "-",
-                     format_ms(r.comm_ms) if r.comm_ms is not None else "-", escape(r.plan or r.message)])
+                     format_ms(r.comm_ms) if r.comm_ms is not None else "-",
+                     escape(r.plan) if r.plan else "-"])
     print_table(out, cols, body, wide, title=f"{rows[0].strategy if rows else ''} per rank")
+    # why a world size has no plan, under the table (in a cell it would widen the table to the
+    # message): the world sizes, and the message of the largest (the nearest to fitting)
+    unplanned = [r for r in rows if not r.plan and r.message]
+    if unplanned:
+        sizes = ", ".join(str(r.world_size) for r in unplanned)
+        last = unplanned[-1]
+        out.print(escape(f"no plan at {sizes} ranks" + (f"; at {last.world_size}" if len(unplanned) > 1 else "")
+                         + f": {last.message}"), soft_wrap=True)
