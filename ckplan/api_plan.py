@@ -84,7 +84,7 @@ def plan(spec: Spec | str | Path | None = None, *, profile_path: str | Path | No
     prof = _profile_for_plan(spec, profile_path, device, overrides, force, progress, note, options, compile,
                              meta_target)
     tick(progress, f"planning {strategy} for {prof.model}")
-    chain = _chain_for(prof, world_size, parallel)
+    chain = chain_for(prof, world_size, parallel)
     if offload is False:
         chain = replace(chain, d2h_bytes_per_ms=0.0, h2d_bytes_per_ms=0.0)
     no_link = (f"--offload: nothing is offloaded: the profile has no host link (profiled on {prof.device}"
@@ -142,7 +142,7 @@ def sweep(spec: Spec | str | Path | None = None, *, profile_path: str | Path | N
     return prof, _sweep(chain, names, points)
 
 
-def _chain_for(prof: Profile, world_size: int, parallel: str):
+def chain_for(prof: Profile, world_size: int, parallel: str):
     """The planner's chain: one process, or one rank of ``parallel`` on ``world_size`` ranks."""
     check_positive("world_size", world_size)
     if world_size == 1 and prof.param_dtype is not None:  # FSDP2 on one rank: fp32 masters
@@ -206,7 +206,7 @@ def export(rep, target: str):
     prof = rep.profile
     layer_class = prof.chain_layers[0].type if prof.chain_layers else None
     policy = (prof.param_dtype, prof.reduce_dtype or "fp32") if prof.param_dtype else None
-    chain = _chain_for(prof, rep.world_size, rep.parallel or "fsdp")  # the chain the plan was made on
+    chain = chain_for(prof, rep.world_size, rep.parallel or "fsdp")  # the chain the plan was made on
     fits = None if rep.budget_bytes is None else (lambda p: simulate(chain, p).peak_bytes <= rep.budget_bytes)
     ex = export_plan(rep.chosen.plan, str(target), chain_path=prof.chain, layer_class=layer_class,
                      model_name=prof.model, policy=policy, fits=fits)

@@ -10,8 +10,9 @@ import os
 
 import torch
 
-from .api import check_budget, check_plan_chain, check_positive, check_train_args, read_plan, resolve_budget
+from .api import check_budget, check_plan_chain, check_positive, check_train_args, read_plan
 from .api import profile_model as _profile
+from .api_plan import chain_for
 from .chainfind import resolve_chain
 from .compiled import compiled_layers as _compiled
 from .compiled_model import compiled_model as _whole
@@ -20,7 +21,8 @@ from .execute import apply_plan as _apply
 from .execute import remove_plan as _remove
 from .measure import KeptFreedMemory
 from .options import Strategy
-from .planner import chain_from_profile, plan_chain
+from .planner import chain_from_profile, parse_budget, plan_chain
+from .planner.parallel import KINDS
 
 __all__ = ["apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory", "load_plan", "plan_model",
            "profile_model", "remove_plan"]
@@ -28,11 +30,16 @@ __all__ = ["apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory
 
 def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain: str | None = None,
                optimizer: str = "adamw", precision: str = "fp32", accum: int = 1, k: int = 2,
-               lr: float = 1e-4, compile: bool = False):
+               lr: float = 1e-4, compile: bool = False, world_size: int = 1, parallel: str = "fsdp"):
     """Profile ``model`` on ``sample_batch`` (not changing it) and plan its checkpoints.
 
     ``compile=True``: the chain layers are profiled compiled with ``torch.compile``, and the plan
     is for them: apply it inside ``with ckplan.compiled_layers(model):`` (see ckplan.compiled).
+
+    ``world_size`` > 1: the plan, the budget and the peaks are for one rank of ``parallel``
+    (``"fsdp"``: FSDP2 with every chain layer one unit, ``"ddp"``) on that many ranks, with
+    ``sample_batch`` one rank's micro-batch. Profile the model as built, before ``fully_shard``;
+    the plan applies to each rank's model before or after it.
 
     ``sample_batch``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or
     ``(args, kwargs)``; the model's output (a loss, an object with ``.loss``, or a tensor whose
@@ -43,6 +50,9 @@ def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain:
     # Every argument is checked before the (possibly long) profile.
     strategy = str(Strategy.parse(strategy, what="strategy"))
     check_positive("k", k)
+    check_positive("world_size", world_size)
+    if world_size > 1 and str(parallel) not in KINDS:
+        raise UsageError(f"parallel={str(parallel)!r} is not one of {', '.join(KINDS)}")
     check_budget(budget)
     check_train_args(optimizer=optimizer, precision=precision, accum=accum)
     args, kwargs = _as_batch(sample_batch)
@@ -50,8 +60,9 @@ def plan_model(model, sample_batch, budget=None, *, strategy: str = "dp", chain:
     device = first.device if first is not None else torch.device("cpu")
     prof = _profile(model, args, kwargs, name=type(model).__name__, chain=chain, device=device,
                          optimizer=optimizer, precision=precision, accum=accum, lr=lr, compile=compile)
-    budget_bytes = None if budget is None else resolve_budget(budget, prof).bytes
-    return plan_chain(chain_from_profile(prof), strategy, budget_bytes, k)
+    planned = chain_from_profile(prof) if world_size == 1 else chain_for(prof, world_size, str(parallel))
+    budget_bytes = None if budget is None else parse_budget(budget, planned, what="budget").bytes
+    return plan_chain(planned, strategy, budget_bytes, k)
 
 
 def _as_batch(batch):

@@ -36,6 +36,29 @@ def test_plan_model_then_apply_gives_same_gradients():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def test_plan_model_plans_one_rank_as_the_spec_planner_does(tiny_gpt_spec, tmp_path):
+    # Oracle: the spec route (api.plan with world_size, the CLI's --world-size) on the same model
+    # and micro-batch; both profile it for real, so the per-rank byte figures must agree.
+    from ckplan import api
+    from ckplan.spec import build_model, make_batch
+    spec = api.load(tiny_gpt_spec(tmp_path, n_layer=4))
+    torch.manual_seed(0)
+    model = build_model(spec, "cpu")
+    args, kwargs = make_batch(spec, "cpu")
+    for kind in ("fsdp", "ddp"):
+        mine = ckplan.plan_model(model, (args, kwargs), strategy="none", optimizer="sgd", world_size=2,
+                                 parallel=kind)
+        theirs = api.plan(spec, strategy="none", device="cpu", world_size=2, parallel=kind,
+                          overrides={"optimizer": "sgd"}).chosen
+        assert mine.score.peak_bytes == theirs.score.peak_bytes, kind
+    one = ckplan.plan_model(model, (args, kwargs), strategy="none", optimizer="sgd")
+    fsdp = ckplan.plan_model(model, (args, kwargs), strategy="none", optimizer="sgd", world_size=2)
+    assert fsdp.score.persistent_bytes < one.score.persistent_bytes  # parameters sharded
+    # a share is of one rank's peak: 90% of it, not of one process's
+    half = ckplan.plan_model(model, (args, kwargs), budget="90%", optimizer="sgd", world_size=2)
+    assert abs(half.budget_bytes - 0.9 * fsdp.score.peak_bytes) <= 1 and half.fits
+
+
 def test_ci_runs_the_readme_test_command():
     readme = README.read_text()
     cmd = re.search(r"# 2\. install and run the tests\n(.+)\n", readme).group(1).strip()
@@ -54,6 +77,7 @@ def _mlp_and_batch():
     ({"precision": "int8"}, "precision='int8'"), ({"accum": 0}, "accum=0"),
     ({"optimizer": "lion"}, "optimizer='lion'"), ({"strategy": "fastest"}, "strategy='fastest'"),
     ({"k": 0}, "k=0"), ({"budget": "1e400"}, "larger than any machine"), ({"budget": "lots"}, "'lots'"),
+    ({"world_size": 0}, "world_size"), ({"world_size": 2, "parallel": "zero3"}, "parallel='zero3'"),
 ])
 def test_plan_model_rejects_bad_arguments_by_their_api_names(kw, needle):
     model, x = _mlp_and_batch()
