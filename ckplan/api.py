@@ -29,7 +29,6 @@ from .arguments import (
 )
 from .bench import run_bench
 from .chainfind import resolve_chain
-from .compiled_model import partitioner_budget
 from .distributed import bench_distributed as _bench_distributed
 from .distributed import check_run, check_world, rank_chain
 from .documents import (
@@ -48,6 +47,7 @@ from .planner import parse_budget
 from .planner.plan import PARTITIONER_BUDGET
 from .profile_doc import MAX_PROFILE_INT, profile_problem
 from .spec import Spec, build_model, make_batch, to_loss
+from .whole_compile import partitioner_budget
 
 __all__ = [
     "MAX_PROFILE_INT", "PLAN_TIP", "Note", "Progress", "bench", "bench_distributed", "check_bench_args",
@@ -70,7 +70,7 @@ def bench(spec: Spec, *, strategies: list[str], budget: str | int | float | None
     ``compile``: the chain layers are profiled compiled and every ckplan row (``none`` too) runs
     with them compiled, its plan applied around them (:mod:`ckplan.compiled`); peers run as always.
     ``compile_scope="model"`` (implies ``compile``): every ckplan row runs as one whole-model
-    ``torch.compile`` with a checkpoint region per chain layer (:mod:`ckplan.compiled_model`), and
+    ``torch.compile`` with a checkpoint region per chain layer (:mod:`ckplan.whole_compile`), and
     ``dp`` plans in that space (:mod:`ckplan.bench.whole_rows`).
 
     Every argument is checked before anything runs; on cpu/cuda a meta pass first checks that the

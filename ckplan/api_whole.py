@@ -1,6 +1,7 @@
 """``ckplan plan --compile-scope model``: the optimal plan of one checkpoint region per chain layer
-for a whole-model ``torch.compile`` (:mod:`ckplan.compiled_model`), from the spec's compiled
-profile and one measured whole-model step per choice a layer has (:mod:`ckplan.profiling.whole_steps`).
+for a whole-model ``torch.compile`` (:mod:`ckplan.whole_compile`), from the spec's compiled
+profile and one measured whole-model step per choice a layer has (:mod:`ckplan.profiling.whole_steps`;
+dp's choice checked by measurement: :mod:`ckplan.whole_choice`).
 
 The plan is written in the plain form (``Checkpoint(i, i + 1)`` for a layer recomputed whole); run
 it with ``ckplan.compiled_model(model, "plan.json")``, or check it with ``ckplan bench
@@ -15,15 +16,16 @@ import torch
 
 from .api_profile import profile, resolve_device
 from .arguments import Note, Progress, tick
-from .compiled_model import PARTITIONER_BUDGET
 from .errors import InfeasibleBudgetError, UsageError
 from .plan_report import PlanReport
 from .planner import PlanResult, chain_from_profile, parse_budget, plan_none, simulate
 from .planner.plan import STORE
 from .planner.whole import plain_plan, whole_model_chain
-from .profiling.whole_steps import dp_choice, measure_whole, mincut_search, pair_timer, whole_steps
+from .profiling.whole_steps import measure_whole, pair_timer, whole_steps
 from .sac import POLICIES
 from .spec import Spec, build_model, make_batch, to_loss
+from .whole_choice import dp_choice, mincut_search
+from .whole_compile import PARTITIONER_BUDGET
 
 NOTE = ("planned for a whole-model torch.compile, one checkpoint region per chain layer: run it with "
         "`ckplan.compiled_model(model, plan)` (a compiled copy sharing the model's parameters)")

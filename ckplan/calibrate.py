@@ -25,8 +25,6 @@ from .device_model import DeviceModel
 from .measure import device_info
 from .sac import SAC_KWARGS, context_fn
 
-GiB = 2**30
-
 
 def _timed(device: torch.device, fn: Callable[[], object], repeats: int) -> float:
     """Median seconds of ``fn`` over ``repeats`` runs after one warm-up, the device waited for."""

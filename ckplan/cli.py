@@ -43,7 +43,7 @@ from .cli_support import (
 )
 from .device_model import save_device
 from .errors import CkplanError, InfeasibleBudgetError, UsageError
-from .options import CompileScope, Device, ExportTarget, Fmt, Parallel, StrategyOrAll
+from .options import CompileScope, Device, DocFmt, ExportTarget, Fmt, Parallel, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -214,7 +214,7 @@ def _plan_one(spec, common: dict, *, budget, exact, export, output, fmt, wide, *
 @guarded
 def calibrate(
     device: Device = typer.Option(Device.auto, "--device", "-d", help="The device to measure: auto, cpu or cuda."),
-    fmt: Fmt = FORMAT_OPT,
+    fmt: DocFmt = typer.Option(DocFmt.table, "--format", "-f", help="What goes to stdout: table or json."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the device profile (JSON) for "
                                           "`--target FILE` with --device meta."),
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes and fewer repeats (seconds, rougher)."),

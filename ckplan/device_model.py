@@ -24,17 +24,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from .errors import SpecError
+from .units import GB, TFLOP, MiB
 
 DEVICE_FORMAT = "ckplan.device/1"
 MATMUL, ATTENTION, VECTOR, VIEW = "matmul", "attention", "vector", "view"
-T = 1e12
-GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,6 @@ ATTENTION_EFF = 0.35
 # workspace on Hopper and later, :4096:2:16:8 (8.1 MiB) before, and 1 MiB for cuBLASLt. A CUDA profile
 # measured 2 x (32 + 1) MiB on an H200 with torch 2.11 (totals.runtime_bytes, reports/cuda/logs);
 # CUBLAS_WORKSPACE_CONFIG and CUBLASLT_WORKSPACE_SIZE change them, `ckplan calibrate` measures them.
-MiB = 2**20
 HOPPER_RUNTIME_BYTES = 2 * (32 * MiB + 1 * MiB)
 AMPERE_RUNTIME_BYTES = 2 * (2 * 4096 * 1024 + 8 * 16 * 1024 + 1 * MiB)
 
@@ -160,9 +158,9 @@ def _gpu(name: str, *, fp32: float, tf32: float, bf16: float, bw: float, link: f
          host: float, runtime: int, sheet: str) -> DeviceModel:
     # fp32 matmuls run on CUDA cores unless the user allows TF32 (torch's default does not);
     # elementwise work runs at the fp32 vector rate whatever the dtype (it is bandwidth-bound).
-    mm = {"float32": fp32 * T, "tf32": tf32 * T, "bfloat16": bf16 * T, "float16": bf16 * T,
-          "float64": fp32 / 2 * T}
-    vec = {"float32": fp32 * T, "bfloat16": fp32 * T, "float16": fp32 * T, "float64": fp32 / 2 * T}
+    mm = {"float32": fp32 * TFLOP, "tf32": tf32 * TFLOP, "bfloat16": bf16 * TFLOP, "float16": bf16 * TFLOP,
+          "float64": fp32 / 2 * TFLOP}
+    vec = {"float32": fp32 * TFLOP, "bfloat16": fp32 * TFLOP, "float16": fp32 * TFLOP, "float64": fp32 / 2 * TFLOP}
     return DeviceModel(name=name, kind="cuda", matmul_flops=mm,
                        vector_flops=vec, memory_bw=bw * GB, dispatch_ms=HOST_DISPATCH_MS,
                        sac_dispatch_ms=HOST_SAC_DISPATCH_MS, view_ms=HOST_VIEW_MS, ckpt_hook_ms=HOST_CKPT_HOOK_MS,
@@ -188,10 +186,6 @@ BUILTIN: Mapping[str, DeviceModel] = MappingProxyType({
 })
 # The generic kinds a meta profile already knew: `cuda` prices as an H100, `cpu` needs a calibration.
 DEFAULT_FOR_KIND = {"cuda": "h100"}
-
-
-def builtin_names() -> tuple[str, ...]:
-    return tuple(BUILTIN)
 
 
 def device_from_dict(d: Any, *, where: str = "device profile") -> DeviceModel:
@@ -262,11 +256,6 @@ def load_device(name_or_path: str | Path) -> DeviceModel:
 
 def save_device(device: DeviceModel, path: str | Path) -> None:
     Path(path).write_text(json.dumps(device.to_dict(), indent=2) + "\n")
-
-
-def with_measured(device: DeviceModel, **fields: Any) -> DeviceModel:
-    """``device`` with some fields replaced by measured ones (and its source saying so)."""
-    return replace(device, **fields)
 
 
 def target_device(meta_target: str | None, default_kind: str) -> tuple[str, DeviceModel | None]:

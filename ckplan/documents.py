@@ -11,7 +11,7 @@ from typing import Any
 from .errors import SpecError, UsageError
 from .options import PLAN_OPTIONS
 from .planner import Plan
-from .planner.plan import check_plan_header
+from .planner.plan_json import check_plan_header
 from .profile_doc import profile_problem
 from .records import Profile
 from .report import check_output_dir as _check_output_dir
@@ -80,7 +80,7 @@ def read_plan(path: str | Path, *, chain_layers: int | None = None, chain: str |
 
 def read_plan_document(path: str | Path, *, where: str | None = None) -> tuple[dict, dict]:
     """``(plan object, the document around it or {})`` of a plan file, its header checked
-    (keys, format, option names: :func:`ckplan.planner.plan.check_plan_header`), no layer built
+    (keys, format, option names: :func:`ckplan.planner.plan_json.check_plan_header`), no layer built
     yet (:func:`plan_of` checks ``n_layers`` against the chain, then builds it)."""
     p = Path(path)
     data = _read_json(p, "plan", PLAN_TIP)

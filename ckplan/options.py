@@ -106,6 +106,13 @@ class Fmt(_Names):
     csv = "csv"
 
 
+class DocFmt(_Names):
+    """What a command with no rows to tabulate (``calibrate``) writes to stdout."""
+
+    table = "table"
+    json = "json"
+
+
 STRATEGIES = Strategy.names()
 DEVICES = Device.names()
 PRECISIONS = Precision.names()

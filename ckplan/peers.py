@@ -160,7 +160,7 @@ class CompiledPeer:
     the whole first forward+backward (:meth:`compiling`), so a lazily compiled backward sees it too.
     ``graphs`` counts the graphs compiled, so the bench can see that something compiled at all, and
     any recompilation after the warm-up. ``prepare``, when given, changes the copy before it is
-    compiled (:class:`ckplan.compiled_model.CompiledModel` installs a plan's regions)."""
+    compiled (:class:`ckplan.whole_compile.CompiledModel` installs a plan's regions)."""
 
     def __init__(self, model: nn.Module, fraction: float, prepare=None):
         self.fraction = fraction

@@ -26,12 +26,11 @@ from pathlib import Path
 import torch
 
 from .cgroups import cgroup_paths
-from .units import format_bytes
+from .units import MiB, format_bytes
 
-MIB = 2**20
 MARGINS = {  # device type -> (factor on the predicted peak, fixed bytes)
-    "cpu": (1.25, 256 * MIB),
-    "cuda": (1.10, 256 * MIB),
+    "cpu": (1.25, 256 * MiB),
+    "cuda": (1.10, 256 * MiB),
 }
 MALLOC_HINT = ("on CPU, glibc malloc can keep resident memory above the live tensor bytes; "
                "MALLOC_MMAP_THRESHOLD_=131072 in the environment keeps it close to them")

@@ -203,6 +203,10 @@ def _lists_problem(data: dict, n: int) -> str | None:
     ops = data.get("flops_estimated", [])
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
         return f"flops_estimated is {ops!r}, not a list of op names"
+    bw = data.get("host_bw", [0.0, 0.0])
+    if (not isinstance(bw, (list, tuple)) or len(bw) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf for v in bw)):
+        return f"host_bw is {bw!r}, not two bandwidths in bytes/s (device to host, host to device; 0: no link)"
     return None
 
 

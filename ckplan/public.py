@@ -15,7 +15,6 @@ from .api import profile_model as _profile
 from .api_plan import chain_for
 from .chainfind import resolve_chain
 from .compiled import compiled_layers as _compiled
-from .compiled_model import compiled_model as _whole
 from .errors import UsageError
 from .execute import apply_plan as _apply
 from .execute import remove_plan as _remove
@@ -23,6 +22,7 @@ from .measure import KeptFreedMemory
 from .options import Strategy
 from .planner import chain_from_profile, parse_budget, plan_chain
 from .planner.parallel import KINDS
+from .whole_compile import compiled_model as _whole
 
 __all__ = ["apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory", "load_plan", "plan_model",
            "profile_model", "remove_plan"]
@@ -104,7 +104,7 @@ def compiled_layers(model, *, chain: str | None = None):
 def compiled_model(model, plan, *, chain: str | None = None):
     """A whole-model ``torch.compile`` of a copy of ``model`` sharing its parameters, running ``plan``
     (one checkpoint region per chain layer: a plan from ``ckplan bench --compile-scope model`` or
-    any plan of stored, selective and one-layer checkpoints); see ckplan.compiled_model. Train the
+    any plan of stored, selective and one-layer checkpoints); see ckplan.whole_compile. Train the
     returned module with an optimizer over ``model.parameters()``."""
     if isinstance(plan, (str, bytes)) or hasattr(plan, "__fspath__"):
         plan = load_plan(plan)

@@ -17,6 +17,8 @@ _UNITS = {**_DECIMAL, **_BINARY, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
 
 ACCEPTED_SIZES = "a size like 12GB (10^9 bytes), 12GiB (2^30 bytes), 500MB, 2048 (bytes)"
+KiB, MiB, GiB = 2**10, 2**20, 2**30  # binary sizes, for constants written in code
+GB, TFLOP = 1e9, 1e12  # decimal, as rates: data-sheet bandwidths (bytes/s) and FLOP/s
 MAX_SIZE = 2**63 - 1  # int64 bytes (8 EiB): beyond any machine, and what torch and NVML can count
 
 

@@ -24,7 +24,7 @@ Budgets: a fraction of the way from the smallest feasible peak (0) to the peak w
 checkpointing (1); ``--one-byte`` adds the smallest peak plus one byte.
 
 * ``after``: ``plan_chain(chain, "dp", budget)``, what the CLI runs (exact byte-level DP up to
-  64 layers; the banded DP, ``dp.banded_plan``, from 65 to 400, with long nested top-level
+  64 layers; the banded DP, ``solve.banded_plan``, from 65 to 400, with long nested top-level
   checkpoints where its plans end one (``nest``), its tails' frontiers thinned above 200 (within
   4.6% of the band's optimum); above 400 the same without nesting with selective options, else
   grouped tables, with the banded DP, else ``near_min_plan``, just above the smallest peak).
@@ -67,10 +67,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ckplan.planner import dp, min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
-from ckplan.planner.dp import DPSolver, banded_plan, base_bytes, layer_tables
+from ckplan.planner import limits, min_peak, min_peak_plan, plan_chain, plan_none, simulate, tables
+from ckplan.planner.solve import DPSolver, banded_plan, layer_tables
 from ckplan.planner.synthetic import long_run_chain, random_chain, with_casts, with_options
-from ckplan.planner.tables import ParetoTable
+from ckplan.planner.tables import ParetoTable, base_bytes
 
 WIDE = 1_000_003
 
@@ -86,7 +86,7 @@ def make_chain(n: int, seed: int, scaled: bool, options: int = 0, family: str = 
     1x-20x longer (attention among cheap layers), most outputs equal, a few 0.2x-3x.
     ``longrun``: ``synthetic.long_run_chain``, a run of 20-79 cheap layers passing on little of
     what they keep, before a layer with a large backward: near the smallest peak its best plan
-    has a top-level checkpoint longer than the band (``dp.BAND_START``) with checkpoints inside."""
+    has a top-level checkpoint longer than the band (``limits.BAND_START``) with checkpoints inside."""
     if family == "blocks":
         return _blocks_chain(n, seed, options)
     if family == "longrun":
@@ -272,11 +272,11 @@ def bench_band_gap(n: int, seeds: int, fracs: list[float], options: int = 0,
             layer_tables.cache_clear()
             new, t_new = timed(lambda: plan_chain(ch, "dp", b))
             assert new.fits and new.score.peak_bytes <= b
-            limit, dp.BAND_MAX_TOTAL = dp.BAND_MAX_TOTAL, 10**9  # the reference: no work limit
+            limit, limits.BAND_MAX_TOTAL = limits.BAND_MAX_TOTAL, 10**9  # the reference: no work limit
             try:
                 ref, t_ref = timed(lambda: banded_plan(ch, b, bound=new.plan, trim=0.0))
             finally:
-                dp.BAND_MAX_TOTAL = limit
+                limits.BAND_MAX_TOTAL = limit
             stated = next((m.group(1) + "%" for x in new.notes
                            for m in [re.search(r"within (\d+\.\d)%", x)] if m), "-")
             if ref is None:
@@ -348,7 +348,7 @@ def main() -> None:
                          "or a long run of cheap layers before a large backward (longrun)")
     args = ap.parse_args()
     if args.numpy:
-        tables.USE_NUMBA = False
+        limits.USE_NUMBA = False
     if not args.speed and not args.gap and not args.breakpoints and not args.band_gap:
         args.speed = [10, 30, 100, 300, 1000]
     if args.speed:

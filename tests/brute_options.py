@@ -19,9 +19,9 @@ from ckplan.planner import (
     simulate,
 )
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import DPSolver
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import DPSolver
 
 SIZE = 997  # sizes drawn up to this: they do not divide evenly
 

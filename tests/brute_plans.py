@@ -16,9 +16,9 @@ from ckplan.planner import (
     simulate,
 )
 from ckplan.planner.chain import Chain
-from ckplan.planner.dp import DPSolver
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import DPSolver
 
 EXACT = 10**9  # slots enough for exact gcd-sized slots on small chains
 

@@ -229,3 +229,18 @@ def test_torchtitan_export_says_when_the_plan_is_not_for_its_default_policy(tiny
     mp = tmp_path / "mp.yaml"
     mp.write_text(path.read_text() + "parallel: {kind: fsdp, param_dtype: bf16}\n")
     assert "mixed_precision_param" not in api.export(api.plan(mp, device="meta"), "torchtitan")[0].message
+
+
+def test_no_public_name_is_shadowed_by_a_submodule():
+    """``ckplan.NAME`` stays the function after any import: a submodule of the same name would
+    replace it on the package the moment something imports that submodule."""
+    import importlib
+    import importlib.util
+
+    import ckplan
+    importlib.import_module("ckplan.api")  # imports most of the package
+    for name in ckplan.__all__:
+        assert importlib.util.find_spec(f"ckplan.{name}") is None, name
+        assert callable(getattr(ckplan, name)) or isinstance(getattr(ckplan, name), type), name
+    from ckplan import compiled_model
+    assert callable(compiled_model)

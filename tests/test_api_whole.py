@@ -1,5 +1,5 @@
 """ckplan plan --compile-scope model (ckplan.api_whole): the result when dp takes the partitioner's
-min-cut, from given measurements (the compiles themselves: tests/test_compiled_model.py, slow)."""
+min-cut, from given measurements (the compiles themselves: tests/test_whole_compile.py, slow)."""
 from __future__ import annotations
 
 import json
@@ -7,11 +7,11 @@ import json
 import pytest
 
 from ckplan.api_whole import _mincut_result
-from ckplan.compiled_model import PARTITIONER_BUDGET
 from ckplan.planner import Plan, plan_none, simulate
 from ckplan.planner.synthetic import random_chain
 from ckplan.planner.whole import WholeStep
-from ckplan.profiling.whole_steps import Mincut
+from ckplan.whole_choice import Mincut
+from ckplan.whole_compile import PARTITIONER_BUDGET
 
 
 def test_a_taken_min_cut_is_reported_with_its_measured_peak_time_and_budget():

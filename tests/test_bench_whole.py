@@ -53,7 +53,7 @@ def _sac_chain(seed: int):
 def test_dp_measures_a_mixed_plan_before_taking_it_and_never_takes_one_measured_over_budget(seed):
     from ckplan.errors import InfeasibleBudgetError
     from ckplan.planner.whole import WholeStep, plan_whole, whole_peak
-    from ckplan.profiling.whole_steps import CHECKS, checked_plan
+    from ckplan.whole_choice import CHECKS, checked_plan
     chain = _sac_chain(seed)
     lowest = plan_whole(chain, None).peak_bytes
     none = simulate(chain, option_plan(["store"] * 4)).peak_bytes
@@ -82,7 +82,7 @@ def test_dp_measures_a_mixed_plan_before_taking_it_and_never_takes_one_measured_
 
 
 def test_a_checked_plan_is_named_by_runs_of_layers():
-    from ckplan.profiling.whole_steps import runs_text
+    from ckplan.whole_choice import runs_text
     opts = ["store", "full-region", *["sac-attn"] * 6, *["sac-compute"] * 14, "sac-attn"]
     assert runs_text(opts) == "0 store, 1 full-region, 2-7 sac-attn, 8-21 sac-compute, 22 sac-attn"
 
@@ -97,9 +97,9 @@ def _store_step(chain):
 def test_the_partitioners_budget_is_lowered_by_its_miss_until_its_step_fits():
     """mincut_search: the first budget is the share the budget leaves of the stored step's
     activations; a step measured over the budget lowers it by the share it missed by."""
-    from ckplan.compiled_model import partitioner_budget
     from ckplan.planner.whole import WholeStep
-    from ckplan.profiling.whole_steps import TRIES, mincut_search
+    from ckplan.whole_choice import TRIES, mincut_search
+    from ckplan.whole_compile import partitioner_budget
     chain = _sac_chain(0)
     store = _store_step(chain)
     p, act = chain.persistent_bytes, store.fwd_peak_bytes
@@ -132,9 +132,9 @@ def test_the_partitioners_budget_is_lowered_by_its_miss_until_its_step_fits():
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_dp_takes_the_partitioners_min_cut_only_where_it_measured_faster(faster):
-    from ckplan.compiled_model import PARTITIONER_BUDGET
     from ckplan.planner.whole import WholeStep, plan_whole
-    from ckplan.profiling.whole_steps import Mincut, dp_choice
+    from ckplan.whole_choice import Mincut, dp_choice
+    from ckplan.whole_compile import PARTITIONER_BUDGET
     chain = _sac_chain(1)
     lowest = plan_whole(chain, None).peak_bytes
     none = simulate(chain, option_plan(["store"] * 4)).peak_bytes

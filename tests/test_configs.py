@@ -7,7 +7,7 @@ import torch
 
 from ckplan import api
 from ckplan.planner import chain_from_profile, plan_chain, simulate
-from ckplan.planner.dp import min_peak
+from ckplan.planner.solve import min_peak
 
 
 def test_python_dash_m():

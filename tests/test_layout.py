@@ -147,3 +147,29 @@ def test_test_files_do_not_import_each_other():
             if isinstance(node, ast.Import):
                 bad += [f"{p.name}: {a.name}" for a in node.names if a.name.startswith(("test_", "tests.test_"))]
     assert not bad, bad
+
+
+# The stages, lowest first: a module may import its own stage and those below it, never above.
+# Measuring (measure, profiling) and planning (planner, pure Python) never reach the report, the
+# commands or the library's entry points built on them.
+UPPER = ("render", "report", "cli", "cli_support", "commands", "api", "api_plan", "api_profile", "api_whole",
+         "public", "bench", "export", "whole_choice", "plan_report")
+LOWER = ("measure", "profiling", "planner", "records", "units", "errors")
+
+
+def _stage_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_imports_flow_from_measuring_to_commands():
+    graph = _graph()
+    upward = sorted(f"{name} -> {dep}" for name, deps in graph.items() if _stage_of(name) in LOWER
+                    for dep in deps if _stage_of(dep) in UPPER)
+    upward += sorted(f"{name} -> {dep}" for name, deps in graph.items() if _stage_of(name) == "render"
+                     for dep in deps if _stage_of(dep) in UPPER and _stage_of(dep) not in ("render", "report"))
+    assert not upward, f"imports against the flow (measure -> records -> planner -> report -> CLI): {upward}"
+    # the planner reads records and pure-Python data (the device model's rates, option names)
+    data = ("planner", "records", "units", "errors", "device_model", "options")
+    planner_out = sorted(f"{name} -> {dep}" for name, deps in graph.items() if _stage_of(name) == "planner"
+                         for dep in deps if _stage_of(dep) not in data)
+    assert not planner_out, f"the planner reads records only: {planner_out}"

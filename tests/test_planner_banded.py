@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from ckplan.planner import limits, min_peak, plan_chain, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import banded_plan, base_bytes, fixed_peak, layer_tables, plan_from
 from ckplan.planner.limits import BAND_MIN_LAYERS
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import banded_plan, coarse, layer_tables, plan_from
 from ckplan.planner.synthetic import random_chain, uniform_chain, with_tails
+from ckplan.planner.tables import base_bytes, fixed_peak
 
 
 def _nested_within(items: tuple, most: int) -> bool:
@@ -234,8 +235,8 @@ def test_coarse_bound_fits_and_changes_nothing_but_time(frac):
     """Past 150 layers, away from the smallest peak, the banded DP starts from the plan of the
     same band on sizes rounded up to 1/4000 of the budget: it fits, it is a bound only (the
     answer equals the banded DP's without it)."""
-    from ckplan.planner.dp import _coarse_plan
     from ckplan.planner.limits import COARSE_MIN_LAYERS
+    from ckplan.planner.solve.coarse import _coarse_plan
     ch = random_chain(COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + frac * (hi - lo))
@@ -349,7 +350,7 @@ def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch
     check; and over BAND_MAX_LAYERS, where every 8th tail is thinned, by an absolute amount
     from the coarse plan's recompute away from the smallest peak): the plan fits, says it is
     within some bound of at most 4.6%, and is, against the exact DP."""
-    from ckplan.planner import dp as D
+    from ckplan.planner import solve as D
     monkeypatch.setattr(limits, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
     monkeypatch.setattr(limits, "COARSE_MIN_LAYERS", BAND_MIN_LAYERS)
     if over_band:
@@ -374,7 +375,7 @@ def test_long_chains_plan_with_trimmed_tails_within_the_stated_bound(monkeypatch
 
 
 def _thinned(chain: Chain, budget: int, bound, monkeypatch, **kw):
-    from ckplan.planner import dp as D
+    from ckplan.planner import solve as D
     monkeypatch.setattr(limits, "TRIM_MIN_LAYERS", BAND_MIN_LAYERS)
     monkeypatch.setattr(limits, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     trim, every = D.tail_trim(chain)
@@ -387,14 +388,14 @@ def test_absolute_thinning_proves_its_bound_after_the_fact(monkeypatch, frac):
     k eps of the optimum, so ``within`` = k eps / (R - k eps), which must hold against the
     exact DP; a bound far above the optimum (the smallest-peak plan, half-way up) makes that
     too loose, and the table is built again with eps from R."""
-    from ckplan.planner import dp as D
+    from ckplan.planner import solve as D
     ch = random_chain(BAND_MIN_LAYERS + 6, 11, max_size=1_000_003, options=2)
     n = ch.n_layers
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + frac * (hi - lo))
     ref = simulate(ch, plan_dp(ch, b, mode="exact").plan).recompute_ms
     absolute = 0
-    for bound in (D._coarse_plan(ch, b).plan, D.min_peak_plan(ch)):
+    for bound in (coarse._coarse_plan(ch, b).plan, D.min_peak_plan(ch)):
         got, trim, every = _thinned(ch, b, bound, monkeypatch, trim_abs=limits.TAIL_TRIM_ABS)
         sc = simulate(ch, got.plan)
         assert sc.peak_bytes <= b and not got.exact
@@ -408,13 +409,12 @@ def test_absolute_thinning_proves_its_bound_after_the_fact(monkeypatch, frac):
 def test_absolute_thinning_falls_back_to_relative_when_its_bound_is_too_loose(monkeypatch):
     """When no absolute thinning proves as much as the relative trim would, the table is built
     with the relative trim and the plan carries that bound, (1 - trim) ** -k - 1."""
-    from ckplan.planner import dp as D
     ch = random_chain(BAND_MIN_LAYERS + 6, 11, max_size=1_000_003, options=2)
     n = ch.n_layers
     lo, hi = min_peak(ch), simulate(ch, plan_none(n)).peak_bytes
     b = int(lo + 0.5 * (hi - lo))
     trim, every = limits.TAIL_TRIM_ERROR / -(-(n + 1) // limits.TRIM_EVERY), limits.TRIM_EVERY
-    got = banded_plan(ch, b, bound=D._coarse_plan(ch, b).plan, trim=trim, trim_every=every,
+    got = banded_plan(ch, b, bound=coarse._coarse_plan(ch, b).plan, trim=trim, trim_every=every,
                       trim_abs=0.5)  # k eps = half the optimum: never as good as relative
     k = -(-(n + 1) // every)
     assert got.within == pytest.approx(math.expm1(-math.log1p(-trim) * k))
@@ -424,13 +424,12 @@ def test_absolute_thinning_falls_back_to_relative_when_its_bound_is_too_loose(mo
 
 def test_coarse_plan_is_reproducible():
     """Stochastic rounding with a fixed seed: the same chain and budget give the same plan."""
-    from ckplan.planner import dp as D
     ch = random_chain(limits.COARSE_MIN_LAYERS + 10, 4, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + 0.4 * (hi - lo))
-    first = D._coarse_plan(ch, b)
+    first = coarse._coarse_plan(ch, b)
     layer_tables.cache_clear()
-    assert first is not None and D._coarse_plan(ch, b) == first
+    assert first is not None and coarse._coarse_plan(ch, b) == first
 
 
 def test_long_top_level_checkpoints_cut_short_fit_and_cost_no_less():
@@ -442,7 +441,7 @@ def test_long_top_level_checkpoints_cut_short_fit_and_cost_no_less():
 
     import numpy as np
 
-    from ckplan.planner.dp import _band_note
+    from ckplan.planner.solve.band import _band_note
     base = random_chain(60, 4, max_size=1_000_003)
     rng = np.random.default_rng(4)
     ch = dc_replace(base, layers=tuple(dc_replace(ly, x_bytes=1_000_003,
@@ -468,7 +467,7 @@ def test_long_chains_with_options_take_the_banded_dp_and_fall_back_when_it_outgr
     """Over BAND_MAX_LAYERS (lowered here) a chain with options is planned by the banded DP, with
     its options (the exact DP's plan, which uses them); without options by the tables;
     and when the banded DP's frontiers outgrow BAND_MAX_TOTAL, by the grouped tables too."""
-    from ckplan.planner import dp as D
+    from ckplan.planner import solve as D
     n = BAND_MIN_LAYERS + 6
     monkeypatch.setattr(limits, "BAND_MAX_LAYERS", BAND_MIN_LAYERS + 2)
     ch = random_chain(n, 3, max_size=1_000_003, options=2)
@@ -499,14 +498,13 @@ def test_inner_frontiers_built_beside_the_coarse_plan_change_nothing(monkeypatch
     """``plan_dp`` builds the banded table's inner frontiers on a second thread while it looks
     for the coarse plan (``_coarse_beside_inner``): the plan equals the one built on one CPU."""
     pytest.importorskip("numba")
-    from ckplan.planner import dp as D
     ch = random_chain(limits.COARSE_MIN_LAYERS + 10, 6, max_size=1_000_003, options=2)
     lo, hi = min_peak(ch), simulate(ch, plan_none(ch.n_layers)).peak_bytes
     b = int(lo + frac * (hi - lo))
-    coarse, pre = D._coarse_beside_inner(ch, b, None)
-    assert pre is not None and pre.inner is not None and coarse is not None
+    found, pre = coarse._coarse_beside_inner(ch, b, None)
+    assert pre is not None and pre.inner is not None and found is not None
     two = plan_dp(ch, b)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert D._coarse_beside_inner(ch, b, None)[1] is None
+    assert coarse._coarse_beside_inner(ch, b, None)[1] is None
     one = plan_dp(ch, b)
     assert two.plan == one.plan and two.notes == one.notes

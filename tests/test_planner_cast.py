@@ -30,10 +30,10 @@ from ckplan.planner import (
     sweep,
     trace,
 )
-from ckplan.planner.dp import DPSolver
 from ckplan.planner.layer import Option
 from ckplan.planner.plan import Checkpoint, Plan, Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import DPSolver
 from ckplan.planner.synthetic import random_chain, with_casts
 
 

@@ -36,10 +36,11 @@ from ckplan.planner import (
 )
 from ckplan.planner.baselines import baseline_candidates, chen_grid, plan_chen_threshold
 from ckplan.planner.chain import Chain
-from ckplan.planner.dp import DPSolver, fixed_peak
 from ckplan.planner.plan import Checkpoint, Store, items_from_ranges
 from ckplan.planner.simulate import peak_of, simulate_items
+from ckplan.planner.solve import DPSolver
 from ckplan.planner.synthetic import random_chain, uniform_chain, with_tails
+from ckplan.planner.tables import fixed_peak
 from ckplan.units import format_bytes
 
 
@@ -398,7 +399,8 @@ def test_compare_runs_every_strategy():
 
 
 def test_peak_tables_are_built_once_per_chain(monkeypatch):
-    from ckplan.planner import dp, tables
+    from ckplan.planner import solve as dp
+    from ckplan.planner import tables
 
     dp.layer_tables.cache_clear()
     dp.min_peak.cache_clear()

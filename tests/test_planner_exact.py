@@ -14,10 +14,11 @@ import pytest
 from brute_plans import brute_best, brute_scores
 
 from ckplan.planner import min_peak, min_peak_plan, plan_chain, plan_dp, plan_none, simulate
-from ckplan.planner.dp import DPSolver, _slot_bound, base_bytes, layer_tables
 from ckplan.planner.plan import Plan, items_from_ranges
+from ckplan.planner.solve import DPSolver, layer_tables
+from ckplan.planner.solve.solver import _slot_bound
 from ckplan.planner.synthetic import random_chain
-from ckplan.planner.tables import ParetoTable
+from ckplan.planner.tables import ParetoTable, base_bytes
 
 WIDE = 1_000_003  # sizes up to a million bytes with gcd 1: slots cannot be exact
 

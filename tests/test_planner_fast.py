@@ -1,6 +1,6 @@
 """The compiled tables (numba, optional) equal the numpy ones exactly.
 
-Oracle: the numpy path (``tables.USE_NUMBA = False``), itself checked against brute force by
+Oracle: the numpy path (``limits.USE_NUMBA = False``), itself checked against brute force by
 ``test_planner_exact.py``/``test_planner_options.py``/``test_planner_dp.py`` (tables under
 ``NUMBA_MIN_UNITS`` units always take it; here the compiled kernels run on small tables too).
 Same frontiers (bytes, recompute, choice) for every sub-chain, same min-peak, slot (nested) and
@@ -13,9 +13,10 @@ import pytest
 
 from ckplan.planner import limits, min_peak, min_peak_plan, plan_none, simulate
 from ckplan.planner import tables as T
-from ckplan.planner.dp import base_bytes, layer_tables
 from ckplan.planner.groups import cheap_cuts, make_units
+from ckplan.planner.solve import layer_tables
 from ckplan.planner.synthetic import random_chain, with_tails
+from ckplan.planner.tables import base_bytes
 
 pytest.importorskip("numba")
 

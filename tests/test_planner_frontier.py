@@ -37,8 +37,8 @@ def test_sweep_frontiers():
 @pytest.mark.parametrize("n_layers,banded", [(6, False), (70, True)])
 def test_sweep_solves_once_per_distinct_plan(monkeypatch, n_layers, banded):
     # Oracle: the DP at each budget alone. Many more points than plans cost one DP per plan.
-    from ckplan.planner import dp as dp_module
     from ckplan.planner import frontier
+    from ckplan.planner import solve as dp_module
     ch = random_chain(n_layers, 3, scale=1000)
     calls = []
     solve, plan_chain_ = dp_module.DPSolver.solve, frontier.plan_chain

@@ -10,7 +10,8 @@ import ckplan.planner
 PLANNER = Path(ckplan.planner.__file__).parent
 # Each module may import only the ones before it; a subpackage (its ``__init__``) comes after its
 # own modules, which import each other and the planner's modules above them.
-ORDER = ["limits", "layer", "chain", "plan_items", "plan", "boundaries", "transfers", "replay", "simulate", "baselines",
+ORDER = ["limits", "layer", "chain", "plan_items", "plan_json", "plan", "boundaries", "transfers", "replay",
+         "simulate", "baselines",
          "calibrate", "groups", "floor",
          "tables.common", "tables.table_kernels", "tables.frontier_kernel", "tables.compiled",
          "tables.pairs", "tables.reader", "tables.peaks", "tables.slots", "tables.frontiers",
@@ -19,7 +20,7 @@ ORDER = ["limits", "layer", "chain", "plan_items", "plan", "boundaries", "transf
          "solve.common", "solve.lowest", "solve.solver", "solve.improve", "solve.near_min", "solve.band",
          "solve.coarse", "solve.unkept", "solve.portfolio", "solve.held_fallback", "solve.offload_passes",
          "solve.offload", "solve.entry", "solve",
-         "dp", "strategies", "frontier", "budget", "regions", "whole", "parallel", "synthetic"]
+         "strategies", "frontier", "budget", "regions", "whole", "parallel", "synthetic"]
 
 
 def _name(path: Path) -> str:

@@ -28,11 +28,12 @@ import pytest
 from ckplan.planner import limits, min_peak, plan_dp, plan_none, simulate
 from ckplan.planner import tables as T
 from ckplan.planner.chain import STORE, Chain
-from ckplan.planner.dp import base_bytes, fixed_peak, layer_tables, plan_from
 from ckplan.planner.limits import BAND_START
 from ckplan.planner.plan import Checkpoint, Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import layer_tables, plan_from
 from ckplan.planner.synthetic import long_run_chain, random_chain, with_tails
+from ckplan.planner.tables import base_bytes, fixed_peak
 
 WIDE = 1_000_003  # sizes up to a million bytes with gcd 1
 

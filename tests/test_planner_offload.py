@@ -11,9 +11,9 @@ from brute_plans import all_plans
 from ckplan.errors import InfeasibleBudgetError, SpecError
 from ckplan.planner import plan_chain, plan_none, simulate
 from ckplan.planner.chain import Chain, Layer, Post, Pre
-from ckplan.planner.dp import min_peak, plan_dp
 from ckplan.planner.plan import OFFLOAD, RELEASE, Checkpoint, Plan, Store
 from ckplan.planner.simulate import peak_of, trace, with_releases
+from ckplan.planner.solve import min_peak, plan_dp
 from ckplan.planner.solve.offload import plan_offload
 
 
@@ -457,7 +457,7 @@ def test_offload_dp_keeps_enough_states_to_stay_exact_on_a_real_chain(gpt2_h100_
     same DP with no cap (exact: dominance drops no optimum, brute force above) it finds a plan at
     every budget and the same least time. With 32 states it found none at three of these budgets."""
     from ckplan.planner import limits
-    from ckplan.planner.dp import min_peak
+    from ckplan.planner.solve import min_peak
     chain = gpt2_h100_chain
     none = simulate(chain, plan_none(chain.n_layers)).peak_bytes
     lo = min_peak(chain)

@@ -26,9 +26,9 @@ from ckplan.planner import (
     sweep,
 )
 from ckplan.planner.chain import Chain
-from ckplan.planner.dp import OPTIONS_IGNORED
 from ckplan.planner.plan import Store
 from ckplan.planner.simulate import peak_of
+from ckplan.planner.solve import OPTIONS_IGNORED
 from ckplan.planner.synthetic import random_chain, with_casts, with_options, with_tails
 
 

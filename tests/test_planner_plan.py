@@ -82,6 +82,18 @@ def test_describe_runs_shortens_long_stretches_of_plain_stores_only():
     assert Plan("none", 3, (Store(0), Store(1), Store(2))).describe(runs=True) == "S0 S1 S2"
 
 
+
+def test_describe_runs_shortens_runs_of_one_layer_checkpoints_with_one_option():
+    def one(i, option="store"):
+        return Checkpoint(i, i + 1, (Store(i, option),))
+    p = Plan("dp", 12, (Store(0), one(1), one(2), one(3), Store(4), one(5, "sac-attn"), one(6, "sac-attn"),
+                        one(7, "sac-attn"), one(8, "sac-attn"), one(9), one(10), one(11)))
+    assert p.describe(runs=True) == ("S0 C[1,2){S1} C[2,3){S2} C[3,4){S3} S4 "
+                                     "C[5,6){S5:sac-attn}..C[8,9){S8:sac-attn} C[9,10){S9} C[10,11){S10} C[11,12){S11}")
+    q = Plan("dp", 5, tuple(one(i) for i in range(5)))
+    assert q.describe(runs=True) == "C[0,1){S0}..C[4,5){S4}"
+    assert q.describe() == "C[0,1){S0} C[1,2){S1} C[2,3){S2} C[3,4){S3} C[4,5){S4}"
+
 def test_plan_for_another_chain_is_refused_before_any_layer_is_built():
     import time
 

@@ -13,10 +13,10 @@ from ckplan.errors import UsageError
 from ckplan.planner import (
     STRATEGIES,
     compare,
-    dp,
     min_peak,
     plan_chain,
     plan_chen,
+    plan_dp,
     plan_every_k,
     plan_none,
     plan_sqrtn,
@@ -170,7 +170,7 @@ def test_dp_breaks_a_recompute_tie_with_a_baseline_toward_the_lower_peak():
                 sc = simulate(ch, cand)
                 assert not (sc.peak_bytes <= b and sc.recompute_ms <= got.recompute_ms * (1 + 1e-9)
                             and sc.peak_bytes < got.peak_bytes), (seed, b, cand.describe())
-            raw = simulate(ch, dp.plan_dp(ch, b).plan)
+            raw = simulate(ch, plan_dp(ch, b).plan)
             broken += raw.peak_bytes > got.peak_bytes
     assert broken  # the DP alone broke some ties the other way: the oracle can fail
 

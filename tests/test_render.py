@@ -199,3 +199,26 @@ def test_headers_name_gradient_accumulation():
     plan = _render(render.plan_tables, 200, rep=replace(make_plan_report(), profile=prof))
     assert "| accum 4 |" in plan.splitlines()[0]
     assert "accum" not in _render(render.profile_table, 200, prof=make_profile()).splitlines()[0]
+
+
+def test_world_size_table_keeps_the_plan_folded_at_any_width():
+    """The per-rank plan is the answer: it folds into the width left, never dropped for extras."""
+    from ckplan.planner.parallel import WorldSizeRow
+    from ckplan.planner.plan import Checkpoint, Plan, Store
+    plan = Plan("dp", 40, tuple(Store(i) for i in range(8))
+                + tuple(Checkpoint(i, i + 1, (Store(i),)) for i in range(8, 40))).describe(runs=True)
+    assert plan == "S0..S7 C[8,9){S8}..C[39,40){S39}"
+    rows = [WorldSizeRow(8, "fsdp", "dp", 40 * MiB, 300 * MiB, None, 90 * MiB, 80 * MiB, False, None, None,
+                         "", message="budget 80 MiB is below the smallest feasible peak 90 MiB"),
+            WorldSizeRow(16, "fsdp", "dp", 20 * MiB, 280 * MiB, 78 * MiB, 70 * MiB, 80 * MiB, True, 0.25, 33,
+                         plan)]
+    prof = make_profile()
+    for width in (80, 100, 200):
+        text = _render(lambda **kw: render.world_size_table(prof, rows, **kw), width)
+        table_lines = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+        assert max(len(line) for line in table_lines) <= width, text
+        folded = "".join(line.split("│")[-2].strip() for line in table_lines if line.startswith("│"))
+        assert plan.replace(" ", "") in folded.replace(" ", ""), text
+        assert "lowest peak" in text or width < 100, text
+    assert "no plan at 8 ranks: budget 80 MiB is below" in " ".join(_render(
+        lambda **kw: render.world_size_table(prof, rows, **kw), 200).split())

@@ -16,10 +16,11 @@ from ..measure import KEPT_MEMORY_NOTE, Clock, KeptFreedMemory
 from ..planner import Plan, chain_from_profile
 from ..planner.plan import STORE
 from ..planner.plan_items import kept_option
-from ..profiling.whole_steps import measure_whole, mincut_search, pair_timer
+from ..profiling.whole_steps import measure_whole, pair_timer
 from ..records import Profile
 from ..sac import OFFLOAD_OPTIONS, POLICIES
 from ..training import make_optimizer
+from ..whole_choice import mincut_search
 from .compiled_rows import compile_entries, compile_notes, eager_cross_check, profiler_cross_check
 from .entry import Entry
 from .gradients import check_gradients

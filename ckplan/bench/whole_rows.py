@@ -1,5 +1,5 @@
 """``--compile-scope model``: ckplan's rows as checkpoint regions inside one whole-model
-``torch.compile`` (:mod:`ckplan.compiled_model`), planned on a chain built from the compiled
+``torch.compile`` (:mod:`ckplan.whole_compile`), planned on a chain built from the compiled
 layers' profile and one measured whole-model step per choice a layer has
 (:mod:`ckplan.profiling.whole_steps`, :mod:`ckplan.planner.whole`).
 
@@ -17,14 +17,15 @@ from dataclasses import replace
 import torch
 
 from ..bench_records import ERROR, INFEASIBLE
-from ..compiled_model import CompiledModel, partitioner_budget, region_options
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
 from ..planner import Plan, held_for_backward_bytes, plan_chain, simulate
 from ..planner.plan import STORE
 from ..planner.simulate import forward_backward_peak
 from ..planner.whole import FULL, option_plan, plain_plan, whole_model_chain, whole_peak
-from ..profiling.whole_steps import dp_choice, whole_steps
+from ..profiling.whole_steps import whole_steps
 from ..units import format_bytes
+from ..whole_choice import dp_choice
+from ..whole_compile import CompiledModel, partitioner_budget, region_options
 from .entry import Entry
 from .plans import peer_row
 
@@ -59,7 +60,7 @@ def whole_entries(chain, strategies: list[str], budget_bytes: int | None, k: int
     whole-model compiled copies (``dp``: the one-region-per-layer plan with the least recompute
     that fits, a mixed one measured before it is taken, or the partitioner's min-cut where that
     measured faster: :func:`dp_choice`), peers as usual. ``measure(plan)``: that plan's compiled
-    copy and measured step; ``mincut``: :func:`ckplan.profiling.whole_steps.mincut_search` bound."""
+    copy and measured step; ``mincut``: :func:`ckplan.whole_choice.mincut_search` bound."""
     entries: list[Entry] = []
     checked: dict[tuple[str, ...], int] = {}
     lines: list[str] = []

@@ -21,7 +21,6 @@ Modules, imports flowing one way (each imports only those above it; ``tests/test
 * ``held_costs``, ``held``: held layers (FSDP2 per rank): the DP whose inner plans hold their layers.
 * ``solve/``: the solvers (exact, slot and grouped tables, banded DP, coarse bound, near-minimum
   search, unkept boundaries, held fallback) and their entry points (plan_dp, min_peak, min_peak_plan).
-* ``dp``: the entry points under their long-standing names.
 * ``strategies``: plan_chain, compare (``selective``: one SAC policy on every layer).
 * ``frontier``: sweep, each strategy's memory/time frontier.
 * ``budget``: budget parsing, the no-budget defaults, the "no plan can lower the peak" reason.
@@ -40,11 +39,11 @@ from .budget import (
 )
 from .calibrate import calibrate, chain_from_profile, predicted_peak_none
 from .chain import Chain, Layer, Post, Pre
-from .dp import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
 from .floor import Floor, floor_of, infeasible_error
 from .frontier import FrontierPoint, sweep
 from .plan import Checkpoint, LayerDecision, Plan, RecomputedRange, Store
 from .simulate import Score, TraceEvent, simulate, trace, with_releases
+from .solve import DPResult, DPSolver, min_peak, min_peak_plan, plan_dp
 from .strategies import (
     ALL_STRATEGIES,
     STRATEGIES,

@@ -58,6 +58,11 @@ def plan_none(n_layers: int) -> Plan:
     return Plan("none", n_layers, tuple(Store(i) for i in range(n_layers)))
 
 
+def none_peak(chain: Chain) -> int:
+    """The simulated peak of one step without checkpointing (every layer stored)."""
+    return simulate(chain, plan_none(chain.n_layers)).peak_bytes
+
+
 def plan_every_k(n_layers: int, k: int = 2) -> Plan:
     if not isinstance(k, int) or k < 1:
         raise UsageError(f"every-k needs k >= 1, got {k!r}", tip="use --k 2 (every two layers)")

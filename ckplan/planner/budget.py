@@ -27,12 +27,12 @@ from fractions import Fraction
 from ..errors import UsageError
 from ..units import ACCEPTED_SIZES, parse_size
 from ..units import format_bytes as fb
-from .baselines import plan_none
+from .baselines import none_peak, plan_none
 from .chain import Chain
-from .dp import min_peak
 from .floor import floor_of
 from .plan import Plan
 from .simulate import simulate, trace
+from .solve import min_peak
 
 ACCEPTED_BUDGETS = (f"{ACCEPTED_SIZES}, a share of the peak without checkpointing like 40%, or "
                     "that peak with a share of its activations like 50%act")
@@ -73,11 +73,6 @@ def activation_bytes(chain: Chain) -> int:
     """What the plan without checkpointing holds for backward when the forward ends, persistent
     memory excluded: the activation memory that ``50%act`` budgets keep a share of."""
     return held_for_backward_bytes(chain, plan_none(chain.n_layers))
-
-
-def none_peak(chain: Chain) -> int:
-    """The simulated peak of the plan without checkpointing."""
-    return simulate(chain, plan_none(chain.n_layers)).peak_bytes
 
 
 def _whole(text: str | int | float, what: str) -> str | int:

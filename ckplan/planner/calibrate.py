@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from ..errors import SpecError
 from ..records import Profile, StageRecord
-from .baselines import plan_none
+from .baselines import none_peak, plan_none
 from .chain import STORE, Chain, Layer, Option, Post, Pre
-from .simulate import simulate, trace
+from .simulate import trace
 
 
 def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
@@ -202,7 +202,7 @@ def predicted_peak_none(profile: Profile) -> int:
     simulated peak of the ``none`` plan, so the profile and plan commands always agree.
     """
     chain = chain_from_profile(profile)
-    return simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    return none_peak(chain)
 
 
 def with_options(chain: Chain, profile: Profile, keep: tuple[str, ...] = ()) -> Chain:

@@ -10,7 +10,7 @@ handles the top-level sequence on its own, with two budgets.
 For every suffix ``[s, U)`` of the top-level sequence (single-layer units, the post last) it keeps
 the Pareto frontier of ``(F, B)`` over the suffix's plans: ``F`` the bytes its forward ops need
 above the memory at ``s`` (before the copies made earlier are added), ``B`` what its backward ops
-and recomputes need. The recursion mirrors ``dp.py``'s (``Store(s)`` adds ``hold[s]`` to both;
+and recomputes need. The recursion mirrors ``solve/``'s (``Store(s)`` adds ``hold[s]`` to both;
 ``Checkpoint[s, j)`` adds ``x[j-1]`` to both and the copies of ``s..j-1`` to ``F`` only; its inner
 plan runs during backward, so it needs ``inner_extra[j, U] + R(s, j)`` from the exact min-peak
 table); ``Store(s)`` adds its unsaved copies to ``F`` too, and pre's count against the forward of
@@ -53,7 +53,7 @@ def _pareto(fwd: np.ndarray, bwd: np.ndarray, cap: int) -> tuple[np.ndarray, np.
 
 def top_level_needs(chain: Chain, u: Units, pc: PairCosts) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
     """What top-level items need above the memory at their start, on single-layer units:
-    ``bwd_store[s]``, the backward of ``Store(s)`` once the rest has run (dp.py's ``store_req``,
+    ``bwd_store[s]``, the backward of ``Store(s)`` once the rest has run (solve's ``store_req``,
     second term), which is also what ``B(s)`` needs at the end of a top-level checkpoint
     starting at ``s``; ``fwd_none[s][j - s - 1]``, the peak of the no-saving forward of
     ``[s, j)`` with its layers' autocast copies; ``cum``, the copies' prefix sums."""

@@ -195,7 +195,7 @@ class Chain:
 
     @property
     def has_casts(self) -> bool:
-        """Whether any layer has autocast copies (the DP does not model them; see dp.py)."""
+        """Whether any layer has autocast copies (the DP does not model them; see solve/)."""
         return bool(self.pre.cast_bytes) or any(ly.cast_bytes for ly in self.layers)
 
     @property
@@ -220,17 +220,6 @@ class Chain:
         keeps, less its output when some op keeps that (the next layer reads it from the device)."""
         ly = self.layers[i].option(option)
         return ly.xbar_bytes - (ly.x_bytes if ly.x_kept and not ly.in_place else 0)
-
-    def offload_ms(self, i: int) -> tuple[float, float]:
-        """The time the copies of layer ``i`` out and back are not hidden: the copy out runs beside
-        the next stage's forward (layer ``i + 1``, or the post), the copy back beside the next
-        layer's backward (the last layer's on demand, hidden by nothing); what a copy takes beyond
-        that the step waits for."""
-        nbytes = self.offload_bytes(i)
-        nxt = self.layers[i + 1] if i + 1 < self.n_layers else self.post
-        back = self.layers[i + 1].bwd_ms if i + 1 < self.n_layers else 0.0
-        return (max(0.0, nbytes / self.d2h_bytes_per_ms - nxt.fwd_ms),
-                max(0.0, nbytes / self.h2d_bytes_per_ms - back))
 
     @property
     def side_bytes(self) -> int:
@@ -290,7 +279,7 @@ class Chain:
     def conservative(self) -> Chain:
         """The chain with every boundary kept (``xbar`` plus the output where it was not): its
         plans peak no lower than on this chain, op by op, so a plan the DP fits to a budget on it
-        fits here too. What the DP plans on when :attr:`all_kept` is False (``dp.plan_dp``)."""
+        fits here too. What the DP plans on when :attr:`all_kept` is False (``solve.plan_dp``)."""
         if self.all_kept:
             return self
         pre = self.pre if self.pre.x_kept else replace(

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
-from . import dp, limits
-from .baselines import chen_grid, cut_at_breaks, plan_chen_threshold, plan_every_k, plan_none, plan_sqrtn
+from . import limits
+from . import solve as dp
+from .baselines import chen_grid, cut_at_breaks, none_peak, plan_chen_threshold, plan_every_k, plan_none, plan_sqrtn
 from .chain import Chain
 from .plan import Plan
 from .simulate import simulate
@@ -116,7 +117,7 @@ def _dp_frontier(chain: Chain, n_points: int, dp_options: dict,
     if not chain.all_kept or banded or chain.has_holds:
         # the tables plan on a bound of this chain, or the banded DP (one budget at a time)
         # beats the grouped tables, or held layers (held.py): plan_dp per budget
-        hi = simulate(chain, plan_none(n)).peak_bytes
+        hi = none_peak(chain)
 
         def solve_one(b: int) -> Plan | None:
             return plan_chain(chain, "dp", b, **dp_options).plan

@@ -1,6 +1,6 @@
 """Exact merged costs of consecutive layers, the units the dynamic program works on.
 
-The DP (``dp.py``) never looks at a layer directly: it sees *units*, each a run of consecutive
+The DP (``solve/``) never looks at a layer directly: it sees *units*, each a run of consecutive
 layers that are stored together or recomputed together, plus the post stage as the last unit.
 With one layer per unit it is the exact rotor DP; with larger units it is exact over the plans
 that only cut between units (the fast mode for long chains). The quantities below are what the

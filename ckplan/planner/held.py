@@ -5,18 +5,18 @@ unit forwarded during backward unsharded until its own backward; ``planner.paral
 simulator adds ``held[s..t-1]`` when that backward starts and frees each after its layer's
 backward, and every op there takes the layers' held transients (``simulate.py``). So the cost
 of an inner plan differs from that of the same layers at the top level, where nothing is held;
-the recursion of ``dp.py`` closes again with two kinds of sub-chains:
+the recursion of ``solve/`` closes again with two kinds of sub-chains:
 
 * *inner* sub-chains ``[s, e)``, ``e <= n``: every sub-chain of an inner plan (a checkpoint's
   inner plan is one, and so is what follows an item in it). Their layers' held bytes are live at
-  their start and go with each layer's backward, so these are ``dp.py``'s sub-problems on
+  their start and go with each layer's backward, so these are ``solve/``'s sub-problems on
   :func:`inner_costs`: the held transients, gradients less the held bytes (what a backward
   frees), and ``Store(s)``'s forward with what the backward of layer ``e`` left beside it and,
   unless ``s = e - 1`` (the checkpoint's last layer, which FSDP2 unsharded before the
   recompute, or a layer forwarded there already), the all-gather buffer (``Layer.gather_bytes``).
   ``PeakTable`` / ``ParetoTable`` solve them unchanged.
 * the *top level*, the tails ``[s, U)`` (the post last): ``Store(s)`` and a checkpoint's first
-  forward as in ``dp.py`` (the chain's own costs, :func:`top_costs`); a checkpoint ``[s, j)``'s
+  forward as in ``solve/`` (the chain's own costs, :func:`top_costs`); a checkpoint ``[s, j)``'s
   inner plan is an inner sub-chain that starts ``inner_extra[j, U] + held[s..j-1]`` above the
   tail's start. Its first layer's backward also has the backward prefetch of the layer before
   beside it (``gather_bytes[s-1]``), a single-layer checkpoint's recompute too; the backward is
@@ -29,7 +29,7 @@ Pareto frontiers of least recompute, the inner plans' frontiers from ``ParetoTab
 inner costs. Against brute force under the simulator: ``tests/test_planner_parallel.py``.
 
 Applies to fully kept chains without autocast copies of up to ``HELD_MAX_LAYERS`` layers (per
-rank chains of real models are); ``dp.py`` plans the others on :func:`without_holds`, at
+rank chains of real models are); ``solve/`` plans the others on :func:`without_holds`, at
 budgets lowered until the simulated plan fits (never over budget, not proven optimal; its
 ``min_peak`` is then the lowest peak those plans reach).
 """
@@ -41,7 +41,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import limits
-from .baselines import plan_none
+from .baselines import none_peak, plan_none
 from .chain import STORE, Chain
 from .held_costs import _beside, held_applies, inner_costs, inner_tables, top_costs, without_holds
 from .plan import Plan, items_from_ranges
@@ -325,7 +325,7 @@ def min_peak(chain: Chain) -> int:
     (``TopLevel``): then the smallest peak a plan of the safe tables reaches."""
     lowest = max(fixed_peak(chain), base_bytes(chain) + top_level(chain).need_bytes)
     if chain.unsaved_bytes:  # the tables' bound can pass the plan without checkpoints
-        return min(lowest, simulate(chain, plan_none(chain.n_layers)).peak_bytes)
+        return min(lowest, none_peak(chain))
     return lowest
 
 
@@ -333,7 +333,7 @@ def min_peak_plan(chain: Chain, budget_bytes: int | None = None) -> Plan:
     """A plan reaching ``min_peak`` (or fitting ``budget_bytes``), slack spent on storing."""
     n = chain.n_layers
     params = {"budget_bytes": budget_bytes, "min_peak": True}
-    if chain.unsaved_bytes and min_peak(chain) == simulate(chain, plan_none(n)).peak_bytes:
+    if chain.unsaved_bytes and min_peak(chain) == none_peak(chain):
         return Plan("dp", n, plan_none(n).items, params)
     top = top_level(chain)
     avail = top.need_bytes if budget_bytes is None else max(top.need_bytes, budget_bytes - base_bytes(chain))

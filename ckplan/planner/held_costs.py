@@ -78,7 +78,7 @@ def inner_costs(chain: Chain) -> tuple[Units, PairCosts]:
 
 @lru_cache(maxsize=16)
 def top_costs(chain: Chain) -> tuple[Units, PairCosts]:
-    """The chain's own units and pair costs (the top level's; ``dp.layer_tables`` builds the same)."""
+    """The chain's own units and pair costs (the top level's; ``solve.layer_tables`` builds the same)."""
     u = make_units(chain)
     return u, PairCosts(u)
 

@@ -7,8 +7,6 @@ Code reads them as ``limits.NAME`` when it runs, so a test (or a benchmark) that
 from __future__ import annotations
 
 import os
-import sys
-import types
 
 # ---- Compiled kernels (tables/compiled.py) -------------------------------------------------
 USE_NUMBA = os.environ.get("CKPLAN_NUMBA", "1") != "0"  # CKPLAN_NUMBA=0 forces the numpy path
@@ -70,25 +68,6 @@ UNKEPT_STEPS = 8  # budgets read above the asked one on the bound that keeps eve
 HELD_FALLBACK_READS = 12  # held chains held.py does not take: reads lowered by each overshoot
 
 
-class _Forwarding(types.ModuleType):
-    """A module whose constants above are this module's: ``dp.BAND_MAX_TOTAL = x`` (older
-    scripts) sets ``limits.BAND_MAX_TOTAL``, and reading it reads that."""
-
-    def __getattr__(self, name: str) -> object:
-        if name.isupper() and name in globals():
-            return globals()[name]
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name.isupper() and name in globals():
-            globals()[name] = value
-        else:
-            super().__setattr__(name, value)
-
-
-def forward_constants(module_name: str) -> None:
-    """Make ``module_name`` (imported) read and set this module's constants as its own."""
-    sys.modules[module_name].__class__ = _Forwarding
 # offload: a copy back may start up to this many layers' backward before the default (the next
 # layer's), tried by dp for at most this many replays (solve/offload.py)
 OFFLOAD_LOOKAHEAD = 4

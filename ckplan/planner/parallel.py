@@ -92,7 +92,7 @@ from ..device_model import DeviceModel, allreduce_ms, gather_ms
 from ..errors import InfeasibleBudgetError, UsageError
 from .calibrate import chain_from_profile
 from .chain import Chain
-from .dp import min_peak
+from .solve import min_peak
 from .strategies import plan_chain
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Plans of one region per layer: each chain layer stored, stored with one selective option, or
 recomputed whole in a checkpoint of its own (``full``), never a checkpoint over several layers.
 
-That is the plan space a whole-model ``torch.compile`` can run (:mod:`ckplan.compiled_model`: each
+That is the plan space a whole-model ``torch.compile`` can run (:mod:`ckplan.whole_compile`: each
 layer a checkpoint region the partitioner honours), and what Hugging Face-style per-layer
 checkpointing and torch's SAC policies choose from, layer by layer.
 

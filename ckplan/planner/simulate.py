@@ -38,10 +38,6 @@ class Score:
     persistent_bytes: int  # the part of the peak no plan can remove
     transfer_ms: float = 0.0  # offloaded layers' host copies not hidden behind compute (transfers.py)
 
-    @property
-    def activation_peak_bytes(self) -> int:
-        return self.peak_bytes - self.persistent_bytes
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -1,7 +1,7 @@
 """Every strategy returns a :class:`Plan`, and only the simulator scores them.
 
 The baselines (``none``, ``every-k``, ``sqrtn``, ``chen``) are in ``baselines.py``; ``dp``, the
-optimal nested plan under a budget (rotor), is in ``dp.py`` and chooses among each stored
+optimal nested plan under a budget (rotor), is in ``solve/`` and chooses among each stored
 layer's selective options when the chain has them. ``selective`` (Megatron-style selective
 recomputation) stores every layer with one selective policy (``plan_selective``); it needs a
 chain profiled with options, and ``compare``/``sweep`` leave it out on chains without.
@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InfeasibleBudgetError, SpecError, UsageError
-from . import dp
+from . import solve
 from .baselines import (
     baseline_candidates,
     chen_grid,
@@ -76,7 +76,7 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     ``chen`` raise :class:`ckplan.errors.InfeasibleBudgetError` when the budget is below the
     smallest feasible peak (``chen`` returns ``fits=False`` when only its threshold grid misses a
     feasible budget). ``dp`` never returns a plan over its budget, mixed precision included
-    (``dp.py``); when its tables are not exact, ``_safety_net`` swaps in a baseline plan that
+    (``solve/``); when its tables are not exact, ``_safety_net`` swaps in a baseline plan that
     fits with less recompute.
     """
     n = chain.n_layers
@@ -92,7 +92,7 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
     elif strategy == "chen":
         plan = plan_chen(chain, budget_bytes)
         if budget_bytes is not None and simulate(chain, plan).peak_bytes > budget_bytes:
-            lowest = dp.min_peak(chain)
+            lowest = solve.min_peak(chain)
             if budget_bytes < lowest:
                 raise infeasible_error(chain, budget_bytes, lowest)
     elif strategy == "selective":
@@ -105,8 +105,8 @@ def plan_chain(chain: Chain, strategy: str, budget_bytes: int | None = None, k: 
         notes = r.notes + ("layer-level plan: every layer stored whole or recomputed whole "
                            "(selective options left out)",)
     elif strategy == "dp":
-        target = dp.min_peak(chain) if budget_bytes is None else budget_bytes
-        res = dp.plan_dp(chain, target, max_slots=max_slots, mode=mode,
+        target = solve.min_peak(chain) if budget_bytes is None else budget_bytes
+        res = solve.plan_dp(chain, target, max_slots=max_slots, mode=mode,
                          groups=groups)
         plan, slot, exact, notes = res.plan, res.slot_bytes, res.exact, res.notes
         if budget_bytes is None:
@@ -255,7 +255,7 @@ def _floor_plan(chain: Chain, strategy: str, k: int, dp_options: dict[str, Any])
     """The least-recompute plan of ``strategy`` (dp, dp-layer) at the smallest peak it reaches: where
     that peak is set by what no plan changes (the optimizer step), it is ``none``, not a plan that
     recomputes for nothing."""
-    floor = dp.min_peak_plan(chain if strategy == "dp" else chain.without_options())
+    floor = solve.min_peak_plan(chain if strategy == "dp" else chain.without_options())
     try:
         return plan_chain(chain, strategy, simulate(chain, floor).peak_bytes, k, **dp_options).plan
     except InfeasibleBudgetError:  # a table's bound above the plan's own peak: that plan

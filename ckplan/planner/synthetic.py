@@ -146,7 +146,7 @@ def long_run_chain(n: int, seed: int = 0, *, options: int = 0, size: int = 1_000
     bytes each but pass on only 5-50% of that, followed by a layer whose backward needs 20-80%
     of the whole run's bytes more (and takes 3x as long). Near the smallest peak the best plan
     wraps most of the run in one top-level checkpoint longer than 16 layers with short
-    checkpoints inside (a chain whose best checkpoint is longer than ``dp.BAND_START``).
+    checkpoints inside (a chain whose best checkpoint is longer than ``limits.BAND_START``).
     ``options`` > 0 then adds that many selective options per layer (``with_options``)."""
     rng = np.random.default_rng(4000 + seed)
     base = random_chain(n, seed, max_size=size)

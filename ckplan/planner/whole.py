@@ -1,5 +1,5 @@
 """The chain of a whole-model compiled step, each chain layer a checkpoint region
-(:mod:`ckplan.compiled_model`), from the compiled layers' profile and measured whole-model steps.
+(:mod:`ckplan.whole_compile`), from the compiled layers' profile and measured whole-model steps.
 
 A ``--compile`` profile measures each chain layer compiled on its own, with the embeddings and the
 loss head eager. Compiled whole, the graph fuses the head as well (the cross-entropy keeps no
@@ -32,7 +32,7 @@ graph saves is read per layer (:class:`ckplan.measure.compiled_graph.SavedForBac
   step peaked.
 
 Every other plan's peak and time are predictions; a plan that mixes choices is checked by its own
-measured step before dp takes it (:func:`ckplan.profiling.whole_steps.checked_plan`).
+measured step before dp takes it (:func:`ckplan.whole_choice.checked_plan`).
 """
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def whole_model_chain(chain: Chain, steps: dict[str, WholeStep]) -> Chain:
             top = p + max(step.fwd_peak_bytes, step.bwd_peak_bytes)
             backward = step.bwd_peak_bytes >= step.fwd_peak_bytes
             # the step's peak phase: its layers peak where it did; the other phase: no higher than
-            # it did (BERT-large's recomputed layers' forward had been priced 60 MB above its peak)
+            # it did (a recomputed layer's forward is never priced above the measured peak)
             out = _fit_option(out, name, top, backward=backward)
             out = _fit_option(out, name, p + (step.fwd_peak_bytes if backward else step.bwd_peak_bytes),
                               backward=not backward, lower_only=True)

@@ -64,7 +64,7 @@ def _dtype_name(tensors: list[torch.Tensor]) -> str:
 
 
 class OpCounter(FlopCounter):
-    """FLOPs as :class:`ckplan.flops.FlopCounter` counts them, and ``ops``: one
+    """FLOPs as :class:`ckplan.profiling.flops.FlopCounter` counts them, and ``ops``: one
     :class:`OpCost` per op the host dispatches (kernels and views), in order (``mark`` gives the index now)."""
 
     def __init__(self) -> None:

@@ -101,8 +101,8 @@ def world_size_table(prof, rows, *, wide: bool = False, console: Console | None 
     kind = rows[0].kind if rows else ""
     out.print(escape(f"ckplan plan: {prof.model} per rank under {kind} | {batch(prof, per_rank=True)} | "
                      f"{precision(prof)} | {prof.optimizer} | device {prof.device}"), soft_wrap=True)
-    cols = [Col("ranks"), Col("fixed / rank", 1), Col("none peak"), Col("plan peak"), Col("lowest peak", 2),
-            Col("fits"), Col("overhead"), Col("step", 4), Col("comm", 5), Col("plan", 3, left=True, fold=True)]
+    cols = [Col("ranks"), Col("fixed / rank", 2), Col("none peak"), Col("plan peak"), Col("lowest peak", 1),
+            Col("fits"), Col("overhead"), Col("step", 4), Col("comm", 5), Col("plan", left=True, fold=True)]
     body = []
     for r in rows:
         fits = "-" if r.fits is None else ("yes" if r.fits else "[red]no[/]")

@@ -21,6 +21,9 @@ class Col:
     fold: bool = False  # long names may break over lines; other values are never cut
 
 
+_FOLDED = 40
+
+
 def width_limit(console: Console, wide: bool) -> int | None:
     """The width a table must fit, or None for every column at full width."""
     if wide:
@@ -49,7 +52,9 @@ def print_table(console: Console, cols: list[Col], rows: list[list[str]], wide: 
     if limit is None:
         keep = set(range(len(cols)))
     else:
-        used = 1 + sum(full[i] + 3 for i in keep)  # borders and padding: 3 per column, 1 more
+        # borders and padding: 3 per column, 1 more; an essential column that folds (a plan, a
+        # name) counts at most _FOLDED wide here, so that it does not push the others out
+        used = 1 + sum(min(full[i], _FOLDED) if cols[i].fold else full[i] for i in keep) + 3 * len(keep)
         for i in sorted((i for i, c in enumerate(cols) if c.rank > 0), key=lambda i: cols[i].rank):
             if used + full[i] + 3 <= limit:
                 keep.add(i)

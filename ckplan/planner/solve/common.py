@@ -8,7 +8,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from .. import limits
-from ..baselines import plan_none
+from ..baselines import none_peak
 from ..casts import CastFrontier
 from ..chain import Chain
 from ..groups import Units, cheap_cuts, equal_cuts, make_units
@@ -76,7 +76,7 @@ def cast_frontier(chain: Chain) -> CastFrontier:
     selective options are ignored (the frontiers plan store and full checkpoints only)."""
     chain = chain.without_options()
     t = layer_tables(chain)
-    top = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    top = none_peak(chain)
     return CastFrontier(chain, t.units, t.pairs, t.peaks, top)
 
 

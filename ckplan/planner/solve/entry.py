@@ -4,10 +4,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ...errors import InfeasibleBudgetError
-from ..baselines import plan_none
+from ..baselines import none_peak
 from ..chain import Chain
 from ..plan import Plan
-from ..simulate import simulate
 from .common import (
     DPResult,
 )
@@ -36,15 +35,15 @@ def plan_dp(chain: Chain, budget_bytes: int, *, max_slots: int | None = None, mo
                                                  groups=groups, rounding=rounding)
         except InfeasibleBudgetError as e:
             error, found = e, None
-        none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-        result = with_offload(chain, budget_bytes, found, none_peak)
+        peak_none = none_peak(chain)
+        result = with_offload(chain, budget_bytes, found, peak_none)
         if result is None:  # no plan fits, offload or not
             assert error is not None
             raise error
         return result
-    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-    fits = none_fits(chain, budget_bytes, none_peak)
-    return fits if fits is not None else _plan_dp_held(chain, budget_bytes, none_peak)
+    peak_none = none_peak(chain)
+    fits = none_fits(chain, budget_bytes, peak_none)
+    return fits if fits is not None else _plan_dp_held(chain, budget_bytes, peak_none)
 
 
 @lru_cache(maxsize=16)

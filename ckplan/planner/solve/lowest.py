@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..baselines import plan_none
+from ..baselines import none_peak, plan_none
 from ..chain import Chain
 from ..plan import Plan, items_from_ranges
-from ..simulate import simulate
 from ..tables import base_bytes, fixed_peak
 from .common import cast_frontier, layer_tables, plan_from
 
@@ -19,11 +18,11 @@ def min_peak_kept(chain: Chain) -> int:
     frontiers of ``casts.py``, without options)."""
     if chain.has_casts:
         lowest = cast_frontier(chain).min_peak()
-        return simulate(chain, plan_none(chain.n_layers)).peak_bytes if lowest is None else lowest
+        return none_peak(chain) if lowest is None else lowest
     t = layer_tables(chain)
     lowest = max(fixed_peak(chain), base_bytes(chain) + int(t.peaks.R[0, t.units.size]))
     if chain.unsaved_bytes:  # the tables' bound can pass the plan without checkpoints
-        return min(lowest, simulate(chain, plan_none(chain.n_layers)).peak_bytes)
+        return min(lowest, none_peak(chain))
     return lowest
 
 
@@ -31,7 +30,7 @@ def min_peak_plan_kept(chain: Chain, budget_bytes: int | None = None) -> Plan:
     """``min_peak_plan`` of a fully kept chain without held layers."""
     n = chain.n_layers
     params = {"budget_bytes": budget_bytes, "min_peak": True}
-    if chain.unsaved_bytes and min_peak_kept(chain) == simulate(chain, plan_none(n)).peak_bytes:
+    if chain.unsaved_bytes and min_peak_kept(chain) == none_peak(chain):
         return Plan("dp", n, plan_none(n).items, params)  # the tables' bound is above it
     base = base_bytes(chain)
     if chain.has_casts:

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...errors import InfeasibleBudgetError
 from .. import limits
-from ..baselines import plan_none
+from ..baselines import none_peak, plan_none
 from ..chain import Chain
 from ..floor import infeasible_error
 from ..plan import Plan
@@ -31,10 +31,10 @@ def _plan_dp_tables(chain: Chain, budget_bytes: int, notes: list[str], band: boo
     """``plan_dp`` with the exact, slot or grouped tables (``DPSolver``), and where they
     cannot reach the budget, the banded DP (when ``band``) or ``near_min_plan`` (then no
     solver: its notes do not apply)."""
-    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+    peak_none = none_peak(chain)
     # Tables up to this budget only: finer slots, and the exact DP skips what it cannot reach.
     solver = DPSolver(chain, **dp_options,
-                      top_bytes=max(budget_bytes, min(min_peak_kept(chain), none_peak)),
+                      top_bytes=max(budget_bytes, min(min_peak_kept(chain), peak_none)),
                       lowest_bytes=budget_bytes)
     found = solver.solve(budget_bytes)
     exact = solver.exact
@@ -190,15 +190,15 @@ def _plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = Non
                  groups: int | None = None, rounding: str = "nearest") -> DPResult:
     """``plan_unheld`` with the tables read at ``budget_bytes``."""
     notes: list[str] = []
-    none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
-    fits = none_fits(chain, budget_bytes, none_peak)
+    peak_none = none_peak(chain)
+    fits = none_fits(chain, budget_bytes, peak_none)
     if fits is not None:
         return fits
     if not chain.all_kept:
         return _plan_dp_unkept(chain, budget_bytes, max_slots=max_slots, mode=mode, groups=groups,
                                rounding=rounding)
     band_ok = mode == "auto" and max_slots is None and not chain.has_casts
-    banded = (_banded_first(chain, budget_bytes, none_peak)
+    banded = (_banded_first(chain, budget_bytes, peak_none)
               if plans_banded(chain, max_slots=max_slots, mode=mode) else None)
     if banded is not None:
         found, exact, solver = banded.plan, banded.exact, None
@@ -210,7 +210,7 @@ def _plan_unheld(chain: Chain, budget_bytes: int, *, max_slots: int | None = Non
             max_slots=max_slots, mode=mode, groups=groups, rounding=rounding)
     exact = safe_side(chain, exact, notes)
     if solver is None:
-        return DPResult(found, 1, max(0, none_peak - base_bytes(chain)), exact,
+        return DPResult(found, 1, max(0, peak_none - base_bytes(chain)), exact,
                         chain.n_layers + 1, tuple(notes))
     _solver_notes(chain, solver, notes)
     return DPResult(found, solver.slot_bytes, solver.M, exact, solver.units.size, tuple(notes))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import limits
-from ..baselines import plan_none
+from ..baselines import none_peak
 from ..chain import Chain
 from ..groups import Units, size_gcd
 from ..plan import Plan, items_from_ranges
@@ -80,7 +80,7 @@ class DPSolver:
             pairs = PairCosts(grouped_units)
             peaks = PeakTable(grouped_units, pairs)
         self.grouped = self.units.size < chain.n_layers + 1
-        self.none_peak = simulate(chain, plan_none(chain.n_layers)).peak_bytes
+        self.none_peak = none_peak(chain)
         top = self.none_peak if top_bytes is None else top_bytes
         self.span = max(0, top - base_bytes(chain))
         self.cast_bytes = chain.pre.cast_bytes + sum(ly.cast_bytes for ly in chain.layers)

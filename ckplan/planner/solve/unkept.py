@@ -5,7 +5,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from .. import limits
-from ..baselines import plan_none
+from ..baselines import none_peak, plan_none
 from ..chain import Chain
 from ..floor import infeasible_error
 from ..plan import Plan
@@ -30,7 +30,7 @@ def _unkept_plans(chain: Chain, start: int, **dp_options) -> list[Plan]:
     ``start`` (at least the bound's smallest peak) up to ``start`` + the unkept boundaries."""
     cons = chain.conservative()
     n = chain.n_layers
-    lo_c, none_c = min_peak_kept(cons), simulate(cons, plan_none(n)).peak_bytes
+    lo_c, none_c = min_peak_kept(cons), none_peak(cons)
     extra = _unkept_extra(chain)
     first = max(start, lo_c)
     steps = limits.UNKEPT_STEPS

@@ -31,7 +31,7 @@ Legend (the names follow rotor's paper and stay short because the array code is 
   breakpoints per sub-chain; ``cap[s, e]`` the most bytes a sub-chain can be given, ``ub`` the
   recompute of a plan known to fit.
 * The band ``(L, LT)`` (``band``; ``PeakTable``/``ParetoTable``'s ``max_len``/``top_len``,
-  ``dp.banded_plan``): plans whose checkpoints span at most ``L`` units, except top-level ones of
+  ``solve.banded_plan``): plans whose checkpoints span at most ``L`` units, except top-level ones of
   up to ``LT`` units that store every unit inside (``store_all[s, j]``, ``PairCosts``; choice
   ``U + j`` in the frontiers). Only the tails ``[s, U)`` and sub-chains of at most ``L`` units
   are reached. ``nest`` (``Spans``, pairs ``(lo, e)``): a top-level checkpoint ``[s, e)`` with
@@ -41,7 +41,6 @@ Legend (the names follow rotor's paper and stay short because the array code is 
 """
 from __future__ import annotations
 
-from .. import limits
 from .common import BIG, INF, TOP, Chooser, Spans, Step, base_bytes, ceil_div, fixed_peak, near_div, shift
 from .compiled import jitted
 from .frontiers import STORE, Frontier, _envelope, _splits, reach, reach_caps
@@ -55,5 +54,3 @@ __all__ = ["BIG", "INF", "STORE", "TOP", "Chooser", "CostTable", "FlatTable", "F
            "PairCosts", "ParetoTable", "PeakTable", "Spans", "Step", "_envelope", "_kernel_args", "_splits",
            "band", "base_bytes", "ceil_div", "exact_chooser", "fixed_peak", "jitted", "near_div",
            "nest_spans", "nest_starts", "reach", "reach_caps", "reconstruct", "reconstruct_options", "shift"]
-
-limits.forward_constants(__name__)  # ``tables.USE_NUMBA = False`` (older scripts) sets limits'

@@ -17,7 +17,7 @@ def jitted(name: str, units: int) -> Any:
     """The compiled kernel ``name`` for a table on ``units`` units, or None for the numpy path
     (numba not installed, ``USE_NUMBA`` off, or fewer than ``NUMBA_MIN_UNITS`` units while no
     kernel is loaded yet). Compiled once per process, cached on disk by numba; they release the
-    GIL (``nogil``: ``dp.plan_dp`` builds two tables at once on two threads)."""
+    GIL (``nogil``: ``solve.plan_dp`` builds two tables at once on two threads)."""
     if not limits.USE_NUMBA or (units < limits.NUMBA_MIN_UNITS and not _JIT):
         return None
     if name not in _JIT:

@@ -164,7 +164,7 @@ class ParetoTable:
         builds equal those of a table built whole (a sub-chain's frontier within the caps of a
         bound is its frontier at no bound cut to them, and the tails cut what they read to their
         own caps). They need no bound, so a caller can build them while it looks for one
-        (``dp.plan_dp``: beside the coarse plan). None without the compiled kernels."""
+        (``solve.plan_dp``: beside the coarse plan). None without the compiled kernels."""
         U = u.size
         kernel, caps = jitted("_pareto_kernel", U), jitted("_caps_kernel", U)
         if kernel is None or caps is None:

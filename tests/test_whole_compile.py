@@ -1,16 +1,16 @@
-"""Plans as checkpoint regions inside one whole-model torch.compile (ckplan.compiled_model): which
+"""Plans as checkpoint regions inside one whole-model torch.compile (ckplan.whole_compile): which
 plans have such regions, and gradients equal to eager PyTorch's."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ckplan.compiled_model import CompiledModel, region_options
 from ckplan.errors import UsageError
 from ckplan.peers import compile_unavailable
 from ckplan.planner import plan_every_k, plan_none
 from ckplan.planner.plan import Checkpoint, Plan, Store
 from ckplan.planner.regions import FULL, regions_plan
+from ckplan.whole_compile import CompiledModel, region_options
 from ckplan.zoo import build_builtin
 
 
@@ -39,7 +39,7 @@ def test_a_partitioner_budget_travels_with_the_plan_and_only_runs_compiled(tmp_p
     import json
 
     import ckplan
-    from ckplan.compiled_model import PARTITIONER_BUDGET, partitioner_budget
+    from ckplan.whole_compile import PARTITIONER_BUDGET, partitioner_budget
     plan = Plan("dp", 3, plan_none(3).items, {PARTITIONER_BUDGET: 0.625})
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_dict()))
@@ -125,7 +125,7 @@ def test_a_plan_with_a_partitioner_budget_runs_as_measured_and_saves_less(tmp_pa
 
     import ckplan
     from ckplan.api import bench
-    from ckplan.compiled_model import PARTITIONER_BUDGET
+    from ckplan.whole_compile import PARTITIONER_BUDGET
     spec = tmp_path / "tiny.yaml"
     spec.write_text(TINY.replace("n_layer: 3", "n_layer: 4"))
     plan = tmp_path / "plan.json"

@@ -20,7 +20,7 @@ becomes a region Dynamo traces:
 
 Stored layers are the partitioner's: with ``plan.params["partitioner_budget"]`` = b < 1 (what
 ``dp`` writes when the partitioner's own min-cut over every stored layer is the faster way to fit,
-:func:`ckplan.profiling.whole_steps.mincut_search`) the copy compiles with
+:func:`ckplan.whole_choice.mincut_search`) the copy compiles with
 ``torch._functorch.config.activation_memory_budget = b``, and the min-cut recomputes cheap ops of
 the stored layers (and the head) to keep about that share of their saved bytes; regions keep their tags.
 
