@@ -1,9 +1,10 @@
 """Local improvement of a plan under a budget, every step checked by the simulator.
 
-It moves one checkpoint boundary by one layer, drops a checkpoint, or splits one in two at its
-cheapest inner boundary, keeps the first move that lowers the recompute and still fits, and
-repeats until no move helps or ``max_sims`` simulations are spent. Never over budget, never
-worse than the start; not optimal."""
+It moves one checkpoint boundary by one layer, drops a checkpoint, splits one in two at its cheapest
+inner boundary, or joins two top-level neighbours into one (ending anywhere from the first's end to
+the second's, or starting anywhere between their starts), keeps the first move that lowers the
+recompute and still fits, and repeats until no move helps or ``max_sims`` simulations are spent.
+Never over budget, never worse than the start; not optimal."""
 from __future__ import annotations
 
 from ...errors import SpecError
@@ -28,6 +29,10 @@ def _moves(ranges: Ranges, n: int, x: list[int], breaks: tuple[int, ...] = ()) -
             m = min(range(a + 1, b), key=lambda k: x[k - 1])
             if (a, m) not in rest and (m, b) not in rest:
                 out.append(rest + [(a, m), (m, b)])
+    top = sorted(r for r in ranges if not any(o != r and o[0] <= r[0] and r[1] <= o[1] for o in ranges))
+    for (a, b), (c, d) in zip(top, top[1:]):  # two neighbours at the top level as one, ending anywhere between
+        rest = [r for r in ranges if not (a <= r[0] and r[1] <= d)]
+        out += [rest + [(a, e)] for e in range(b + 1, d + 1)] + [rest + [(s, d)] for s in range(a, c) if s != a]
     return out
 
 

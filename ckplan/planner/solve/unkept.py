@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from .. import limits
 from ..baselines import none_peak, plan_none
 from ..chain import Chain
 from ..floor import infeasible_error
-from ..plan import Plan
+from ..plan import Checkpoint, Item, Plan, Store, items_from_ranges
 from ..simulate import peak_of, simulate
 from .band import banded_applies, banded_plan
 from .common import (
     DPResult,
     _cheapest_fitting,
 )
+from .improve import improve
 from .lowest import min_peak_kept, min_peak_plan_kept
 from .solver import DPSolver
 
@@ -64,22 +65,75 @@ def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
     ``chain.conservative()`` (every such output kept), whose plans peak no lower, op by op, than
     on ``chain``, so each fits here too; since the bound overstates by at most the unkept
     boundaries, its tables are read at ``UNKEPT_STEPS + 1`` budgets from the asked one up to that
-    much higher (and near its own smallest peak), and the cheapest of those plans whose peak on
-    ``chain`` fits is returned. Never over budget; not proven optimal."""
+    much higher (and near its own smallest peak); the cheapest plans of those whose peak on
+    ``chain`` fits are improved by moving their checkpoints' ends (:func:`improve`), and the
+    cheapest is returned. Never over budget; not proven optimal, except on a chain of at most
+    ``UNKEPT_EXHAUSTIVE_LAYERS`` layers without selective options, where every plan is tried."""
     n = chain.n_layers
     lowest = min_peak_unkept(chain)
     if budget_bytes < lowest:
         raise infeasible_error(chain, budget_bytes, lowest)
     cands = list(_unkept_low_plans(chain)) + _unkept_plans(chain, budget_bytes, **dp_options)
+    every = _every_plain_plan(chain)
+    if every:  # a short chain: the best plan without options, by trying them all
+        fits = [(cost, peak, i) for i, (peak, cost) in enumerate(every[1]) if peak <= budget_bytes]
+        if fits:
+            cands.append(Plan("dp", n, every[0][min(fits)[2]]))
     best = _cheapest_fitting(chain, cands, budget_bytes)
     if best is None:  # pragma: no cover - the plan reaching min_peak is among them
         raise RuntimeError(f"dp found no plan at budget {budget_bytes} above the smallest peak "
                            f"{lowest}: planner bug")
+    # the cheapest few that fit, improved on the chain: simulations spread over them, fewer on long chains
+    k = limits.UNKEPT_IMPROVED if n <= 16 else 2
+    fitting = sorted({c.items: c for c in cands if simulate(chain, c).peak_bytes <= budget_bytes}.values(),
+                     key=lambda c: simulate(chain, c).recompute_ms)[:k]
+    sims = max(20, limits.UNKEPT_IMPROVE_WORK // (n * k))
+    best = _cheapest_fitting(chain, [best] + [_improved(chain, c, budget_bytes, sims) for c in fitting],
+                             budget_bytes) or best
     plan = Plan("dp", n, best.items, {"budget_bytes": budget_bytes})
-    return DPResult(plan, 1, 0, False, n + 1, (_unkept_note(chain, len(cands)),))
+    exact = every is not None and not any(ly.options for ly in chain.layers)
+    return DPResult(plan, 1, 0, exact, n + 1, (_unkept_note(chain, len(every[0]) if every else len(cands), exact),))
 
 
-def _unkept_note(chain: Chain, n_plans: int) -> str:
+@lru_cache(maxsize=8)
+def _every_plain_plan(chain: Chain) -> tuple[tuple[tuple[Item, ...], ...], tuple[tuple[int, float], ...]] | None:
+    """Every plan of rotor's grammar on a chain of at most ``UNKEPT_EXHAUSTIVE_LAYERS`` layers
+    (394 at 5 layers, 8,558 at 7), each stored layer plain, with its simulated peak and
+    recompute; None for a longer chain or one with breaks."""
+    n = chain.n_layers
+    if n > limits.UNKEPT_EXHAUSTIVE_LAYERS or chain.breaks:
+        return None
+
+    @cache
+    def seqs(s: int, e: int, last_free: bool, whole: bool = True) -> tuple[tuple[Item, ...], ...]:
+        if s == e:
+            return ((),)
+        out = [(Store(s), *rest) for rest in seqs(s + 1, e, last_free)]
+        for j in range(s + 1, e + 1):
+            if j == e and not (last_free and whole):
+                continue
+            out += [(Checkpoint(s, j, inner), *rest) for inner in seqs(s, j, False, False)
+                    for rest in seqs(j, e, last_free)]
+        return tuple(out)
+
+    plans = seqs(0, n, True)
+    return plans, tuple(peak_of(chain, items) for items in plans)
+
+
+def _improved(chain: Chain, plan: Plan, budget_bytes: int, sims: int) -> Plan:
+    """``plan``, or a cheaper one that fits found by moving its checkpoints' ends on ``chain``
+    itself (:func:`improve`): the bound's plans keep boundaries that ``chain`` frees, so a
+    checkpoint one layer longer or shorter can fit here where the bound said it would not. Plans
+    with selective options or offload are left as they are."""
+    if plan.uses_options:
+        return plan
+    ranges = [(it.start, it.stop) for it, _ in plan.walk() if isinstance(it, Checkpoint)]
+    n = chain.n_layers
+    better = improve(chain, ranges, budget_bytes, max_sims=sims)
+    return plan if sorted(better) == sorted(ranges) else Plan(plan.strategy, n, items_from_ranges(n, better))
+
+
+def _unkept_note(chain: Chain, n_plans: int, every: bool = False) -> str:
     """What ``_plan_dp_unkept`` says about a chain's unkept boundaries and how it planned."""
     unkept = sum(not ly.x_kept for ly in chain.layers)
     own = sum(ly.x_kept and not ly.x_kept_next for ly in chain.layers)
@@ -88,6 +142,8 @@ def _unkept_note(chain: Chain, n_plans: int) -> str:
     if own:
         what.append(f"{own} layer output(s) are saved only by the layer's own ops (a checkpoint "
                     "ending there frees them once read)")
+    if every:
+        return f"{'; '.join(what)}: the cheapest of every plan ({n_plans}) that fits the budget as measured"
     return (f"{'; '.join(what)}: planned on a bound that keeps them, "
             f"the cheapest of {n_plans} plans that fits the budget as measured")
 
@@ -96,15 +152,21 @@ def _unkept_note(chain: Chain, n_plans: int) -> str:
 def min_peak_unkept(chain: Chain) -> int:
     """``min_peak`` of a chain with unkept boundaries (no held layers): the lowest peak on
     ``chain`` of the plans the tables of ``chain.conservative()`` give near their own smallest
-    peak (``_unkept_low_plans``): a peak a plan reaches, which the true smallest may undercut
-    (by at most those boundaries)."""
-    return min(simulate(chain, p).peak_bytes for p in _unkept_low_plans(chain))
+    peak (``_unkept_low_plans``) and, on a short chain, of every plan: a peak a plan reaches,
+    which on a longer chain the true smallest may undercut (by at most those boundaries)."""
+    every = _every_plain_plan(chain)
+    lowest = min(simulate(chain, p).peak_bytes for p in _unkept_low_plans(chain))
+    return min(lowest, *(peak for peak, _ in every[1])) if every else lowest
 
 
 def min_peak_plan_unkept(chain: Chain, budget_bytes: int | None) -> Plan:
     """``min_peak_plan`` of a chain with unkept boundaries (no held layers), planned with every
     boundary kept: peaks no lower than here."""
     cands = list(_unkept_low_plans(chain))
+    every = _every_plain_plan(chain)
+    if every:  # a short chain: the lowest peak of every plan, the cheapest there
+        low = min((peak, cost, i) for i, (peak, cost) in enumerate(every[1]))
+        cands.append(Plan("dp", chain.n_layers, every[0][low[2]]))
     cons = chain.conservative()
     if budget_bytes is not None and budget_bytes >= min_peak_kept(cons):
         cands.append(min_peak_plan_kept(cons, budget_bytes))
