@@ -8,9 +8,11 @@ Exit codes (documented in README):
 
 ====  ==========================================================
 0     success
-1     a failure while running the model (:class:`ModelRunError`), or a result file that could not
-      be written (:class:`WriteError`: a full disk)
-2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`)
+1     a failure while running the model (:class:`ModelRunError`), a result file that could not
+      be written (:class:`WriteError`: a full disk), or an unexpected error: the planner breaking one
+      of its own invariants (:class:`PlannerBugError`), any exception not of this hierarchy
+2     bad spec, bad option or bad file (:class:`SpecError`, :class:`UsageError`); a chain or an
+      argument value the planner cannot take (:class:`ChainError`, :class:`PlannerArgumentError`)
 3     the budget is below the smallest feasible peak (:class:`InfeasibleBudgetError`); bench:
       a row predicted to fit an explicit ``--budget`` measured above it (``over-budget``),
       after the table and the reports
@@ -46,6 +48,17 @@ class SpecError(CkplanError):
     exit_code = 2
 
 
+class ChainError(SpecError, ValueError):
+    """A chain the planner cannot take: a layer's sizes or times out of range, options or side
+    inputs that do not fit its layers (``Chain(...)``, ``chain_from_profile``, ``plan_chain``).
+    Also a ValueError, the exception Python code expects for a bad value."""
+
+
+class PlannerArgumentError(UsageError, ValueError):
+    """An argument value a planner function or table does not take (a ``mode`` it does not know, a
+    ``trim`` outside [0, 1)). Also a ValueError."""
+
+
 class DependencyError(CkplanError):
     """An optional dependency (an extra) is missing."""
 
@@ -68,6 +81,18 @@ class Terminated(KeyboardInterrupt):
 class PlanRunError(ModelRunError):
     """A plan that cannot run on this model as planned (a checkpoint starting at a layer that
     changes its input in place): ``bench`` marks the row ``error`` and goes on."""
+
+
+class PlannerBugError(CkplanError, RuntimeError):
+    """The planner broke one of its own invariants (a plan over the budget it was solved for, a
+    table with no step to reconstruct): a bug in ckplan, whatever the input. The tip asks for a
+    report. Also a RuntimeError."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, tip: str | None = None):
+        super().__init__(message, tip=tip or "this is a bug in ckplan's planner; please report it with the "
+                                             "command and the profile it read (--debug shows the traceback)")
 
 
 class WriteError(CkplanError):

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ckplan import api
+from ckplan import api, api_plan
 from ckplan.cli import app
-from ckplan.errors import UsageError
+from ckplan.errors import ChainError, PlannerBugError, UsageError
 
 runner = CliRunner()
 
@@ -91,6 +91,22 @@ def test_plan_world_sizes_exit_3_when_no_world_size_fits(mlp_spec):
     r = run("plan", mlp_spec, "--device", "meta", "--world-size", "2,4", "--budget", "1KB")
     assert r.exit_code == 3, r.output
     assert "no world size fits" in one_line(r)
+
+
+# ---- the planner's own errors: one line and their exit code, never a traceback ---------------------
+
+@pytest.mark.parametrize("error,code,needle", [
+    (PlannerBugError("dp (banded) plan peaks at 9 > budget 8"), 1, "please report it"),
+    (ChainError("layer 1 (fc): negative time"), 2, "layer 1 (fc): negative time"),
+])
+def test_planner_errors_are_one_line_without_a_traceback(saved_profile, monkeypatch, error, code, needle):
+    def raising(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(api_plan, "plan_chain", raising)
+    r = run("plan", "--profile", saved_profile, "--budget", "90%")
+    assert r.exit_code == code, r.output
+    assert r.output.count("Error:") == 1 and needle in one_line(r) and "Traceback" not in r.output
+    assert type(r.exception) is SystemExit  # handled by the CLI, not escaped
 
 
 # ---- item 3: -o X.csv for plan is refused before the profile ------------------------------------

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from ckplan.errors import SpecError
-from ckplan.planner import chain_from_profile, plan_none, predicted_peak_none, simulate
+from ckplan.errors import ChainError, PlannerArgumentError, SpecError, UsageError
+from ckplan.planner import chain_from_profile, default_budget, plan_none, predicted_peak_none, simulate
 from ckplan.records import CHAIN, POST, PRE, Profile, StageRecord, Totals
 
 
@@ -110,3 +110,22 @@ def test_chain_carries_casts_optimizer_and_accumulation():
     assert chain_from_profile(make_profile(accum=4)).grads_in_persistent
     # Stored layers hold their copies inside xbar: the calibrated no-checkpoint peak is unchanged.
     assert predicted_peak_none(dataclasses.replace(prof, layers=rows)) == predicted_peak_none(prof)
+
+
+def test_a_bad_chain_is_a_chain_error_and_still_a_value_error():
+    prof = make_profile()
+    rows = tuple(dataclasses.replace(r, fwd_ms=-1.0) if r.role == CHAIN else r for r in prof.layers)
+    with pytest.raises(ChainError, match="negative time") as got:
+        chain_from_profile(dataclasses.replace(prof, layers=rows))
+    assert isinstance(got.value, ValueError) and isinstance(got.value, SpecError)
+    assert got.value.exit_code == 2
+    ch = chain_from_profile(prof)
+    with pytest.raises(ValueError, match="at least one layer"):  # what callers catching ValueError see
+        dataclasses.replace(ch, layers=())
+
+
+def test_a_bad_planner_argument_is_a_usage_error_and_still_a_value_error():
+    ch = chain_from_profile(make_profile())
+    with pytest.raises(PlannerArgumentError, match="mode must be") as got:
+        default_budget(ch, mode="fastest", free_device_bytes=None)
+    assert isinstance(got.value, ValueError) and isinstance(got.value, UsageError)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..errors import UsageError
+from ..errors import PlannerArgumentError, UsageError
 from ..units import ACCEPTED_SIZES, parse_size
 from ..units import format_bytes as fb
 from .baselines import none_peak, plan_none
@@ -186,7 +186,7 @@ def default_budget(chain: Chain, *, mode: str, free_device_bytes: int | None) ->
         return Budget(b, "", "halfway",
                       f"{fb(b)}, halfway between the smallest feasible peak ({fb(lo)}) and the peak "
                       f"without checkpointing ({fb(hi)})")
-    raise ValueError(f"default_budget mode must be 'plan' or 'bench', not {mode!r}")
+    raise PlannerArgumentError(f"default_budget mode must be 'plan' or 'bench', not {mode!r}")
 
 
 def no_gain_reason(chain: Chain) -> str | None:

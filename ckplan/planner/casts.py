@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import PlannerArgumentError, PlannerBugError
 from . import limits
 from .chain import Chain
 from .groups import Units
@@ -83,7 +84,7 @@ class CastFrontier:
     def __init__(self, chain: Chain, u: Units, pc: PairCosts, pt: PeakTable, top_bytes: int):
         U = u.size
         if chain.n_layers + 1 != U:
-            raise ValueError("CastFrontier needs single-layer units")
+            raise PlannerArgumentError("CastFrontier needs single-layer units")
         self.chain, self.u, self.pc, self.pt = chain, u, pc, pt
         cap = max(0, top_bytes - base_bytes(chain))
         self.cap = cap
@@ -172,7 +173,7 @@ class CastFrontier:
         ends = [i for i, (h, c, _, _, _, _) in enumerate(last)
                 if u.fwd_req[U - 1] <= avail - h - c and self.bwd_store[U - 1] <= avail - h]
         if not ends:
-            raise RuntimeError(f"cast frontier: no plan completes within {avail} bytes: planner bug")
+            raise PlannerBugError(f"cast frontier: no plan completes within {avail} bytes")
         i = min(ends, key=lambda k: last[k][2])
         out: list[tuple[int, int]] = []
         inner_choose = exact_chooser(u, pc, pt.R, pt.K, est)

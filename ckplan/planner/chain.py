@@ -8,7 +8,9 @@ chain (embeddings, stem) is the *pre* stage and everything after (head, loss) th
 both are always stored. ``persistent_bytes`` (parameters, buffers, the batch, optimizer state) is
 live for the whole step.
 
-Types only: building a chain from a profile is :mod:`ckplan.planner.calibrate`.
+Types only: building a chain from a profile is :mod:`ckplan.planner.calibrate`. A chain whose
+values are out of range (a negative size, ``xbar < x``, a side input naming a layer it lacks)
+raises :class:`ckplan.errors.ChainError`, a ValueError.
 
 Mixed precision: ``cast_bytes`` are autocast's low-precision weight copies first made in the
 layer's forward. Autocast's cache keeps them until the whole forward (loss included) is over,
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..errors import ChainError
 from ..records import SideInput
 from .layer import STORE, Layer, Option
 
@@ -121,61 +124,61 @@ class Chain:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         if not self.layers:
-            raise ValueError("a chain needs at least one layer")
+            raise ChainError("a chain needs at least one layer")
         for i, ly in enumerate(self.layers):
             sizes = (ly.x_bytes, ly.xbar_bytes, ly.fwd_tmp_bytes, ly.bwd_tmp_bytes, ly.grad_bytes,
                      ly.cast_bytes, ly.unsaved_kept_bytes, ly.kept_after_bytes, ly.recompute_kept_bytes,
                      ly.recompute_chain_kept_bytes, ly.held_bytes, ly.gather_bytes, ly.retained_bytes,
                      *(v for v in (ly.held_fwd_tmp_bytes, ly.held_bwd_tmp_bytes) if v is not None))
             if any(not isinstance(v, int) or v < 0 for v in sizes):
-                raise ValueError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
+                raise ChainError(f"layer {i} ({ly.name}): sizes must be non-negative ints, got {sizes}")
             if ly.x_kept and not ly.in_place and ly.xbar_bytes < ly.x_bytes:
-                raise ValueError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes} (a stored "
+                raise ChainError(f"layer {i} ({ly.name}): xbar {ly.xbar_bytes} < x {ly.x_bytes} (a stored "
                                  "layer keeps its output unless x_kept is False or it is in_place)")
             if (ly.early_xbar_bytes is None) != (ly.early_fwd_tmp_bytes is None):
-                raise ValueError(f"layer {i} ({ly.name}): early_xbar_bytes and early_fwd_tmp_bytes "
+                raise ChainError(f"layer {i} ({ly.name}): early_xbar_bytes and early_fwd_tmp_bytes "
                                  "are given together or not at all")
             if ly.early_xbar_bytes is not None and ly.in_place:
-                raise ValueError(f"layer {i} ({ly.name}): an in-place layer has no early-stop sizes "
+                raise ChainError(f"layer {i} ({ly.name}): an in-place layer has no early-stop sizes "
                                  "(a recompute starting at it runs on a copy)")
             if ly.early_xbar_bytes is not None:
                 ex, et = ly.early_xbar_bytes, ly.early_fwd_tmp_bytes
                 if (not isinstance(ex, int) or not isinstance(et, int) or ex < 0 or et < 0
                         or ex > ly.xbar_bytes or ex + et > ly.xbar_bytes + ly.fwd_tmp_bytes):
-                    raise ValueError(f"layer {i} ({ly.name}): early sizes ({ex}, {et}) must be "
+                    raise ChainError(f"layer {i} ({ly.name}): early sizes ({ex}, {et}) must be "
                                      "non-negative ints with early_xbar <= xbar and a peak no "
                                      "higher than the whole forward's")
             if ly.fwd_ms < 0 or ly.bwd_ms < 0:
-                raise ValueError(f"layer {i} ({ly.name}): negative time")
+                raise ChainError(f"layer {i} ({ly.name}): negative time")
             if not 0 <= ly.tail_ms <= ly.fwd_ms:
-                raise ValueError(f"layer {i} ({ly.name}): tail_ms {ly.tail_ms} not within [0, fwd_ms "
+                raise ChainError(f"layer {i} ({ly.name}): tail_ms {ly.tail_ms} not within [0, fwd_ms "
                                  f"{ly.fwd_ms}]")
             object.__setattr__(ly, "options", tuple(ly.options))
             names = [o.name for o in ly.options]
             if len(set(names)) != len(names) or STORE in names or "full" in names:
-                raise ValueError(f"layer {i} ({ly.name}): option names must be unique and not "
+                raise ChainError(f"layer {i} ({ly.name}): option names must be unique and not "
                                  f"'store' or 'full', got {names}")
             for o in ly.options:
                 osz = (o.xbar_bytes, o.fwd_tmp_bytes, o.bwd_tmp_bytes,
                        *(v for v in (o.held_fwd_tmp_bytes, o.held_bwd_tmp_bytes) if v is not None))
                 if any(not isinstance(v, int) or v < 0 for v in osz) or o.xbar_bytes < ly.x_bytes:
-                    raise ValueError(f"layer {i} ({ly.name}) option {o.name}: sizes must be "
+                    raise ChainError(f"layer {i} ({ly.name}) option {o.name}: sizes must be "
                                      f"non-negative ints with xbar >= x, got {osz}")
                 if o.recompute_ms < 0:
-                    raise ValueError(f"layer {i} ({ly.name}) option {o.name}: negative time")
+                    raise ChainError(f"layer {i} ({ly.name}) option {o.name}: negative time")
         fixed = (self.pre.retained_bytes, self.pre.fwd_tmp_bytes, self.pre.bwd_tmp_bytes,
                  self.pre.grad_bytes, self.post.xbar_bytes, self.post.fwd_tmp_bytes,
                  self.post.bwd_tmp_bytes, self.post.grad_bytes, self.post.loss_bytes, self.x_in_bytes,
                  self.delta_in_bytes, self.persistent_bytes, self.opt_step_peak_bytes)
         if any(not isinstance(v, int) or v < 0 for v in fixed):
-            raise ValueError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
+            raise ChainError(f"pre/post/fixed sizes must be non-negative ints, got {fixed}")
         if not (self.d2h_bytes_per_ms >= 0 and self.h2d_bytes_per_ms >= 0):
-            raise ValueError(f"host link bandwidths must be >= 0, got {self.d2h_bytes_per_ms}, "
+            raise ChainError(f"host link bandwidths must be >= 0, got {self.d2h_bytes_per_ms}, "
                              f"{self.h2d_bytes_per_ms}")
         object.__setattr__(self, "side_inputs", tuple(self.side_inputs))
         object.__setattr__(self, "breaks", tuple(sorted(set(self.breaks))))
         if any(not isinstance(b, int) or not 0 < b < len(self.layers) for b in self.breaks):
-            raise ValueError(f"chain breaks {self.breaks} must be layer indices 1..{len(self.layers) - 1}")
+            raise ChainError(f"chain breaks {self.breaks} must be layer indices 1..{len(self.layers) - 1}")
         for si in self.side_inputs:
             if (not isinstance(si.bytes, int) or si.bytes < 0 or not isinstance(si.grad_bytes, int)
                     or si.grad_bytes < 0 or not si.layers
@@ -183,7 +186,7 @@ class Chain:
                     or not -1 <= si.made_by < min(si.layers)
                     or not set(si.saved_by) <= set(si.layers) or not set(si.unrelayed) <= set(si.layers)
                     or not _partial_ok(si, len(self.layers)) or not (si.grad_from == -1 or si.grad_from in si.layers)):
-                raise ValueError(f"side input {si}: bytes must be a non-negative int, layers "
+                raise ChainError(f"side input {si}: bytes must be a non-negative int, layers "
                                  f"indices of the {len(self.layers)} chain layers, made_by -1 or a "
                                  "layer before them, saved_by and unrelayed some of its layers, "
                                  "partial_span (from, to) with to <= from < the last layer, grad_from -1 "

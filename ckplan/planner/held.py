@@ -40,6 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..errors import PlannerArgumentError, PlannerBugError
 from . import limits
 from .baselines import none_peak, plan_none
 from .chain import STORE, Chain
@@ -74,7 +75,7 @@ class TopLevel:
 
     def __init__(self, chain: Chain, prefetch: str = "worst"):
         if prefetch not in ("worst", "least"):
-            raise ValueError(f"prefetch must be 'worst' or 'least', not {prefetch!r}")
+            raise PlannerArgumentError(f"prefetch must be 'worst' or 'least', not {prefetch!r}")
         self.chain = chain
         L = chain.layers
         n = len(L)
@@ -181,7 +182,7 @@ class TopLevel:
                     steps.append((float(self.Q[j] - self.P[s]) + float(self.KA[s, j]) + float(self.K[j]),
                                   ("ckpt", j, -1)))
             if not steps:
-                raise RuntimeError(f"held DP: no step fits at ({s}, {m}): planner bug")
+                raise PlannerBugError(f"held DP: no step fits at ({s}, {m})")
             _, (kind, j, o) = min(steps, key=lambda t: t[0])
             s, m = self._take(s, m, kind, j, o, ranges, chosen,
                               lambda a, b, mb: reconstruct_options(self.ua.bounds, b, mb, inner, start=a))
@@ -280,7 +281,7 @@ class Frontiers:
             mem, _, ch = self.F[s]
             k = int(np.searchsorted(mem, m, side="right")) - 1
             if k < 0:
-                raise RuntimeError(f"held DP reconstruction: no plan of [{s}, {U}) fits {m} bytes")
+                raise PlannerBugError(f"held DP reconstruction: no plan of [{s}, {U}) fits {m} bytes")
             c = int(ch[k])
             if c < 0:
                 s, m = top._take(s, m, "store", s + 1, -1 - c, ranges, chosen, None)
@@ -354,8 +355,8 @@ def least_recompute_plan(chain: Chain, budget_bytes: int) -> tuple[Plan | None, 
     avail = budget_bytes - base
     cost = fr.cost(avail)
     if cost == INF:
-        raise RuntimeError(f"held dp found no plan at budget {budget_bytes} above the smallest peak "
-                           f"{min_peak(chain)}: planner bug")
+        raise PlannerBugError(f"held dp found no plan at budget {budget_bytes} above the smallest peak "
+                              f"{min_peak(chain)}")
     plan = plan_from_parts(chain, top, fr.parts(avail), {"budget_bytes": budget_bytes})
     if bound_exact(chain):
         return plan, cost

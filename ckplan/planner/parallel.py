@@ -89,7 +89,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..device_model import DeviceModel, allreduce_ms, gather_ms
-from ..errors import InfeasibleBudgetError, UsageError
+from ..errors import ChainError, InfeasibleBudgetError, UsageError
 from .calibrate import chain_from_profile
 from .chain import Chain
 from .solve import min_peak
@@ -133,7 +133,7 @@ def per_rank_chain(chain: Chain, *, world_size: int, kind: str, layer_param_byte
     if not isinstance(world_size, int) or world_size < 1:
         raise UsageError(f"--world-size {world_size!r} must be a positive integer")
     if len(layer_param_bytes) != chain.n_layers:
-        raise ValueError(f"{len(layer_param_bytes)} layer parameter sizes for {chain.n_layers} layers")
+        raise ChainError(f"{len(layer_param_bytes)} layer parameter sizes for {chain.n_layers} layers")
     name = f"{chain.name} [{kind} x{world_size}]"
     if kind == "ddp":
         buckets = sum(ly.grad_bytes for ly in chain.layers) + chain.pre.grad_bytes + chain.post.grad_bytes

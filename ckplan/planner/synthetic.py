@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..errors import PlannerArgumentError
 from .chain import Chain, Layer, Option, Post, Pre
 
 
@@ -57,7 +58,7 @@ def with_options(chain: Chain, seed: int | np.random.Generator = 0, *, options: 
     recomputed tensors live there) and a recompute of up to the layer's forward time. Sizes are
     arbitrary integers, so they rarely divide evenly."""
     if not 0 < options <= len(OPTION_NAMES):
-        raise ValueError(f"options must be in 1..{len(OPTION_NAMES)}, got {options}")
+        raise PlannerArgumentError(f"options must be in 1..{len(OPTION_NAMES)}, got {options}")
     rng = np.random.default_rng(seed)
     out = []
     for ly in chain.layers:

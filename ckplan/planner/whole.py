@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from ..errors import InfeasibleBudgetError
+from ..errors import InfeasibleBudgetError, PlannerBugError
 from ..options import SAC_POLICIES
 from ..units import format_bytes
 from .baselines import plan_none
@@ -126,7 +126,7 @@ def _stage_live(chain: Chain, plan: Plan, stage: int, op: str) -> int:
     for ev in trace(chain, plan):
         if ev.stage == stage and ev.op == op:
             return ev.live_bytes
-    raise AssertionError(f"no {op} event of stage {stage}")
+    raise PlannerBugError(f"no {op} event of stage {stage}")
 
 
 def _readable(step: WholeStep, n: int) -> bool:

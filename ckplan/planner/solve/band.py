@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...errors import PlannerBugError
 from .. import limits
 from ..chain import Chain
 from ..plan import Checkpoint, Plan
@@ -226,8 +227,8 @@ class _BandSearch:
             plan = plan_from(self.chain, self.u, *pt.parts(self.avail), self.params)
             sc = simulate(self.chain, plan)
             if sc.peak_bytes > self.budget_bytes:
-                raise RuntimeError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
-                                   f"{self.budget_bytes}: planner bug")
+                raise PlannerBugError(f"dp (banded) plan peaks at {sc.peak_bytes} > budget "
+                                      f"{self.budget_bytes}")
             if sc.recompute_ms <= self.cost:
                 self.cost, self.best = sc.recompute_ms, Banded(plan, L, False, _longest(plan))
 

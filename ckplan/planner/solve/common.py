@@ -7,6 +7,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from ...errors import PlannerArgumentError
 from .. import limits
 from ..baselines import none_peak
 from ..casts import CastFrontier
@@ -55,7 +56,7 @@ def _units_for(chain: Chain, mode: str, groups: int | None, cuts: str = "cheap")
     """The solver's units, or None for the single layers of ``layer_tables``."""
     n = chain.n_layers
     if mode not in ("auto", "exact", "grouped"):
-        raise ValueError(f"dp mode must be auto, exact or grouped, not {mode!r}")
+        raise PlannerArgumentError(f"dp mode must be auto, exact or grouped, not {mode!r}")
     g = groups or limits.DEFAULT_GROUPS
     if mode == "exact" or (mode == "auto" and n <= limits.EXACT_MAX_LAYERS) or g >= n:
         return None

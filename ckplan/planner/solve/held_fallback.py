@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from ...errors import PlannerBugError
 from .. import held, limits
 from ..baselines import plan_every_k
 from ..chain import Chain
@@ -77,13 +78,13 @@ def _plan_dp_held(chain: Chain, budget_bytes: int, none_peak: int) -> DPResult:
     else:
         found = _cheapest_fitting(chain, _held_fallback(chain, budget_bytes), budget_bytes)
         if found is None:  # pragma: no cover - the plan reaching min_peak is among them
-            raise RuntimeError(f"held dp fallback found no plan at budget {budget_bytes}: planner bug")
+            raise PlannerBugError(f"held dp fallback found no plan at budget {budget_bytes}")
         plan, exact = Plan("dp", n, found.items, {"budget_bytes": budget_bytes}), False
         notes = ["held layers (FSDP2 per rank) on a chain the exact held DP does not take (autocast "
                  f"copies, unkept boundaries or over {limits.HELD_MAX_LAYERS} layers): planned without "
                  "the holds at budgets lowered until the plan fits (not proven optimal)"]
     peak = simulate(chain, plan).peak_bytes
     if peak > budget_bytes:
-        raise RuntimeError(f"dp (held layers) plan peaks at {peak} > budget {budget_bytes}: planner bug")
+        raise PlannerBugError(f"dp (held layers) plan peaks at {peak} > budget {budget_bytes}")
     exact = safe_side(chain, exact, notes)
     return DPResult(plan, 1, max(0, none_peak - base_bytes(chain)), exact, n + 1, tuple(notes))

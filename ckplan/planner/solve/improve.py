@@ -7,7 +7,7 @@ recompute and still fits, and repeats until no move helps or ``max_sims`` simula
 Never over budget, never worse than the start; not optimal."""
 from __future__ import annotations
 
-from ...errors import SpecError
+from ...errors import PlannerArgumentError, SpecError
 from ..chain import Chain
 from ..plan import items_from_ranges
 from ..simulate import peak_of
@@ -44,7 +44,7 @@ def improve(chain: Chain, ranges: Ranges, budget_bytes: int, max_sims: int = 300
     cur = sorted(ranges)
     peak, cost = peak_of(chain, items_from_ranges(n, cur))
     if peak > budget_bytes:
-        raise ValueError(f"the start plan peaks at {peak} > budget {budget_bytes}")
+        raise PlannerArgumentError(f"the start plan peaks at {peak} > budget {budget_bytes}")
     sims = 0
     while sims < max_sims:
         for cand in _moves(cur, n, x, chain.breaks):

@@ -1,6 +1,7 @@
 """Plans just above the smallest peak of a long chain, where the grouped tables find none."""
 from __future__ import annotations
 
+from ...errors import PlannerBugError
 from .. import limits
 from ..chain import Chain
 from ..groups import cheap_cuts, make_units
@@ -70,8 +71,8 @@ def near_min_plan(chain: Chain, budget_bytes: int) -> tuple[Plan, str]:
     for plan, text in cands:
         sc = simulate(chain, plan)
         if sc.peak_bytes > budget_bytes:
-            raise RuntimeError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
-                               f"budget {budget_bytes}: planner bug")
+            raise PlannerBugError(f"dp (near the smallest peak) plan peaks at {sc.peak_bytes} > "
+                                  f"budget {budget_bytes}")
         if sc.recompute_ms < cost:
             best, cost, how = plan, sc.recompute_ms, text
     return best, how

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import PlannerArgumentError, PlannerBugError
 from .. import limits
 from ..baselines import none_peak
 from ..chain import Chain
@@ -69,7 +70,7 @@ class DPSolver:
                  flat: bool | None = None, top_bytes: int | None = None,
                  pareto: bool | None = None, lowest_bytes: int | None = None):
         if rounding not in ("nearest", "up"):
-            raise ValueError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
+            raise PlannerArgumentError(f"rounding must be 'nearest' or 'up', not {rounding!r}")
         self.options_ignored = False  # True when the chain has options the tables do not use
         self.chain = chain
         grouped_units = _units_for(chain.without_options(), mode, groups, cuts)
@@ -168,7 +169,7 @@ class DPSolver:
         scored = [(simulate(self.chain, p), p) for p in cands]
         fit = [sp for sp in scored if sp[0].peak_bytes <= budget_bytes]
         if len(fit) < len(scored):
-            raise RuntimeError(f"dp (mixed precision) plan over budget {budget_bytes}: planner bug")
+            raise PlannerBugError(f"dp (mixed precision) plan over budget {budget_bytes}")
         return min(fit, key=lambda sp: sp[0].recompute_ms)[1] if fit else None
 
     def _pareto_table(self, top: int, lowest: int) -> ParetoTable:
@@ -198,8 +199,8 @@ class DPSolver:
             pt = self._pareto_table(budget_bytes, budget_bytes)
         avail = min(budget_bytes - base_bytes(self.chain), pt.top)
         if pt.cost(avail) == INF:
-            raise RuntimeError(f"exact dp found no plan at budget {budget_bytes} above the "
-                               f"smallest peak {min_peak_kept(self.chain)}: planner bug")
+            raise PlannerBugError(f"exact dp found no plan at budget {budget_bytes} above the "
+                                  f"smallest peak {min_peak_kept(self.chain)}")
         return self._plan(*pt.parts(avail), budget_bytes, budget_bytes, "exact bytes")
 
     def _best_at(self, read_bytes: int, budget_bytes: int) -> tuple[Plan | None, int | None]:
@@ -228,7 +229,7 @@ class DPSolver:
         plan = plan_from(self.chain, units or self.units, ranges, chosen, {"budget_bytes": budget_bytes})
         peak = simulate(self.chain, plan).peak_bytes
         if peak > read_bytes and not self.cast_bytes:  # exact feasibility forbids this
-            raise RuntimeError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}: planner bug")
+            raise PlannerBugError(f"dp ({name}) plan peaks at {peak} > budget {read_bytes}")
         return plan
 
     def _scan(self, r: _Reader, read_bytes: int, budget_bytes: int) -> Plan | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache, lru_cache
 
+from ...errors import PlannerBugError
 from .. import limits
 from ..baselines import none_peak, plan_none
 from ..chain import Chain
@@ -81,8 +82,8 @@ def _plan_dp_unkept(chain: Chain, budget_bytes: int, **dp_options) -> DPResult:
             cands.append(Plan("dp", n, every[0][min(fits)[2]]))
     best = _cheapest_fitting(chain, cands, budget_bytes)
     if best is None:  # pragma: no cover - the plan reaching min_peak is among them
-        raise RuntimeError(f"dp found no plan at budget {budget_bytes} above the smallest peak "
-                           f"{lowest}: planner bug")
+        raise PlannerBugError(f"dp found no plan at budget {budget_bytes} above the smallest peak "
+                              f"{lowest}")
     # the cheapest few that fit, improved on the chain: simulations spread over them, fewer on long chains
     k = limits.UNKEPT_IMPROVED if n <= 16 else 2
     fitting = sorted({c.items: c for c in cands if simulate(chain, c).peak_bytes <= budget_bytes}.values(),

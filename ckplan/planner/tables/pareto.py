@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import PlannerArgumentError, PlannerBugError
 from ..groups import Units
 from . import frontier_kernel
 from .common import Spans, Step
@@ -40,8 +41,8 @@ class InnerPart:
     def check(self, u: Units, pc: PairCosts, R: np.ndarray, top: int, L: int, LT: int,
               max_points: int | None, max_total: int | None, nest: Spans) -> None:
         if self._key != (id(u), id(pc), id(R), top, L, LT, max_points, max_total, nest):
-            raise ValueError("inner part built for another table (units, pair costs, R, top "
-                             "bytes, band or limits differ)")
+            raise PlannerArgumentError("inner part built for another table (units, pair costs, R, top "
+                                       "bytes, band or limits differ)")
 
     def take_state(self) -> tuple:
         """The state to add the tails to, in place (column ``U`` of ``off``/``ln``, the flat
@@ -111,11 +112,11 @@ class ParetoTable:
         self.trim_abs = float(trim_abs)
         self.u, self.pc, self.top = u, pc, int(top_bytes)
         if not 0.0 <= trim < 1.0:
-            raise ValueError(f"trim must be in [0, 1), not {trim}")
+            raise PlannerArgumentError(f"trim must be in [0, 1), not {trim}")
         if trim_every < 1:
-            raise ValueError(f"trim_every must be at least 1, not {trim_every}")
+            raise PlannerArgumentError(f"trim_every must be at least 1, not {trim_every}")
         if not trim_abs >= 0.0:
-            raise ValueError(f"trim_abs must be at least 0 ms, not {trim_abs}")
+            raise PlannerArgumentError(f"trim_abs must be at least 0 ms, not {trim_abs}")
         self.trim, self.trim_every = float(trim), int(trim_every)
         U = u.size
         L, LT = band(U, max_len, top_len)
@@ -279,7 +280,7 @@ class ParetoTable:
     def cost(self, avail: int) -> float:
         """Least recompute of the whole chain with ``avail`` bytes (inf when infeasible)."""
         if avail > self.top:
-            raise ValueError(f"the table answers up to {self.top} bytes, not {avail}")
+            raise PlannerArgumentError(f"the table answers up to {self.top} bytes, not {avail}")
         m, c, _ = self._get(0, self.u.size)
         k = int(np.searchsorted(m, avail, side="right")) - 1
         return float(c[k]) if k >= 0 else float("inf")
@@ -293,7 +294,7 @@ class ParetoTable:
         m, _, ch = self._get(s, e)
         k = int(np.searchsorted(m, mb, side="right")) - 1
         if k < 0:
-            raise RuntimeError(f"Pareto DP reconstruction: no plan of [{s}, {e}) fits {mb} bytes")
+            raise PlannerBugError(f"Pareto DP reconstruction: no plan of [{s}, {e}) fits {mb} bytes")
         j = int(ch[k])
         if j <= STORE:
             o = STORE - j
@@ -310,5 +311,5 @@ class ParetoTable:
     def parts(self, avail: int) -> tuple[list[tuple[int, int]], dict[int, int]]:
         """``ranges`` and the selective option of each unit stored with one."""
         if avail > self.top:
-            raise ValueError(f"the table answers up to {self.top} bytes, not {avail}")
+            raise PlannerArgumentError(f"the table answers up to {self.top} bytes, not {avail}")
         return reconstruct_options(self.u.bounds, self.u.size, avail, self._choose)

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...errors import PlannerBugError
 from ..groups import Units
 from .common import INF, Chooser, Step
 from .pairs import PairCosts
@@ -98,7 +99,7 @@ def exact_chooser(u: Units, pc: PairCosts, R: np.ndarray, K: np.ndarray,
                 if best is None or est < best[0]:
                     best = (est, j)
         if best is None:
-            raise RuntimeError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
+            raise PlannerBugError(f"DP reconstruction: no feasible option at ({s}, {e}, {mb})")
         pick = best[1]
         if pick is None:
             return None, mb - int(u.opt_hold[s, bo]), None, bo

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import PlannerBugError
 from .. import limits
 from ..groups import Units
 from .common import BIG, INF, Step, ceil_div, near_div, shift
@@ -107,7 +108,7 @@ class CostTable:
             if v < best[0]:
                 best = (v, j)
         if best[0] == INF:
-            raise RuntimeError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
+            raise PlannerBugError(f"DP reconstruction reached an infeasible state ({s}, {e}, {m})")
         pick = best[1]
         if pick is None:
             return None, m - int(self.opt_hold_slots[s, bo]), None, bo
@@ -226,7 +227,7 @@ class FlatTable:
         vals = np.where(self.thr_slots[s, s + 1:hi] <= m, self.S[s + 1:hi, m], INF) - P[s]
         k = int(np.argmin(vals))
         if min(store, vals[k]) == INF:
-            raise RuntimeError(f"flat DP reconstruction reached an infeasible state ({s}, {m})")
+            raise PlannerBugError(f"flat DP reconstruction reached an infeasible state ({s}, {m})")
         if store <= vals[k]:
             return None, m - int(self.hold_slots[s]), None, 0
         j = s + 1 + k
@@ -257,7 +258,7 @@ class FlatTable:
         vals = np.where(ok, (pc.ckpt_end_ms[js] - P[s]) + est(js, left), INF)
         k = int(np.argmin(vals))
         if min(store, vals[k]) == INF:
-            raise RuntimeError(f"flat DP reconstruction: no feasible option at ({s}, {mb})")
+            raise PlannerBugError(f"flat DP reconstruction: no feasible option at ({s}, {mb})")
         if store <= vals[k]:
             return None, mb - int(u.hold[s]), None, 0
         j = int(js[k])
