@@ -277,7 +277,8 @@ class _Rank:
         """2. one memory step per strategy (after the warm-up)."""
         for name, plan in self.runnable:
             if self.job.fail_rank == self.rank:
-                raise ModelRunError(f"rank {self.rank} was told to fail (fail_rank={self.rank})")
+                raise ModelRunError(f"rank {self.rank} was told to fail (fail_rank={self.rank})",
+                                    tip="fail_rank is a fault injection for tests: leave it None")
             fb: dict[str, int] = {}
 
             def mark(fb=fb):  # the forward+backward peak, before the optimizer step

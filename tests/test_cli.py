@@ -533,7 +533,8 @@ def test_a_model_error_points_to_debug_on_the_command_line_only(write_spec, tmp_
                                 "chain: layers\n")
     r = run("profile", spec, "--device", "cpu", "--no-options")
     assert r.exit_code == 1
-    assert "broken model (run with --debug for the traceback)" in r.output
+    assert "broken model. Tip: check that the spec's input" in " ".join(r.output.split())
+    assert r.output.rstrip().endswith("own error (run with --debug for the traceback)")
     from ckplan import api
     from ckplan.errors import ModelRunError
     with pytest.raises(ModelRunError) as e:

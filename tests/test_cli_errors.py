@@ -389,6 +389,32 @@ def test_json_bench_that_exits_3_after_its_document_adds_no_error_document(mlp_s
     assert "error" not in doc and {row["strategy"] for row in doc["rows"]} == {"none", "dp"}
 
 
+@pytest.mark.parametrize("where,needle", [
+    ("forward", "Tip: check that the spec's input (shape, dtype, labels) is what the model's forward takes; "
+                "one step of the model without ckplan shows its own error (run with --debug for the traceback)"),
+    ("init", "Tip: fix the constructor: raises_init_qa.make(**model.args) called in Python shows its own traceback "
+             "(run with --debug for the traceback)"),
+])
+def test_a_model_that_raises_gets_a_tip_on_its_one_line(write_spec, tmp_path, monkeypatch, where, needle):
+    (tmp_path / f"raises_{where}_qa.py").write_text(  # a module per case: the first import is cached
+        "import torch.nn as nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n"
+        f"        if {where == 'init'}: raise ValueError('broken in init')\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('broken in forward')\n"
+        "def make():\n    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_spec(tmp_path, f"model: {{target: 'raises_{where}_qa:make'}}\ninput: {{batch_size: 2, shape: [4]}}\n"
+                                "chain: layers\n")
+    r = run("profile", spec, "--device", "cpu", "--no-options", "--repeats", "1", "--out-dir", tmp_path / "o")
+    assert r.exit_code == 1, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"broken in {where}" in errors[0] and "Traceback" not in r.output
+    assert one_line(r).endswith(needle)
+
+
 def test_a_constructor_that_reads_values_on_meta_is_one_clear_error(write_spec, tmp_path, monkeypatch):
     # A learned activation that reads its scalar when built (transformers 4's xIELU) cannot be made
     # on fake tensors: exit 1, the reason and the fix, no traceback.

@@ -86,7 +86,9 @@ def model_errors(meta: bool):
                                  "--precision fp32 (or the other 16-bit one); under parallel.param_dtype its "
                                  "parameters are 16-bit and its buffers fp32, as FSDP2's MixedPrecisionPolicy "
                                  "runs it: drop param_dtype, or train with autocast (train.precision)")
-                            if dtype else None) from e
+                            if dtype else "check that the spec's input (shape, dtype, labels) is what the model's "
+                                          "forward takes; one step of the model without ckplan shows its own "
+                                          "error") from e
 
 
 @contextmanager

@@ -130,4 +130,6 @@ def _build_target(target: str, args: dict):
     except Exception as e:
         if "meta" in str(e) and torch.empty(()).device.type == "meta":  # built under the meta device
             raise  # _meta_build_errors says what it is
-        raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}") from e
+        raise ModelRunError(f"model.target {target!r} raised {type(e).__name__}: {e}",
+                            tip=f"fix the constructor: {mod_name}.{fn_name}(**model.args) called in Python "
+                                "shows its own traceback") from e
