@@ -17,19 +17,20 @@ from __future__ import annotations
 import importlib
 
 from .errors import CkplanError, InfeasibleBudgetError, ModelRunError, SpecError, UsageError
-from .export import Export, export_plan
 
 __version__ = "0.1.0"
 
 # Where each name of the facade lives. They are imported on first use (PEP 562): ckplan's planner
-# (ckplan.planner, imported through this package) runs without torch, which these modules import.
+# (ckplan.planner, imported through this package) runs without torch, which these modules import,
+# and `import ckplan` alone loads neither numpy nor the planner (ckplan.export brings both).
 _PUBLIC = ("apply_plan", "compiled_layers", "compiled_model", "kept_freed_memory", "load_plan", "plan_model",
            "profile_model", "remove_plan")
 _API = ("bench_distributed", "check_bench_args", "check_budget", "check_nproc", "check_output_dir",
         "check_output_file", "check_plan_chain", "check_positive", "check_train_args", "load", "load_profile",
         "option_names", "plan", "profile", "profile_problem", "read_plan", "read_plan_document",
         "resolve_budget", "resolve_device", "sweep", "world_sizes")
-_LAZY = {**{name: ".public" for name in _PUBLIC}, **{name: ".api" for name in _API}}
+_LAZY = {**{name: ".public" for name in _PUBLIC}, **{name: ".api" for name in _API},
+         **{name: ".export" for name in ("Export", "export_plan")}}
 
 __all__ = ["CkplanError", "Export", "InfeasibleBudgetError", "ModelRunError", "SpecError", "UsageError",
            "export_plan", *_PUBLIC, *_API]

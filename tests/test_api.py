@@ -244,3 +244,19 @@ def test_no_public_name_is_shadowed_by_a_submodule():
         assert callable(getattr(ckplan, name)) or isinstance(getattr(ckplan, name), type), name
     from ckplan import compiled_model
     assert callable(compiled_model)
+
+
+def test_import_ckplan_loads_neither_numpy_nor_the_planner():
+    """``import ckplan`` is light; the facade's names load their modules on first use."""
+    import os
+    import subprocess
+    import sys
+    root = str(Path(ckplan.__file__).resolve().parents[1])  # this checkout's ckplan, in the child too
+    code = ("import sys, ckplan\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'ckplan.export', 'ckplan.planner') if m in sys.modules))\n"
+            "print(set(ckplan.__all__) <= set(dir(ckplan)))\n"
+            "ckplan.export_plan\n"
+            "print('ckplan.export' in sys.modules, 'numpy' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == ["[]", "True", "True True"], out.stdout + out.stderr
