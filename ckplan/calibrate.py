@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import platform
-import time
 from collections.abc import Callable
 from datetime import date
 
@@ -22,34 +21,30 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .device_model import DeviceModel
-from .measure import device_info
+from .measure import Clock, device_info
 from .sac import SAC_KWARGS, context_fn
 
 
-def _timed(device: torch.device, fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds of ``fn`` over ``repeats`` runs after one warm-up, the device waited for."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+def _median_ms(device: torch.device, fn: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``fn`` over ``repeats`` runs after one warm-up, the device waited for."""
+    return Clock(device).median_ms(fn, repeats)
+
+
+def _per_s(count: float, ms: float) -> float:
+    """``count`` (FLOPs, bytes) done in ``ms`` milliseconds as a rate per second, the device model's unit."""
+    return count * 1e3 / ms
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / _timed(device, lambda: torch.mm(a, b), repeats)
+    return _per_s(2 * n**3, _median_ms(device, lambda: torch.mm(a, b), repeats))
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
     x = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     y = torch.empty_like(x)
-    return 2 * x.numel() * 4 / _timed(device, lambda: y.copy_(x), repeats)
+    return _per_s(2 * x.numel() * 4, _median_ms(device, lambda: y.copy_(x), repeats))
 
 
 def _tiny_ops(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -80,8 +75,8 @@ def _fwd_bwd_op_ms(device: torch.device, chain: Callable[[torch.Tensor, int], to
     def step(k: int) -> None:
         chain(x, k).sum().backward()
 
-    return max(0.0, (_timed(device, lambda: step(n), repeats) - _timed(device, lambda: step(0), repeats))
-               / (2 * n) * 1e3)
+    return max(0.0, (_median_ms(device, lambda: step(n), repeats) - _median_ms(device, lambda: step(0), repeats))
+               / (2 * n))
 
 
 def dispatch_ms(device: torch.device, n: int = 400, repeats: int = 5) -> float:
@@ -106,7 +101,7 @@ def attention_eff(device: torch.device, fp32_rate: float, *, batch: int, heads: 
         torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
 
     flops = 3 * 4 * batch * heads * seq * seq * head_dim
-    return min(1.0, flops / _timed(device, step, repeats) / fp32_rate)
+    return min(1.0, _per_s(flops, _median_ms(device, step, repeats)) / fp32_rate)
 
 
 def _saving_ops(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -128,9 +123,9 @@ def checkpoint_hook_ms(device: torch.device, n: int = 200, repeats: int = 5) -> 
     def ckpt():
         checkpoint(_saving_ops, x, n, use_reentrant=False).sum().backward()
 
-    extra = (_timed(device, ckpt, repeats) - _timed(device, plain, repeats)
-             - _timed(device, lambda: _saving_ops(x, n), repeats))
-    return max(0.0, extra / (3 * n) * 1e3)
+    extra = (_median_ms(device, ckpt, repeats) - _median_ms(device, plain, repeats)
+             - _median_ms(device, lambda: _saving_ops(x, n), repeats))
+    return max(0.0, extra / (3 * n))
 
 
 def checkpoint_host_ms(device: torch.device, n: int = 100, repeats: int = 5) -> tuple[float, float]:
@@ -147,9 +142,9 @@ def checkpoint_host_ms(device: torch.device, n: int = 100, repeats: int = 5) -> 
             y = checkpoint(torch.sin, y, use_reentrant=False) if ckpt else torch.sin(y)
         y.sum().backward()
 
-    extra = (_timed(device, lambda: chain(True), repeats) - _timed(device, lambda: chain(False), repeats)
-             - _timed(device, lambda: _saving_ops(x, n), repeats))
-    return hook, max(0.0, extra / n * 1e3 - 3 * hook)
+    extra = (_median_ms(device, lambda: chain(True), repeats) - _median_ms(device, lambda: chain(False), repeats)
+             - _median_ms(device, lambda: _saving_ops(x, n), repeats))
+    return hook, max(0.0, extra / n - 3 * hook)
 
 
 def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> float:
@@ -163,7 +158,7 @@ def sac_dispatch_ms(device: torch.device, n: int = 200, repeats: int = 5) -> flo
     def sac():
         return checkpoint(_tiny_ops, x, n, use_reentrant=False, context_fn=context_fn("sac-compute"), **SAC_KWARGS)
 
-    return max(0.0, (_timed(device, sac, repeats) - _timed(device, plain, repeats)) / n * 1e3)
+    return max(0.0, (_median_ms(device, sac, repeats) - _median_ms(device, plain, repeats)) / n)
 
 
 def host_bandwidths(device: torch.device, nbytes: int, repeats: int = 5) -> tuple[float, float]:
@@ -172,9 +167,9 @@ def host_bandwidths(device: torch.device, nbytes: int, repeats: int = 5) -> tupl
         return 0.0, 0.0
     host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
     dev = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    up = _timed(device, lambda: dev.copy_(host, non_blocking=True), repeats)
-    down = _timed(device, lambda: host.copy_(dev, non_blocking=True), repeats)
-    return nbytes / down, nbytes / up
+    up_ms = _median_ms(device, lambda: dev.copy_(host, non_blocking=True), repeats)
+    down_ms = _median_ms(device, lambda: host.copy_(dev, non_blocking=True), repeats)
+    return _per_s(nbytes, down_ms), _per_s(nbytes, up_ms)
 
 
 def host_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:

@@ -29,13 +29,13 @@ def test_a_cpu_calibration_is_a_device_model_that_round_trips(tmp_path):
 
 
 def test_rates_are_work_over_time(monkeypatch):
-    # the rate is the matmul's 2 n^3 FLOPs (the copy's 2 x bytes) over the timed seconds
+    # the rate is the matmul's 2 n^3 FLOPs (the copy's 2 x bytes) per second of the timed milliseconds
     import ckplan.calibrate as cal
 
-    monkeypatch.setattr(cal, "_timed", lambda device, fn, repeats: (fn(), 0.5)[1])
+    monkeypatch.setattr(cal, "_median_ms", lambda device, fn, repeats: (fn(), 500.0)[1])
     cpu = torch.device("cpu")
-    assert matmul_rate(cpu, torch.float32, 128, 3) == 2 * 128**3 / 0.5
-    assert copy_bandwidth(cpu, 2**22, 3) == 2 * 2**22 / 0.5
+    assert matmul_rate(cpu, torch.float32, 128, 3) == pytest.approx(2 * 128**3 / 0.5)
+    assert copy_bandwidth(cpu, 2**22, 3) == pytest.approx(2 * 2**22 / 0.5)
 
 
 def test_a_training_ops_dispatch_is_its_forward_and_backward_over_both(monkeypatch):
@@ -47,9 +47,9 @@ def test_a_training_ops_dispatch_is_its_forward_and_backward_over_both(monkeypat
     def timed(device, fn, repeats):
         fn()
         seen.append(len(seen))
-        return 0.9 if len(seen) == 1 else 0.1  # the step with 100 ops, then the step with none
+        return 900.0 if len(seen) == 1 else 100.0  # ms: the step with 100 ops, then the step with none
 
-    monkeypatch.setattr(cal, "_timed", timed)
+    monkeypatch.setattr(cal, "_median_ms", timed)
     cpu = torch.device("cpu")
     assert cal.dispatch_ms(cpu, 100, 3) == pytest.approx(0.8 / 200 * 1e3)
     seen.clear()
@@ -59,7 +59,7 @@ def test_a_training_ops_dispatch_is_its_forward_and_backward_over_both(monkeypat
 def test_attention_share_is_its_flops_over_time_and_rate(monkeypatch):
     import ckplan.calibrate as cal
 
-    monkeypatch.setattr(cal, "_timed", lambda device, fn, repeats: (fn(), 0.25)[1])
+    monkeypatch.setattr(cal, "_median_ms", lambda device, fn, repeats: (fn(), 250.0)[1])
     # forward 4 b h s^2 d, backward twice that: 3 x 4 x 1 x 2 x 64^2 x 16 FLOPs in 0.25 s
     flops = 3 * 4 * 1 * 2 * 64 * 64 * 16
     got = cal.attention_eff(torch.device("cpu"), 1e7, batch=1, heads=2, seq=64, head_dim=16)

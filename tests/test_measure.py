@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from ckplan.measure import LiveTensorTracker, TrackerLimitExceeded, unique_storage_bytes
+from ckplan.measure import Clock, LiveTensorTracker, TrackerLimitExceeded, unique_storage_bytes
 
 F32 = 4
 
@@ -115,3 +115,16 @@ def test_tensors_in_finds_what_pytree_finds():
         want = [t for t in tree_flatten(nest)[0] if isinstance(t, torch.Tensor)]
         got = tensors_in(nest)
         assert len(got) == len(want) and all(x is y for x, y in zip(got, want)), nest
+
+
+def test_the_clock_times_in_milliseconds_and_takes_the_median_after_a_warm_up():
+    import time
+    clock = Clock(torch.device("cpu"))
+    assert clock.time_ms(lambda: time.sleep(0.02)) >= 20.0
+    calls = []
+    sleeps = iter([0.0, 0.03, 0.0, 0.01])  # the warm-up (not counted), then 30, 0, 10 ms
+
+    def run():
+        calls.append(1)
+        time.sleep(next(sleeps))
+    assert 10.0 <= clock.median_ms(run, 3) < 30.0 and len(calls) == 4

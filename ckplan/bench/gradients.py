@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 
 import torch
 from torch.utils._pytree import tree_map
 
 from ..bench_records import ERROR, GRAD_TOLERANCES, NON_FINITE, WRONG_GRADIENTS
 from ..errors import ModelRunError, PlanRunError
-from ..measure import TrackerLimitExceeded
+from ..measure import TrackerLimitExceeded, now_ms
 from ..peers import UNAVAILABLE
 from ..planner import plan_none
 from .entry import Entry
@@ -82,7 +81,7 @@ def compile_first_step(run: Run, e: Entry, init: dict):
     row ``unavailable`` with the reason (None is returned then)."""
     c = e.compiled
     assert c is not None
-    t0 = time.perf_counter()
+    t0 = now_ms()
     try:
         with c.compiling():
             got = loss_and_grads(run, e, init)
@@ -96,7 +95,7 @@ def compile_first_step(run: Run, e: Entry, init: dict):
         e.status = UNAVAILABLE
         e.message += "; Dynamo compiled no graph for this model (it would run eagerly)"
         return None
-    e.message += f"; compiled {c.graphs} graph(s) in {time.perf_counter() - t0:.1f} s (first step, not timed)"
+    e.message += f"; compiled {c.graphs} graph(s) in {(now_ms() - t0) / 1e3:.1f} s (first step, not timed)"
     return got
 
 

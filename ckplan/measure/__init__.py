@@ -10,7 +10,7 @@ timeline    the CPU allocator's events from the PyTorch profiler (compiled code)
 meta_kernels  each meta kernel run once per shape (fast fake passes)
 compiled_graph  what a compiled step saves for backward, from TorchInductor's partitioned graphs
 """
-from .clock import Clock
+from .clock import Clock, now_ms
 from .cuda import CudaMemory, cuda_peak, cuda_reset, cuda_runtime_bytes
 from .device import DeviceInfo, device_info, nvml_memory, nvml_used_bytes
 from .kept_freed import CPU_MALLOC_ENV, KEPT_MEMORY_NOTE, KeptFreedMemory
@@ -21,5 +21,5 @@ from .tracker import LiveTensorTracker, TrackerLimitExceeded, storages_of, uniqu
 __all__ = [
     "CPU_MALLOC_ENV", "KEPT_MEMORY_NOTE", "AllocatorTimeline", "Clock", "CudaMemory", "DeviceInfo", "KeptFreedMemory",
     "LiveTensorTracker", "ResidentPeak", "TrackerLimitExceeded", "cuda_peak", "cuda_reset", "cuda_runtime_bytes",
-    "device_info", "nvml_memory", "nvml_used_bytes", "storages_of", "unique_storage_bytes",
+    "device_info", "now_ms", "nvml_memory", "nvml_used_bytes", "storages_of", "unique_storage_bytes",
 ]

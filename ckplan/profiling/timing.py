@@ -14,7 +14,6 @@ On meta, times are FLOPs divided by an assumed rate (``ASSUMED_FLOPS_PER_S``).
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +21,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from ..calibrate import checkpoint_host_ms
-from ..measure import Clock
+from ..measure import Clock, now_ms
 from .instrument import Instrument
 from .readouts import Window
 from .step import Step, zero_grads
@@ -62,9 +61,7 @@ class Times:
 class NoWait:
     """Marks that do not wait for the device: a whole step is timed around them."""
 
-    @staticmethod
-    def now_ms() -> float:
-        return time.perf_counter() * 1e3
+    now_ms = staticmethod(now_ms)
 
 
 def whole_step_ms(inst: Instrument, step: Step, params: list[nn.Parameter]) -> float:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 from dataclasses import replace
 
 import torch
 
-from ..measure import AllocatorTimeline
+from ..measure import AllocatorTimeline, Clock
 from ..planner import Plan
 from ..planner.plan import STORE
 from ..planner.whole import FULL, WholeStep, option_plan
@@ -79,16 +78,6 @@ def measure_whole(model, batch, loss_fn, profile, device: torch.device, plan: Pl
     return cm, WholeStep(held, fwd_peak, bwd_peak, 0.0, saved)
 
 
-def _timed(run, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    run()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def whole_steps(model, batch, loss_fn, profile, device: torch.device, chain, tick) -> tuple[dict, dict]:
     """One step per choice a layer of ``chain`` has (stored, recomputed whole, each SAC option
     every layer has), and their compiled copies, both by choice. Times: one untimed pass each,
@@ -104,10 +93,11 @@ def whole_steps(model, batch, loss_fn, profile, device: torch.device, chain, tic
     for run in runs.values():
         run()  # the first pass after the memory step runs slower
     times: dict[str, list[float]] = {name: [] for name in runs}
+    clock = Clock(device)
     for r in range(ROUNDS):
         tick(f"timing the whole-model steps, round {r + 1} of {ROUNDS}")
         for name, run in runs.items():
-            times[name].append(_timed(run, device))
+            times[name].append(clock.time_ms(run))
     base = statistics.median(times[STORE])
     for name, step in steps.items():
         extra = statistics.median(t - t0 for t, t0 in zip(times[name], times[STORE]))
@@ -119,10 +109,11 @@ def paired_ms(run_store, run, store_ms: float, device: torch.device) -> float:
     """A step's forward+backward time from :data:`ROUNDS` rounds interleaved with the stored step's
     (``run_store``, measured at ``store_ms``): ``store_ms`` plus the median difference per round."""
     run()
+    clock = Clock(device)
     diffs = []
     for _ in range(ROUNDS):
-        t0 = _timed(run_store, device)
-        diffs.append(_timed(run, device) - t0)
+        t0 = clock.time_ms(run_store)
+        diffs.append(clock.time_ms(run) - t0)
     return store_ms + statistics.median(diffs)
 
 
