@@ -100,6 +100,18 @@ class BenchRow:
 
 
 @dataclass(frozen=True)
+class FrontierPoint:
+    """One point of a predicted memory/time frontier plotted beside the measured rows."""
+
+    strategy: str  # dp, or dp-layer (whole layers only) when the chain has selective options
+    peak_bytes: int
+    slowdown: float  # predicted step time over the step time without checkpointing
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class BenchResult:
     model: str
     device: str
@@ -115,9 +127,9 @@ class BenchResult:
     rows: tuple[BenchRow, ...]
     profile_peak_bytes: int  # predicted peak without checkpointing, from the profile
     notes: tuple[str, ...] = field(default=())
-    # (strategy, peak bytes, predicted slowdown) of dp at evenly spaced budgets (and dp-layer's
-    # with selective options): the predicted frontier, plotted beside the measured rows.
-    frontier: tuple[tuple[str, int, float], ...] = field(default=())
+    # dp's points at evenly spaced budgets (and dp-layer's with selective options): the predicted
+    # frontier, plotted beside the measured rows.
+    frontier: tuple[FrontierPoint, ...] = field(default=())
     compiled: bool = False  # --compile: ckplan's rows ran compiled ("layers": each chain layer; "model": whole)
     compile_scope: str = "layers"
 
@@ -135,5 +147,5 @@ class BenchResult:
         d = dataclasses.asdict(self)
         d["rows"] = [r.to_dict() for r in self.rows]
         d["notes"] = list(self.notes)
-        d["frontier"] = [{"strategy": s, "peak_bytes": b, "slowdown": t} for s, b, t in self.frontier]
+        d["frontier"] = [p.to_dict() for p in self.frontier]
         return d

@@ -196,10 +196,10 @@ class _Rank:
         self.results: dict[str, dict] = {}
         self.unreproduced = 0.0  # this rank's gradients without checkpointing minus one process's
         self.runnable = []
-        for name, plan_d, *_ in job.plans:
-            if plan_d is not None:
-                self.runnable.append((name, Plan.from_dict(plan_d)))
-                self.results[name] = {"status": OK}
+        for p in job.plans:
+            if p.plan is not None:
+                self.runnable.append((p.strategy, Plan.from_dict(p.plan)))
+                self.results[p.strategy] = {"status": OK}
 
     def wrap(self, mesh) -> None:
         """FSDP2 on ``mesh``, or DDP when there is none; then this rank's micro-batch."""

@@ -1,6 +1,6 @@
 """What a distributed bench sends to its ranks and gets back: the job every rank runs
-(:class:`Job`), one strategy on one rank (:class:`RankRow`) and the whole run
-(:class:`DistBenchResult`), with the statuses and the gradient tolerance.
+(:class:`Job`, one :class:`RankPlan` per strategy), one strategy on one rank (:class:`RankRow`)
+and the whole run (:class:`DistBenchResult`), with the statuses and the gradient tolerance.
 """
 from __future__ import annotations
 
@@ -82,13 +82,23 @@ class DistBenchResult:
 
 # ---- the parent: profile, plan, launch, collect --------------------------------------------
 @dataclass(frozen=True)
+class RankPlan:
+    """One strategy's per-rank plan as the ranks receive it."""
+
+    strategy: str
+    plan: dict | None  # Plan.to_dict(); None where the budget admits no plan (``message`` says why)
+    predicted_peak_bytes: int | None  # per-rank model, whole step
+    predicted_fwd_bwd_peak_bytes: int | None  # forward + backward only
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class Job:
-    """What every rank runs: the spec, the plans (name, plan, predicted peak, predicted
-    forward+backward peak, why it is not runnable), and how."""
+    """What every rank runs: the spec, the plans, and how."""
 
     spec: dict
     kind: str
-    plans: tuple[tuple[str, dict | None, int | None, int | None, str], ...]  # name, plan, pred, pred fb, msg
+    plans: tuple[RankPlan, ...]
     steps: int
     warmup: int
     device: str

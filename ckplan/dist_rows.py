@@ -28,13 +28,14 @@ def collect_rows(job: Job, nproc: int, failure: str) -> tuple[RankRow, ...]:
             p = Path(job.out_dir) / f"rank{r}.json"
             per_rank[r] = json.loads(p.read_text()) if p.is_file() else {}
     rows = []
-    for name, plan_d, pred, pred_fb, msg in job.plans:
-        plan_text = Plan.from_dict(plan_d).describe() if plan_d else ""
+    for p in job.plans:
+        name, pred, pred_fb = p.strategy, p.predicted_peak_bytes, p.predicted_fwd_bwd_peak_bytes
+        plan_text = Plan.from_dict(p.plan).describe() if p.plan else ""
         for r in range(nproc):
             got = per_rank.get(r, {}).get(name)
-            if plan_d is None:
+            if p.plan is None:
                 rows.append(RankRow(name, r, INFEASIBLE, "", None, None, None, None, None, None, None,
-                                    None, None, msg))
+                                    None, None, p.message))
                 continue
             got = got or {}
             status, message = got.get("status", ERROR), got.get("message", "")

@@ -75,6 +75,7 @@ from .dist_records import (  # noqa: F401  (re-exported)
     OWN_RUN,
     DistBenchResult,
     Job,
+    RankPlan,
     RankRow,
     mark_over_budget,
 )
@@ -141,10 +142,10 @@ def bench_distributed(spec: Spec, *, profile: Profile, device: str = "cpu", npro
                      f"between the smallest feasible peak ({format_bytes(lo)}) and the peak without "
                      f"checkpointing ({format_bytes(hi)})")
     plans = _plans(chain, strategies, budget_bytes, k)
-    runnable = [p for p in plans if p[1] is not None]
+    runnable = [p for p in plans if p.plan is not None]
     if runnable and device == "cpu":  # on CUDA every rank has a GPU of its own
         notes += launch.check_rank_memory(
-            _rank_bytes(profile, nproc, max(p[2] for p in runnable), check_grads),
+            _rank_bytes(profile, nproc, max(p.predicted_peak_bytes or 0 for p in runnable), check_grads),
             available_memory(torch.device(device)), device=device, force=force)
     if isolate is None:
         isolate = memory_limit_bytes is not None
@@ -205,20 +206,19 @@ def check_run(spec: Spec, nproc: int, kind: str, device: str) -> None:
     check_kind(kind, device)
 
 
-def _plans(chain, strategies: list[str], budget_bytes: int | None, k: int) -> list[tuple]:
-    """Each strategy's per-rank plan: (name, plan dict or None, predicted peak, predicted
-    forward+backward peak, why it could not be planned)."""
+def _plans(chain, strategies: list[str], budget_bytes: int | None, k: int) -> list[RankPlan]:
+    """Each strategy's per-rank plan, or why it could not be planned."""
     plans = []
     for s in strategies:
         try:
             res = plan_chain(chain, s, budget_bytes, k)
-            plans.append((s, res.plan.to_dict(), res.score.peak_bytes, forward_backward_peak(chain, res.plan), ""))
+            plans.append(RankPlan(s, res.plan.to_dict(), res.score.peak_bytes, forward_backward_peak(chain, res.plan)))
         except InfeasibleBudgetError as err:
-            plans.append((s, None, None, None, err.message))
+            plans.append(RankPlan(s, None, None, None, err.message))
     return plans
 
 
-def _run_groups(job: Job, nproc: int, groups: list[list[tuple]], isolate: bool, notes: list[str]) -> list[RankRow]:
+def _run_groups(job: Job, nproc: int, groups: list[list[RankPlan]], isolate: bool, notes: list[str]) -> list[RankRow]:
     """Run each group of plans on ``nproc`` ranks in a temporary folder of its own; their rows."""
     rows: list[RankRow] = []
     # From the first temporary folder to the last one's removal, a signal only sets a flag: the
@@ -227,10 +227,10 @@ def _run_groups(job: Job, nproc: int, groups: list[list[tuple]], isolate: bool, 
         for group in groups:
             with tempfile.TemporaryDirectory(prefix="ckplan-dist-", ignore_cleanup_errors=True) as out_dir:
                 run = replace(job, plans=tuple(group), out_dir=out_dir)
-                failure = _launch(run, nproc) if any(p[1] is not None for p in group) else ""
+                failure = _launch(run, nproc) if any(p.plan is not None for p in group) else ""
                 rows.extend(_collect(run, nproc, failure))
             if failure:
-                label = f" ({group[0][0]})" if isolate else ""
+                label = f" ({group[0].strategy})" if isolate else ""
                 notes.append(f"the group{label} failed and was torn down: {failure}")
     return rows
 

@@ -81,7 +81,10 @@ def test_report_files_are_complete_or_absent(tiny_gpt_spec, tmp_path, monkeypatc
     report.write_bench(out, res)
     good = {p.name: p.read_bytes() for p in out.iterdir()}
     assert len(good) == 4 and json.loads(good[f"bench-{res.model}-cpu.json"])["command"] == "bench"
-    assert json.loads(good[f"bench-{res.model}-cpu.json"])["frontier"]  # the predicted dp curve
+    frontier = json.loads(good[f"bench-{res.model}-cpu.json"])["frontier"]  # the predicted dp curve
+    assert frontier and all(list(p) == ["strategy", "peak_bytes", "slowdown"] for p in frontier)
+    assert frontier == [{"strategy": p.strategy, "peak_bytes": p.peak_bytes, "slowdown": p.slowdown}
+                        for p in res.frontier]
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import statistics
 
-from ..bench_records import OK, OVER_BUDGET, BenchResult, BenchRow, above_budget_note, over_budget, peak_error
+from ..bench_records import (
+    OK,
+    OVER_BUDGET,
+    BenchResult,
+    BenchRow,
+    FrontierPoint,
+    above_budget_note,
+    over_budget,
+    peak_error,
+)
 from ..errors import CkplanError
 from ..planner import sweep
 from ..planner.regions import scored_frontier
@@ -99,17 +108,17 @@ def few_steps_note(steps: int, rows) -> str | None:
 FRONTIER_POINTS = 16
 
 
-def frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
+def frontier_of(chain) -> tuple[FrontierPoint, ...]:
     """dp's predicted frontier (and dp-layer's when the chain has selective options)."""
     names = ["dp", "dp-layer"] if chain.has_options else ["dp"]
     try:
         pts = sweep(chain, names, FRONTIER_POINTS)
     except CkplanError:  # a frontier is a picture; never fail a bench for it
         return ()
-    return tuple((p.strategy, p.peak_bytes, 1.0 + p.overhead) for p in pts if p.strategy in names)
+    return tuple(FrontierPoint(p.strategy, p.peak_bytes, 1.0 + p.overhead) for p in pts if p.strategy in names)
 
 
-def regions_frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
+def regions_frontier_of(chain) -> tuple[FrontierPoint, ...]:
     """The one-region-per-layer plans' predicted frontier (``--compile-scope model``), thinned to
     about :data:`FRONTIER_POINTS` points evenly spread over their peaks."""
     points, _ = scored_frontier(chain, WHOLE_OPTIONS, checkpoints=False)
@@ -123,7 +132,7 @@ def regions_frontier_of(chain) -> tuple[tuple[str, int, float], ...]:
         if cell not in picked or ms < picked[cell][1]:
             picked[cell] = (peak, ms)
     base = chain.base_step_ms
-    return tuple(("dp", peak, 1.0 + ms / base) for peak, ms in sorted(picked.values()))
+    return tuple(FrontierPoint("dp", peak, 1.0 + ms / base) for peak, ms in sorted(picked.values()))
 
 
 def bench_result(profile: Profile, entries: list[Entry], chain, notes: list[str], *, steps: int, warmup: int,

@@ -42,15 +42,15 @@ def plot_frontier(result, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     rows = [r for r in result.rows if r.measured_peak_bytes and r.slowdown]
-    peaks = [r.measured_peak_bytes for r in rows] + [b for _, b, _ in result.frontier]
+    peaks = [r.measured_peak_bytes for r in rows] + [p.peak_bytes for p in result.frontier]
     unit, scale = ("GiB", 2**30) if peaks and max(peaks) >= 2**30 else ("MiB", 2**20)
-    has_options = any(s == "dp-layer" for s, _, _ in result.frontier)
+    has_options = any(p.strategy == "dp-layer" for p in result.frontier)
     styles = {"dp": ("tab:purple", "-", "dp: predicted frontier" + (" (options included)" if has_options
                                                                     else (" (compiled layers)" if getattr(
                                                                         result, "compiled", False) else ""))),
               "dp-layer": ("tab:gray", "--", "dp-layer: predicted frontier (whole layers only)")}
     for name, (color, ls, label) in styles.items():
-        pts = sorted((b, t) for s, b, t in result.frontier if s == name)
+        pts = sorted((p.peak_bytes, p.slowdown) for p in result.frontier if p.strategy == name)
         if pts:
             ax.step([b / scale for b, _ in pts], [t for _, t in pts], where="post", color=color,
                     ls=ls, lw=1.4, label=label, zorder=1)
