@@ -62,7 +62,7 @@ def _field_problem(where: str, value: Any, f: Field) -> str | None:
     kind = str(f.type)
     if kind in ("int", "float"):
         return _number_problem(where, value, kind)
-    if kind == "int | None" and _has_default(f):  # a measurement older documents lack: null when not made
+    if kind == "int | None" and _has_default(f):  # a measurement a document may lack: null when not made
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             return f"{where} must be a non-negative integer or null, got {value!r}"
         return _too_large(where, value) if value is not None and value > MAX_PROFILE_INT else None
@@ -83,7 +83,8 @@ def _options_problem(where: str, options: Any) -> str | None:
     for j, o in enumerate(options):
         if not isinstance(o, dict):
             return f"{where}[{j}] is not an object"
-        missing = [f.name for f in record if f.name not in o and not _has_default(f)]  # older profiles
+        # a field with a default may be absent: it reads as that default
+        missing = [f.name for f in record if f.name not in o and not _has_default(f)]
         if missing:
             return f"{where}[{j}].{missing[0]} is missing"
         if not isinstance(o["name"], str) or not o["name"] or o["name"] in ("store", "full"):

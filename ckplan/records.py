@@ -126,13 +126,13 @@ class StageRecord:
         return next((o for o in self.options if o.name == name), None)
     # A chain layer's forward as recomputed in the backward of a checkpoint (measured: the chain's
     # forward windows times the factor a step with every layer checkpointed showed; see
-    # ckplan.profiler); None on meta, for pre/post and in older profiles: fwd_ms is used.
+    # ckplan.profiler); None on meta, for pre/post and in a profile without it: fwd_ms is used.
     recompute_ms: float | None = None
     # Whether the plain forward keeps ``output_bytes`` until the backward: some op saved it (this
     # stage or the next; for pre, also when the chain input is the batch itself). False: nothing
     # saved it (a Linear's output read only by a ReLU, which saves its own output), so
     # ``saved_bytes`` leaves it out and only a checkpoint starting at the next layer keeps it.
-    # None: not measured (older profiles, compiled or meta passes' own rules): taken as kept.
+    # None: not measured (a profile without it, compiled or meta passes' own rules): taken as kept.
     output_kept: bool | None = None
     # The stage returned its input's storage changed in place (ReLU(inplace=True)): its output
     # is counted where that storage was made, and a checkpoint starting at it gets a copy.
@@ -144,28 +144,28 @@ class StageRecord:
     # the layer (the next stage, or the model's code before it) saved it too. False: only its own
     # ops did (a block ending with a ReLU, read next by a pooling that saves nothing), so a
     # checkpoint ending at it, which saves nothing inside, lets PyTorch free it once the next stage
-    # has read it. None: not measured (older profiles, compiled passes) or not kept: saved after.
+    # has read it. None: not measured (a profile without it, compiled passes) or not kept: saved after.
     output_saved_after: bool | None = None
     # PyTorch's non-reentrant checkpoint stops a recompute once the last tensor its first forward
     # saved is back (early stop), so the last layer of a recompute runs only up to its last saved
     # tensor: ``early_peak_bytes`` is the forward window's peak up to that op (relative to the
     # step's start, as ``fwd_peak_bytes``), ``early_kept_bytes`` the storages this layer made and
     # saved itself (what that recompute leaves; its output is not among them when only the next
-    # layer saves it). None: not measured (older profiles, compiled passes): the whole forward.
+    # layer saves it). None: not measured (a profile without it, compiled passes): the whole forward.
     early_peak_bytes: int | None = None
     early_kept_bytes: int | None = None
     # A chain layer's backward runs the backward of its last ops that saved nothing (a residual
     # add, a mixture of experts' sum over its top-k copies) before it first needs a saved tensor,
     # which is when a checkpoint ending at the layer recomputes: the bytes that backward holds
     # then above its start (the output's gradient made; GPT-OSS's expanded top-k gradient, twice
-    # the hidden state) stay live through that recompute. None: not measured (older profiles,
-    # compiled or meta passes): 0.
+    # the hidden state) stay live through that recompute. None: not measured (a profile without
+    # it, compiled or meta passes): 0.
     backward_lead_bytes: int | None = None
     # A chain layer's forward window's peak above its start when no op saves anything (its
     # output included): a checkpoint's first forward, measured. Rotor's model takes it as the
     # output plus the plain forward's transient, which is short where the layer's code holds
-    # tensors it also saved (GPT-OSS's experts: 1.1 MB more). None: not measured (older
-    # profiles, compiled passes): rotor's.
+    # tensors it also saved (GPT-OSS's experts: 1.1 MB more). None: not measured (a profile
+    # without it, compiled passes): rotor's.
     nosave_peak_bytes: int | None = None
     # What the layer's forward leaves alive when no op saves anything (the no-save pass), beyond
     # its output: tensors a custom autograd Function keeps as ``ctx`` attributes (not through
@@ -189,12 +189,12 @@ class StageRecord:
     # of the first user, where its bytes count in ``shared_grad_done_bytes``. An autocast copy
     # several stages read (a block the layers share, in bf16), and with gradient accumulation a
     # parameter several stages use (an embedding tied to the head in post; without accumulation
-    # the sum becomes ``.grad``, in ``grad_bytes``). 0 in older profiles.
+    # the sum becomes ``.grad``, in ``grad_bytes``). 0 in a profile without it.
     shared_grad_bytes: int = 0
     shared_grad_done_bytes: int = 0
     # Of cast_bytes, the copies no op saved (a bias, a weight whose input needs no gradient):
-    # autocast's cache holds them until the forward ends, also when the stage is stored. 0 in
-    # older profiles.
+    # autocast's cache holds them until the forward ends, also when the stage is stored. 0 in a
+    # profile without it.
     unsaved_cast_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,15 +222,16 @@ class Totals:
     predicted_peak_bytes: int  # one training step without checkpointing (README: memory model)
     measured_peak_bytes: int | None  # forward+backward peak seen (plus params, buffers, inputs, optimizer state)
     # One optimizer.step(), timed on stand-ins (ckplan.training.optimizer_step_ms); on meta priced by
-    # the target's device model; None on meta without one, and in older profiles (then 0 in the predicted step time).
+    # the target's device model; None on meta without one, and in a profile without it (then 0 in the predicted
+    # step time).
     optimizer_ms: float | None = None
     # Scalar optimizer state (AdamW's step counters, 0-dim, one per parameter), counted in
-    # optimizer_bytes: it is not sharded with the parameters (planner.parallel). 0 in older profiles.
+    # optimizer_bytes: it is not sharded with the parameters (planner.parallel). 0 in a profile without it.
     optimizer_scalar_bytes: int = 0
     # Device memory the runtime holds outside any tensor while training, part of every step's peak:
     # on CUDA the caching allocator's blocks that no parameter, buffer, gradient or input owns once
     # a step has run (cuBLAS/cuBLASLt workspaces, one per handle and stream: 64 MiB on an H200 with
-    # torch 2.11). 0 on CPU and meta, and in older profiles.
+    # torch 2.11). 0 on CPU and meta, and in a profile without it.
     runtime_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,16 +261,16 @@ class Profile:
     spec: dict[str, Any] = field(default_factory=dict)  # the resolved spec, to rebuild the model
     # The chain layers were profiled compiled (ckplan.compiled): plans are for compiled layers.
     compiled: bool = False
-    # Tensors passed to chain layers that a checkpoint keeps alive (SideInput); () in older profiles.
+    # Tensors passed to chain layers that a checkpoint keeps alive (SideInput); () in a profile without them.
     side_inputs: tuple[SideInput, ...] = ()
     # Chain layers b that did not receive layer b-1's output as an argument (the model changed it
-    # between the calls): no checkpoint can span layers b-1 and b; () in older profiles.
+    # between the calls): no checkpoint can span layers b-1 and b; () in a profile without them.
     chain_breaks: tuple[int, ...] = ()
     # aten ops whose FLOPs torch's counter could not count (ckplan's formula counted them, or
     # nothing did; the notes say which): FLOPs are estimates, sizes and CPU/CUDA times measured.
     flops_estimated: tuple[str, ...] = ()
     # Pinned host copy bandwidths, bytes/s (device -> host, host -> device), for activation offload;
-    # 0: none (a CPU, meta without a GPU target, older profiles).
+    # 0: none (a CPU, meta without a GPU target, a profile without them).
     host_bw: tuple[float, float] = (0.0, 0.0)
     # FSDP2's MixedPrecisionPolicy param dtype (bf16, fp16) the step ran in (ckplan.param_dtype):
     # its parameters and gradients are in it; per rank the shards, optimizer state and the

@@ -92,7 +92,7 @@ def chain_from_profile(profile: Profile, keep: tuple[str, ...] = ()) -> Chain:
 def _kept_bytes(r: StageRecord) -> int:
     """What a stored stage keeps (``xbar``; pre's ``retained``): its saved bytes, which hold its
     output when some op saved it (``output_kept``; for pre, a chain input that is the batch is in
-    the persistent bytes instead). Not measured (older profiles, compiled layers): taken as kept,
+    the persistent bytes instead). Not measured (a profile without it, compiled layers): taken as kept,
     at least the output (rotor's model)."""
     if r.output_kept is None:
         return max(r.saved_bytes, r.output_bytes)
