@@ -42,7 +42,7 @@ from .cli_support import (
     write_out,
 )
 from .device_model import save_device
-from .errors import CkplanError, InfeasibleBudgetError, UsageError
+from .errors import InfeasibleBudgetError, UsageError
 from .options import CompileScope, Device, DocFmt, ExportTarget, Fmt, Parallel, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
@@ -287,53 +287,32 @@ def bench(
         if nproc is not None:
             return _bench_distributed(s, nproc, kind, strategies, budget, k, steps, warmup, device, memory_limit,
                                       out_dir, fmt, wide, options, force)
-        if s.name:
-            dev_type = api.resolve_device(device).type
-            report.check_output_dir(out_dir, names=report.bench_filenames(
-                s.name, _device_tag(dev_type, compile, compile_scope)))
+        commands.check_bench_out_dir(s, out_dir, device, compile, compile_scope)
         # The arguments and the plan file are checked before the bar opens: an error is then the
         # only line (a bar closed at once leaves an empty line on a terminal).
         api.check_bench_args(s, k=k, steps=steps, warmup=warmup, budget=budget, memory_limit=memory_limit,
                              device=device, plan_path=plan_file)
-        n_plans = len(strategies) + (plan_file is not None)
-        # + 2 with --compile: the reference checked eager, and none measured as the compiled rows are
-        with render.progress_bar(n_plans * (3 + max(warmup, 1) + steps) + 1 + 2 * compile, "profiling") as bar:
+        total = commands.bench_progress_total(len(strategies) + (plan_file is not None), warmup, steps, compile)
+        with render.progress_bar(total, "profiling") as bar:
             res = api.bench(s, strategies=strategies, budget=budget, k=k, steps=steps, warmup=warmup,
                             device=device, plan_path=plan_file, memory_limit=memory_limit, progress=bar,
                             force=force, options=options, compile=compile, note=render.info,
                             compile_scope=compile_scope.value)
     # The results first, then the files: a failed write must not take the table with it.
     emit(fmt, report.bench_doc(res), report.bench_frame(res), lambda: render.bench_table(res, wide=wide))
-    write_failed = _write_bench(out_dir, res, started)
+    written = commands.write_bench_files(out_dir, res, started)
+    if written.error is not None:
+        render.error(written.error)
+    else:
+        render.info("wrote " + ", ".join(str(f) for f in written.files))
+        if written.replaced:
+            render.info(written.replaced)
+    if written.interrupted:
+        raise typer.Exit(written.exit_code)
     commands.check_bench_results(res)
-    if write_failed:
-        raise typer.Exit(write_failed)
+    if written.exit_code:
+        raise typer.Exit(written.exit_code)
     commands.exit_if_infeasible(res.rows, budget)
-
-
-def _device_tag(dev_type: str, compile: bool, scope: CompileScope) -> str:
-    if scope == CompileScope.model:
-        return f"{dev_type}-compiled-model"
-    return f"{dev_type}-compiled" if compile else dev_type
-
-
-def _write_bench(out_dir: Path, res, started: float) -> int:
-    """Write bench's files; the exit code a failed write calls for (0: written)."""
-    try:
-        replaced = report.replaced_note([out_dir / n for n in report.bench_filenames(res.model, res.device_tag)],
-                                        since=started)
-        files = report.write_bench(out_dir, res)
-        render.info("wrote " + ", ".join(str(f) for f in files))
-        if replaced:
-            render.info(replaced)
-    except report.ReportsInterrupted as e:
-        render.error(str(e))
-        raise typer.Exit(128 + e.signum) from None
-    except (CkplanError, OSError) as e:
-        why = str(e) if isinstance(e, CkplanError) else f"{e.strerror} ({e.filename or out_dir})"
-        render.error(f"the results above were not written to {out_dir}: {why}")
-        return getattr(e, "exit_code", 1)
-    return 0
 
 
 def _bench_distributed(s, nproc, parallel, strategies, budget, k, steps, warmup, device, memory_limit,

@@ -1,19 +1,21 @@
 """The library behind ``ckplan plan`` and ``ckplan bench``: each of their modes as one function
 (a sweep, a per-rank table over several world sizes, one plan; the one-process and the
-distributed bench), the saved profile they read when given no SPEC, with the option
-combinations a mode would ignore refused before anything runs, and the exit each result calls
-for (:class:`ckplan.errors.InfeasibleBudgetError`, :class:`ckplan.errors.WrongResultError`).
+distributed bench, bench's output folder, progress steps and files), the saved profile they
+read when given no SPEC, with the option combinations a mode would ignore refused before
+anything runs, and the exit each result calls for (:class:`ckplan.errors.InfeasibleBudgetError`,
+:class:`ckplan.errors.WrongResultError`).
 Nothing here prints; ``ckplan.cli`` renders.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import api, report
 from .bench_records import OVER_BUDGET
-from .errors import InfeasibleBudgetError, UsageError, WrongResultError
-from .options import PEERS, Strategy, StrategyOrAll
+from .errors import CkplanError, InfeasibleBudgetError, UsageError, WrongResultError
+from .options import PEERS, CompileScope, Strategy, StrategyOrAll
 from .spec import Spec, validate
 from .units import format_bytes
 
@@ -229,6 +231,55 @@ def bench_ranks(spec, nproc: int | None, parallel, plan_file) -> tuple[int | Non
     if nproc is not None and plan_file is not None:
         raise UsageError("--plan with --nproc", tip="the distributed bench plans per rank itself; drop --plan")
     return nproc, str(parallel or spec.parallel.kind)
+
+
+def bench_device_tag(dev_type: str, compile: bool, scope: CompileScope) -> str:
+    """The device in bench's file names: ``cpu``, ``cpu-compiled`` or ``cpu-compiled-model``."""
+    if scope == CompileScope.model:
+        return f"{dev_type}-compiled-model"
+    return f"{dev_type}-compiled" if compile else dev_type
+
+
+def check_bench_out_dir(spec, out_dir: Path, device, compile: bool, scope: CompileScope) -> None:
+    """Refuse, before the run, an ``out_dir`` where bench's files for ``spec`` cannot be written."""
+    if spec.name:
+        dev_type = api.resolve_device(device).type
+        report.check_output_dir(out_dir, names=report.bench_filenames(spec.name,
+                                                                      bench_device_tag(dev_type, compile, scope)))
+
+
+def bench_progress_total(n_plans: int, warmup: int, steps: int, compile: bool) -> int:
+    """The steps of bench's progress bar: per plan its reference, memory and gradient steps, the
+    warm-up (at least one runs) and the timed steps; one for the profile; with --compile two more
+    (the reference checked eager, and none measured as the compiled rows are)."""
+    return n_plans * (3 + max(warmup, 1) + steps) + 1 + 2 * compile
+
+
+@dataclass(frozen=True)
+class BenchFiles:
+    """What writing bench's files came to: the files and the note on those it replaced, or the
+    error line and the exit code it calls for (``interrupted``: a signal during the writes)."""
+
+    files: tuple[Path, ...] = ()
+    replaced: str | None = None
+    error: str | None = None
+    exit_code: int = 0
+    interrupted: bool = False
+
+
+def write_bench_files(out_dir: Path, res, started: float) -> BenchFiles:
+    """Write bench's files (after its table: a failed write must not take the table with it)."""
+    try:
+        replaced = report.replaced_note([out_dir / n for n in report.bench_filenames(res.model, res.device_tag)],
+                                        since=started)
+        files = report.write_bench(out_dir, res)
+    except report.ReportsInterrupted as e:
+        return BenchFiles(error=str(e), exit_code=128 + e.signum, interrupted=True)
+    except (CkplanError, OSError) as e:
+        why = str(e) if isinstance(e, CkplanError) else f"{e.strerror} ({e.filename or out_dir})"
+        return BenchFiles(error=f"the results above were not written to {out_dir}: {why}",
+                          exit_code=getattr(e, "exit_code", 1))
+    return BenchFiles(files=tuple(files), replaced=replaced)
 
 
 def check_bench_results(res) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ckplan import api, api_plan
+from ckplan import api, api_plan, report
 from ckplan.cli import app
 from ckplan.errors import ChainError, PlannerBugError, UsageError
 
@@ -107,6 +107,22 @@ def test_planner_errors_are_one_line_without_a_traceback(saved_profile, monkeypa
     assert r.exit_code == code, r.output
     assert r.output.count("Error:") == 1 and needle in one_line(r) and "Traceback" not in r.output
     assert type(r.exception) is SystemExit  # handled by the CLI, not escaped
+
+
+# ---- bench's files: a failed write comes after the table, with its own exit code ----------------
+
+@pytest.mark.parametrize("error,code,needle", [
+    (OSError(28, "No space left on device"), 1, "the results above were not written to"),
+    (report.ReportsInterrupted("previous", [], signum=15), 143, "interrupted while writing reports"),
+])
+def test_a_bench_whose_files_fail_keeps_its_table(mlp_spec, tmp_path, monkeypatch, error, code, needle):
+    def failing(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(report, "write_bench", failing)
+    r = run("bench", mlp_spec, "--device", "cpu", "--compare", "none", "--steps", "1", "--warmup", "0",
+            "--no-options", "--out-dir", tmp_path / "o")
+    assert r.exit_code == code, r.output
+    assert "none" in r.stdout and needle in one_line(r) and "wrote" not in r.output
 
 
 # ---- item 3: -o X.csv for plan is refused before the profile ------------------------------------
