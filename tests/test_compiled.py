@@ -193,7 +193,7 @@ def test_bench_compile_rows_predicted_and_exact(tiny_gpt_spec, tmp_path):
             continue
         assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= 0.05 * r.measured_peak_bytes, r
     # What none holds for backward, predicted from the compiled layers' saved bytes: a layer's output
-    # saved by the next stage is counted (it was left out before, one output per layer low)
+    # saved by the next stage is counted (leaving it out is one output per layer low)
     none = next(r for r in res.rows if r.strategy == "none")
     held, predicted = none.measured_activation_bytes, none.predicted_activation_bytes
     assert abs(held - predicted) <= 0.01 * held

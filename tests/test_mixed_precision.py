@@ -126,9 +126,8 @@ def _every_plan_exact(model, x, n: int, accum: int, precision: str) -> None:
 @pytest.mark.parametrize("accum", [1, 2])
 @pytest.mark.parametrize("kinds", ["vcvcv", "cvcvc"])
 def test_every_plan_under_bf16_predicted_to_the_byte(kinds, accum):
-    # Before: 383 of these 394 plans were off at accum 2 (the copies of views counted as cached,
-    # a checkpoint's first forward counting its copies twice, stored layers' and pre's unsaved
-    # copies taken as transient), up to 14 KB.
+    # What this exercises: copies of views are not cached, a checkpoint's first forward counts
+    # its copies once, and stored layers' and pre's unsaved copies stay until the forward ends.
     torch.manual_seed(0)
     model, x = CastNet(kinds), torch.randn(B, D)
     _every_plan_exact(model, x, len(kinds), accum, "bf16")

@@ -126,7 +126,7 @@ def test_slot_bound_prunes_nothing_an_optimal_plan_uses(seed, options):
 
 @pytest.mark.slow
 def test_long_chain_near_min_peak_is_within_five_percent():
-    """Over 120 layers the DP groups layers; at the smallest peak it used to return the bare
+    """Over 120 layers the DP groups layers; at the smallest peak it must do better than the bare
     smallest-peak plan (+61% here). Reference: the exact DP on layers, bounded to the budget."""
     n = 130
     chain = random_chain(n, 0, max_size=WIDE)

@@ -288,7 +288,7 @@ def test_a_meta_build_is_the_cpu_build_without_values(tmp_path):
 
 
 def test_float_input_to_a_model_that_embeds_token_ids_is_a_spec_error():
-    # Before: torch's "Expected tensor for argument #1 'indices'" from inside the embedding, exit 1.
+    # One spec error naming the dtype, not torch's "Expected tensor for argument #1 'indices'".
     gpt = {"builtin": "gpt", "args": {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "block_size": 16}}
     spec = validate({"model": gpt, "input": {"batch_size": 1, "shape": [8], "dtype": "float32"}})
     with pytest.raises(SpecError) as e:

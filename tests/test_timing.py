@@ -223,8 +223,8 @@ def test_cpu_profile_says_its_times_kept_freed_memory(tiny_gpt_spec, tmp_path):
 def test_same_problem_same_plan_whatever_the_clock_says(tiny_gpt_spec, tmp_path):
     # Oracle: scaling every measured time by one factor does not change the problem (identical
     # blocks stay identical, every plan's cost scales alike), so dp must return the same plan.
-    # Before times were put on an exact binary grid (calibrate.on_time_grid), float rounding in
-    # sums summed in different orders picked 2-5 different plans (the full checkpoint moved
+    # Times lie on an exact binary grid (calibrate.on_time_grid): without it, float rounding in
+    # sums taken in different orders picks 2-5 different plans (the full checkpoint moved
     # between equivalent layers) at each of six budgets.
     from ckplan.planner import min_peak, plan_none
     from ckplan.planner.calibrate import time_grid_ms

@@ -91,10 +91,9 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
             assert predicted == measured, plan.describe()
             bound_wrong += simulate(chain.conservative(), plan).peak_bytes - p != measured
     assert bound_wrong > 0  # the oracle can fail: rotor's model misses some of these plans
-    # the forward without saving counts an output no op keeps once (it was counted twice, in
-    # the transient measured without it and as live), and a nested checkpoint's input inside a
-    # recompute goes once read: 20 of the 56 nested plans of the sequential chain were over by
-    # up to a boundary, 8 now, by 128 B
+    # the forward without saving counts an output no op keeps once (not in the transient measured
+    # without it and again as live), and a nested checkpoint's input inside a recompute goes once
+    # read: at most 8 of the 56 nested plans of the sequential chain are over, by 128 B
     assert exact_nested * 5 >= nested * 4, (exact_nested, nested)
     for r in ("dp", "chen", "sqrtn"):
         got = _grads(model, x, plan_chain(chain, r, min_peak(chain)).plan)
@@ -102,7 +101,7 @@ def test_every_plan_peaks_as_predicted_where_outputs_are_not_kept(which):
 
 
 def test_sequential_without_checkpoints_is_no_longer_overstated():
-    # Before: every Linear's output counted as kept, 12 boundaries of which 6 are freed at once.
+    # Every Linear's output is freed once its activation has run: 12 boundaries, 6 of them kept.
     torch.manual_seed(0)
     model = SeqNet(acts=("relu",) * 6)
     x, prof = _profiled(model, "body")
@@ -215,10 +214,10 @@ def test_old_profiles_without_the_flag_read_as_kept():
 
 @pytest.mark.slow
 def test_in_place_layers_run_under_every_plan_and_peak_as_predicted():
-    # A checkpoint starting at ReLU(inplace=True) saves the tensor the ReLU then changes: PyTorch
-    # refused the backward ("modified by an inplace operation") and the bench stopped. The
-    # executor now gives such a layer a copy there; elsewhere it runs in place, and its output
-    # is counted once (it was counted twice: none predicted 28% high on a VGG-style chain).
+    # A checkpoint starting at ReLU(inplace=True) would save the tensor the ReLU then changes, and
+    # PyTorch would refuse the backward ("modified by an inplace operation"). The executor gives
+    # such a layer a copy there; elsewhere it runs in place, and its output is counted once
+    # (counted twice, none would be predicted 28% high on a VGG-style chain).
     torch.manual_seed(0)
     model = InPlaceNet()
     x, prof = _profiled(model, "body")
