@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 VERSIONS=("$@")
 if [ ${#VERSIONS[@]} -eq 0 ]; then
-  VERSIONS=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1)
+  VERSIONS=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 fi
 OUT=reports/torch-matrix
 mkdir -p "$OUT"
