@@ -18,8 +18,8 @@ ORDER = ["limits", "layer", "chain", "plan_items", "plan_json", "plan", "boundar
          "tables.pareto", "tables",
          "casts", "held_costs", "held",
          "solve.common", "solve.lowest", "solve.solver", "solve.improve", "solve.near_min", "solve.band",
-         "solve.coarse", "solve.unkept", "solve.portfolio", "solve.held_fallback", "solve.offload_passes",
-         "solve.offload", "solve.entry", "solve",
+         "solve.coarse", "solve.unkept_dp", "solve.unkept", "solve.portfolio", "solve.held_fallback",
+         "solve.offload_passes", "solve.offload", "solve.entry", "solve",
          "strategies", "frontier", "budget", "regions", "whole", "parallel", "synthetic"]
 
 

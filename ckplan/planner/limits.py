@@ -65,7 +65,11 @@ HELD_MAX_LAYERS = 200  # held.py plans held chains up to here exactly (per-rank 
 HELD_PARETO_MAX_POINTS = 50_000  # breakpoints per inner sub-chain before held.py's exact DP gives up
 CAST_MAX_STATES = 32  # mixed precision: top-level states kept per unit (casts.py's beam, cheapest first)
 UNKEPT_STEPS = 8  # budgets read above the asked one on the bound that keeps every boundary
-UNKEPT_EXHAUSTIVE_LAYERS = 7  # up to here every plan is tried (8,558 at 7 layers: about 0.7 s once per chain)
+# Up to UNKEPT_DIRECT_LAYERS the exact DP on the chain itself plans it (solve/unkept_dp.py; its
+# frontiers once per chain: 15 ms at 8 layers, 50 ms at 12, 0.15 s at 16, 0.4 s at 20)
+UNKEPT_DIRECT_LAYERS = 16
+# chains that DP does not model: up to here every plan is tried (8,558 at 7 layers: about 0.7 s once per chain)
+UNKEPT_EXHAUSTIVE_LAYERS = 7
 UNKEPT_IMPROVED = 8  # the cheapest plans that fit, each improved by moving checkpoint ends (solve/improve.py)
 UNKEPT_IMPROVE_WORK = 20_000  # simulations x layers spent on those improvements per plan (0.1 s at 100 layers)
 HELD_FALLBACK_READS = 12  # held chains held.py does not take: reads lowered by each overshoot

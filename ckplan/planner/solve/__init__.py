@@ -5,7 +5,8 @@ Modules (each imports only those above it): ``common`` (result type, layer-level
 choice), ``lowest`` (the smallest peak of a fully kept chain), ``solver`` (``DPSolver``: the
 exact, slot and grouped tables), ``improve`` (local improvement), ``near_min`` (long chains
 just above the smallest peak), ``band`` (the banded DP), ``coarse`` (its fast bound),
-``unkept`` (chains with unkept boundaries), ``portfolio`` (``plan_dp`` without held layers),
+``unkept_dp`` (the exact DP on chains with unkept boundaries), ``unkept`` (chains with unkept
+boundaries), ``portfolio`` (``plan_dp`` without held layers),
 ``held_fallback`` (held layers), ``entry`` (``plan_dp``, ``min_peak``, ``min_peak_plan``).
 Tuning constants: ``limits.py``.
 """
