@@ -94,7 +94,7 @@ def _graph() -> dict[str, set[str]]:
         deps = set()
         for node in tree.body:  # module level only: what a reader sees at the top
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                target = _own_import(node, name if not name.endswith("__init__") else name + ".x")
+                target = _own_import(node, name if not name.endswith("__init__") else name[: -len("__init__")] + "x")
                 if target is None:
                     continue
                 # `from . import a, b` names submodules
