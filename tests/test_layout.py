@@ -152,7 +152,7 @@ def test_test_files_do_not_import_each_other():
 # The stages, lowest first: a module may import its own stage and those below it, never above.
 # Measuring (measure, profiling) and planning (planner, pure Python) never reach the report, the
 # commands or the library's entry points built on them.
-UPPER = ("render", "report", "cli", "cli_support", "commands", "api", "api_plan", "api_profile", "api_whole",
+UPPER = ("render", "report", "cli", "commands", "api", "api_plan", "api_profile", "api_whole",
          "public", "bench", "export", "whole_choice", "plan_report")
 LOWER = ("measure", "profiling", "planner", "records", "units", "errors")
 

@@ -3,7 +3,8 @@
 
 Errors become one ``Error: ...`` line on stderr and the exit code of their class (ckplan.errors);
 typer/click usage errors (an unknown option, a missing SPEC, ``--k 0``) too, with exit code 2
-(:mod:`ckplan.cli_support`, with the options every command shares).
+(:mod:`ckplan.cli.exits`). The options every command shares are declared in
+:mod:`ckplan.cli.shared_options`; what a command writes goes through :mod:`ckplan.cli.output`.
 """
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ from typing import Optional
 
 import typer
 
-from . import api, commands, render, report
-from .calibrate import calibrate as measure_device
-from .cli_support import (
+from .. import api, commands, render, report
+from ..calibrate import calibrate as measure_device
+from ..device_model import save_device
+from ..errors import InfeasibleBudgetError, UsageError
+from ..options import CompileScope, Device, DocFmt, ExportTarget, Fmt, Parallel, StrategyOrAll
+from .exits import OneLineErrors, exit_now, guarded
+from .output import emit, new_folder_removed_on_error, working, write_out
+from .shared_options import (
     BENCH_DEVICE_OPT,
     BENCH_FORCE_OPT,
     COMPILE_OPT,
@@ -31,19 +37,9 @@ from .cli_support import (
     SPEC_ARG,
     TARGET_OPT,
     WIDE_OPT,
-    OneLineErrors,
-    emit,
-    exit_now,
     given,
-    guarded,
-    new_folder_removed_on_error,
     with_overrides,
-    working,
-    write_out,
 )
-from .device_model import save_device
-from .errors import InfeasibleBudgetError, UsageError
-from .options import CompileScope, Device, DocFmt, ExportTarget, Fmt, Parallel, StrategyOrAll
 
 __all__ = ["Fmt", "app", "main"]
 
@@ -336,6 +332,3 @@ def main() -> None:
     except SystemExit as e:
         exit_now(e.code)
 
-
-if __name__ == "__main__":
-    main()
