@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ..launch import MAX_RANKS_PER_CPU
-from ..options import Device, Fmt, Optimizer, Precision, Strategy
+from ..options import Device, Fmt, Optimizer, Precision
 
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Model spec (YAML), e.g. configs/gpt2-small.yaml. A spec is code: "
                           "`target:` imports and calls any callable; run only specs you trust.")
@@ -101,8 +101,6 @@ OVERRIDES = (("batch_size", Optional[int], BATCH_OPT), ("seq_len", Optional[int]
              ("precision", Optional[Precision], PREC_OPT), ("optimizer", Optional[Optimizer], OPTIM_OPT),
              ("accum", Optional[int], ACCUM_OPT))
 
-
-STRATEGY_NAMES = Strategy.names()
 
 
 def with_overrides(fn):
