@@ -40,7 +40,7 @@ meets); a row never predicted to fit (``none`` below its peak) is not. The error
 Timing noise: the timed rounds are interleaved, so round ``i`` of a row and of ``none`` ran
 under the same load. Per round ``r_i = t_i / t_none_i``; when ``min r <= 1 <= max r`` (some rounds
 faster than none, some slower) the slowdown is inside the noise: ``slowdown_within_noise`` in
-JSON/CSV, ``~1.00x`` in the table, with a note (:func:`within_noise`).
+JSON/CSV, ``~`` before the slowdown in the table, with a note (:func:`within_noise`).
 
 Peers (:mod:`ckplan.peers`, rows of kind ``peer``) run in the same steps: ``hf``, ``sac-policy``,
 and ``torch-compile``/``torch-compile-nobudget``: a compiled copy of the model sharing its

@@ -76,7 +76,7 @@ def within_noise(times: list[float], ref_times: list[float]) -> tuple[bool, floa
     The rule: timed steps are interleaved, so round ``i`` of a row and round ``i`` of ``none`` ran
     under the same load; ``r_i = t_i / t_none_i``. When the ratios straddle 1 (``min r <= 1 <= max r``:
     some rounds faster than none, some slower) the difference is inside the noise and the table
-    shows ``~1.00x`` with a note. Fewer than one paired round: not judged (False, None, None).
+    marks the median slowdown ``~`` with a note. Fewer than one paired round: not judged (False, None, None).
     """
     ratios = [t / r for t, r in zip(times, ref_times) if r > 0]
     if not ratios:

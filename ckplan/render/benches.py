@@ -36,7 +36,7 @@ def bench_table(res, *, wide: bool = False, console: Console | None = None) -> N
             f"{format_bytes(r.measured_growth_bytes)} / {format_bytes(r.measured_rss_growth_bytes)}",
             format_ms(r.step_ms),
             "-" if r.step_ms_min is None else f"{format_ms(r.step_ms_min)}-{format_ms(r.step_ms_max)}",
-            "-" if r.slowdown is None else ("~1.00x" if r.slowdown_within_noise else f"{r.slowdown:.2f}x"),
+            "-" if r.slowdown is None else f"{'~' if r.slowdown_within_noise else ''}{r.slowdown:.2f}x",
             "-" if r.predicted_overhead is None else f"{1 + r.predicted_overhead:.2f}x",
             red(dgrad) if r.status == "wrong-gradients" else dgrad,
         ])
@@ -53,8 +53,8 @@ def bench_table(res, *, wide: bool = False, console: Console | None = None) -> N
         out.print(escape(f"note: {note}"), soft_wrap=True)
     noisy = [r.strategy for r in res.rows if r.slowdown is not None and r.slowdown_within_noise]
     if noisy:
-        out.print(escape(f"note: ~1.00x ({', '.join(noisy)}): within noise, its timed rounds ran both faster "
-                         "and slower than none's"), soft_wrap=True)
+        out.print(escape(f"note: ~ ({', '.join(noisy)}): within noise, the timed rounds ran both faster "
+                         "and slower than none's (the median is shown)"), soft_wrap=True)
 
 
 def dist_bench_table(res, *, wide: bool = False, console: Console | None = None) -> None:
