@@ -143,10 +143,12 @@ def test_csv_output(tiny_gpt_spec, tmp_path):
 
 
 @pytest.mark.parametrize("budget", ["12 parsecs", "-5GB", "0", "abc%", "0%"])
-def test_bad_budgets_exit_2(tiny_gpt_spec, tmp_path, budget):
-    r = run("plan", tiny_gpt_spec(tmp_path), "--device", "meta", "--budget", budget)
+@pytest.mark.parametrize("ranks", [[], ["--world-size", "2,4"]])
+def test_bad_budgets_exit_2(tiny_gpt_spec, tmp_path, budget, ranks):
+    r = run("plan", tiny_gpt_spec(tmp_path), "--device", "meta", "--budget", budget, *ranks)
     assert r.exit_code == 2
     assert "Error:" in r.output and "12GiB" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output  # no progress line before the error
 
 
 def test_infeasible_budget_exit_3(tiny_gpt_spec, tmp_path):

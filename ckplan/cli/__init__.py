@@ -174,6 +174,7 @@ def _plan_sweep(spec, common: dict, out_dir, points, options, compile, ignored, 
 def _plan_world_sizes(spec, common: dict, sizes, world_size, kind, budget, strategy, k, exact, output, fmt,
                       wide) -> None:
     commands.check_world_size_table(sizes, world_size, strategy, exact)
+    api.check_budget(budget)  # before the progress line: a budget that cannot parse is the only line
     with working("planning per rank") as (progress, note):
         prof, rows = api.world_sizes(spec, world_sizes=sizes, parallel=kind, budget=budget, strategy=strategy, k=k,
                                      progress=progress, note=note, **common)
@@ -186,6 +187,7 @@ def _plan_world_sizes(spec, common: dict, sizes, world_size, kind, budget, strat
 
 
 def _plan_one(spec, common: dict, *, budget, exact, export, output, fmt, wide, **kwargs) -> None:
+    api.check_budget(budget)  # before the progress line: a budget that cannot parse is the only line
     try:
         with working("planning") as (progress, note):
             rep, doc, exported, closest_peak = commands.plan_one(
